@@ -1,0 +1,20 @@
+# eaglenest: prompts -> probe -> generate -> validate -> tokenize -> hidden states -> train -> report.
+# `snakemake --cores all` runs the embedded demo (config/config.yaml); real targets:
+# `snakemake --cores all --configfile config/examples/<target>.yaml`.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/demo_target.smk"
+include: "rules/probe.smk"
+
+
+rule all:
+    input:
+        get_final_outputs(),
+    default_target: True

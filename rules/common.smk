@@ -1,0 +1,76 @@
+# Shared by every stage: config validation, paths of the run, code versions, params as JSON.
+import json
+import sys
+from pathlib import Path
+
+# The library is importable without installing it (e.g. a cluster node with only the repo).
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from eaglenest.code_version import code_version as _code_version
+from eaglenest.config import ConfigError, validate_config
+
+try:
+    validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
+
+RUN = config["run"]
+DEMO = config["demo_target"]["enabled"]
+
+# The demo target is built by the pipeline; its directory is the target for every later stage.
+if DEMO and not config["target"]["path"]:
+    config["target"]["path"] = f"results/{RUN}/target"
+
+# Library files each stage runs: a change to any of them reruns the stage (see code_version.py).
+STAGE_MODULES = {
+    "demo_target": [
+        "demo_target.py",
+        "demo_tasks.py",
+        "demo_chat_template.jinja",
+        "io.py",
+    ],
+    "probe": [
+        "probe.py",
+        "reasoning.py",
+        "endpoints.py",
+        "credentials.py",
+        "server.py",
+        "server_process.py",
+        "io.py",
+    ],
+}
+
+
+def run_path(relative):
+    """Path of an output of this run: results/{run}/<relative>."""
+    return f"results/{RUN}/{relative}"
+
+
+def log_path(relative):
+    return f"logs/{RUN}/{relative}"
+
+
+def code_version(stage):
+    # Hash the package that scripts will import, wherever it is installed.
+    return _code_version(STAGE_MODULES[stage])
+
+
+def as_json(*sections):
+    """Config sections as sorted JSON: a param that changes only when a value does."""
+    return json.dumps({s: config[s] for s in sections}, sort_keys=True)
+
+
+def get_target_dir():
+    """The target directory as an input when the pipeline builds it, else nothing."""
+    return run_path("target") if DEMO else []
+
+
+def get_final_outputs():
+    outputs = [run_path("probe.json")]
+    if DEMO:
+        outputs.append(run_path("target"))
+    return outputs
+
+
+def bench_path(relative):
+    return f"benchmarks/{RUN}/{relative}"

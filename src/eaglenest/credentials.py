@@ -1,0 +1,43 @@
+"""API keys: read from the environment variable named in config, never stored anywhere.
+
+Config holds only the variable's *name*; `redact` scrubs the value from anything that is about to
+be written (raw responses echo headers on some proxies, error messages can quote requests)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+REDACTED = "<redacted>"
+
+
+def api_key_from_env(var_name: str | None) -> str | None:
+    """The key held by `var_name`; a named but unset variable is an error, not a silent no-key."""
+    if not var_name:
+        return None
+    value = os.environ.get(var_name)
+    if value is None:
+        raise KeyError(
+            f"config names api_key_env '{var_name}' but that environment variable is not set"
+        )
+    return value
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def redact(value: Any, secrets: list[str | None]) -> Any:
+    """Return `value` (JSON-like) with every occurrence of each secret replaced."""
+    secrets = [s for s in secrets if s]
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    return value

@@ -1,0 +1,89 @@
+"""Config validation: defaults fill in, bad keys and types fail naming the key (library and
+Snakemake)."""
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eaglenest.config import ConfigError, load_config, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def demo_config() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_defaults_fill_every_section():
+    config = validate_config(demo_config())
+    assert config["probe"]["max_tokens"] == 256
+    assert config["server"]["faults"]["error_500"] == 0
+    assert config["target"]["think_tokens"]["start"] == "<think>"
+
+
+def test_misspelled_key_is_named_with_a_suggestion():
+    config = demo_config()
+    config["probe"]["max_tokenz"] = 10
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert "probe.max_tokenz" in str(err.value)
+    assert "did you mean 'max_tokens'" in str(err.value)
+
+
+def test_wrong_type_is_named():
+    config = demo_config()
+    config["server"]["max_batch_size"] = "lots"
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert "server.max_batch_size" in str(err.value)
+    assert "integer" in str(err.value)
+
+
+def test_unknown_top_level_section_is_named():
+    config = demo_config()
+    config["genration"] = {}
+    with pytest.raises(ConfigError, match="unknown config key 'genration'"):
+        validate_config(config)
+
+
+def test_example_configs_are_valid():
+    for path in sorted((REPO / "config" / "examples").glob("*.yaml")):
+        config = load_config(path)
+        assert config["endpoints"], f"{path.name} should point at real endpoints"
+        assert not config["server"]["enabled"]
+
+
+def test_validation_does_not_mutate_defaults_between_calls():
+    first = validate_config(demo_config())
+    first["probe"]["prompt"] = "changed"
+    second = validate_config(copy.deepcopy(demo_config()))
+    assert second["probe"]["prompt"] != "changed"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("probe:\n  max_tokenz: 3\n", "probe.max_tokenz"),
+        ("server:\n  max_batch_size: many\n", "server.max_batch_size"),
+    ],
+)
+def test_snakemake_fails_naming_the_key(tmp_path, override, expected):
+    for name in ("Snakefile", "rules", "scripts", "config", "profiles"):
+        src = REPO / name
+        dst = tmp_path / name
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    (tmp_path / "bad.yaml").write_text(override)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", "bad.yaml", "--cores", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert expected in result.stdout + result.stderr
