@@ -29,8 +29,18 @@ STAGE_MODULES = {
         "demo_chat_template.jinja",
         "io.py",
     ],
+    "generate": [
+        "generate.py",
+        "reasoning.py",
+        "responses.py",
+        "endpoints.py",
+        "credentials.py",
+        "io.py",
+    ],
+    "validate": ["validate.py", "schemas.py", "reasoning.py", "io.py"],
     "probe": [
         "probe.py",
+        "responses.py",
         "reasoning.py",
         "endpoints.py",
         "credentials.py",
@@ -74,3 +84,17 @@ def get_final_outputs():
 
 def bench_path(relative):
     return f"benchmarks/{RUN}/{relative}"
+
+
+def get_request_params_json():
+    """The settings that shape every request body, as sorted JSON."""
+    generation = config["generation"]
+    return json.dumps(
+        {
+            "seed": config["seed"],
+            "model": config["target"]["model"],
+            "chat_template_kwargs": config["target"]["chat_template_kwargs"],
+            **{k: generation[k] for k in ("temperature", "top_p", "max_tokens", "extra_body")},
+        },
+        sort_keys=True,
+    )

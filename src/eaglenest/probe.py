@@ -21,46 +21,15 @@ from eaglenest.credentials import api_key_from_env, auth_headers, redact
 from eaglenest.endpoints import Endpoint, api_base, open_endpoints
 from eaglenest.io import write_json
 from eaglenest.reasoning import NO_FIELD, THINK_END, THINK_START, extract_reasoning, present_fields
+from eaglenest.responses import describe_token_ids
 
 log = logging.getLogger(__name__)
 
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 PROBE_ATTEMPTS = 3
 
-# Where servers put token ids when asked with `return_token_ids: true`.
-# vLLM: top-level prompt_token_ids, choices[i].token_ids. SGLang: both inside the choice.
-TOKEN_ID_LAYOUTS: dict[str, tuple[str, str]] = {
-    "vllm": ("prompt_token_ids", "choices[].token_ids"),
-    "sglang": ("choices[].prompt_token_ids", "choices[].response_token_ids"),
-}
-
-
 class ProbeError(RuntimeError):
     """The endpoint cannot be used as configured; the message says why and what to change."""
-
-
-def _lookup(response: dict[str, Any], key: str) -> Any:
-    if key.startswith("choices[]."):
-        choices = response.get("choices") or [{}]
-        return choices[0].get(key.removeprefix("choices[]."))
-    return response.get(key)
-
-
-def detect_token_ids(response: dict[str, Any]) -> dict[str, Any]:
-    """Which layout of token ids the response uses, if any."""
-    for layout, (prompt_key, completion_key) in TOKEN_ID_LAYOUTS.items():
-        prompt_ids = _lookup(response, prompt_key)
-        completion_ids = _lookup(response, completion_key)
-        if isinstance(prompt_ids, list) and isinstance(completion_ids, list) and completion_ids:
-            return {
-                "supported": True,
-                "layout": layout,
-                "prompt_key": prompt_key,
-                "completion_key": completion_key,
-                "n_prompt_tokens": len(prompt_ids),
-                "n_completion_tokens": len(completion_ids),
-            }
-    return {"supported": False, "layout": None, "prompt_key": None, "completion_key": None}
 
 
 def think_token_ids(
@@ -193,7 +162,7 @@ def probe_endpoint(
     parts = extract_reasoning(message)
     if require_reasoning and parts.field == NO_FIELD:
         raise ProbeError(_empty_reasoning_message(base, model, message))
-    token_ids = detect_token_ids(response)
+    token_ids = describe_token_ids(response)
     if require_token_ids and not token_ids["supported"]:
         raise ProbeError(
             f"{base} returned no token ids although probe.require_token_ids is true (asked with "
