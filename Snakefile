@@ -12,9 +12,12 @@ configfile: "config/config.yaml"
 include: "rules/common.smk"
 include: "rules/demo_target.smk"
 include: "rules/probe.smk"
+include: "rules/prompts.smk"
+include: "rules/generate.smk"
+include: "rules/validate.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_outputs(),
-    default_target: True

@@ -8,6 +8,12 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from eaglenest.code_version import code_version as _code_version
 from eaglenest.config import ConfigError, validate_config
+from eaglenest.prompts import (
+    local_source_files,
+    prepared_params_json,
+    shard_ids,
+    shard_params_json,
+)
 
 try:
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
@@ -16,13 +22,28 @@ except ConfigError as err:
 
 RUN = config["run"]
 DEMO = config["demo_target"]["enabled"]
+# Fixed at parse time from max_samples and shard_size: more prompts only add shards.
+SHARDS = shard_ids(config)
+
+
+wildcard_constraints:
+    shard=r"\d{5}",
+
 
 # The demo target is built by the pipeline; its directory is the target for every later stage.
 if DEMO and not config["target"]["path"]:
     config["target"]["path"] = f"results/{RUN}/target"
 
+# The embedded server shapes the data only when it is the endpoint.
+SERVER_MODULES = (
+    ["server.py", "engine.py", "faults.py", "server_process.py"]
+    if config["server"]["enabled"]
+    else []
+)
+
 # Library files each stage runs: a change to any of them reruns the stage (see code_version.py).
 STAGE_MODULES = {
+    "prompts": ["prompts.py", "schemas.py", "demo_tasks.py", "config.py", "io.py"],
     "demo_target": [
         "demo_target.py",
         "demo_tasks.py",
@@ -36,6 +57,7 @@ STAGE_MODULES = {
         "endpoints.py",
         "credentials.py",
         "io.py",
+        *SERVER_MODULES,
     ],
     "validate": ["validate.py", "schemas.py", "reasoning.py", "io.py"],
     "probe": [
@@ -44,9 +66,8 @@ STAGE_MODULES = {
         "reasoning.py",
         "endpoints.py",
         "credentials.py",
-        "server.py",
-        "server_process.py",
         "io.py",
+        *SERVER_MODULES,
     ],
 }
 
@@ -77,8 +98,7 @@ def get_target_dir():
 
 def get_final_outputs():
     outputs = [run_path("probe.json")]
-    if DEMO:
-        outputs.append(run_path("target"))
+    outputs += expand(run_path("samples/{shard}.report.json"), shard=SHARDS)
     return outputs
 
 
@@ -94,7 +114,10 @@ def get_request_params_json():
             "seed": config["seed"],
             "model": config["target"]["model"],
             "chat_template_kwargs": config["target"]["chat_template_kwargs"],
-            **{k: generation[k] for k in ("temperature", "top_p", "max_tokens", "extra_body")},
+            **{
+                k: generation[k]
+                for k in ("temperature", "top_p", "max_tokens", "extra_body")
+            },
         },
         sort_keys=True,
     )

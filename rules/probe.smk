@@ -3,12 +3,14 @@ rule probe_endpoints:
         target=get_target_dir(),
     output:
         probe=run_path("probe.json"),
-    params:
-        settings=as_json("target", "server", "endpoints", "probe"),
-        code_version=code_version("probe"),
     log:
         probe=log_path("probe_endpoints.log"),
         server=log_path("probe_endpoints.server.log"),
+    conda:
+        "../envs/cpu.yaml"
     threads: 1
+    params:
+        settings=as_json("target", "server", "endpoints", "probe"),
+        code_version=code_version("probe"),
     script:
         "../scripts/probe.py"

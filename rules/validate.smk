@@ -6,11 +6,13 @@ rule validate_samples:
     output:
         samples=run_path("samples/{shard}.parquet"),
         report=run_path("samples/{shard}.report.json"),
+    log:
+        log_path("validate/{shard}.log"),
+    conda:
+        "../envs/cpu.yaml"
+    threads: 1
     params:
         settings=as_json("validation"),
         code_version=code_version("validate"),
-    log:
-        log_path("validate/{shard}.log"),
-    threads: 1
     script:
         "../scripts/validate.py"

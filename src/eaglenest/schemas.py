@@ -75,3 +75,92 @@ def empty_prompts_frame() -> pl.DataFrame:
             "source_index": pl.Int64,
         }
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# generate: results/{run}/raw/{shard}.parquet
+# ---------------------------------------------------------------------------------------------
+
+IDS_DTYPE = pl.List(pl.Int64)
+
+
+class RawSchema(pa.DataFrameModel):
+    """One row per prompt of the shard: the answer, or the terminal failure of its request.
+
+    Rows are not judged here (validation does that); this fixes the layout: every prompt has a
+    row, failures say why, and answered rows say which field carried the reasoning.
+    """
+
+    id: str = pa.Field(str_matches=PROMPT_ID_PATTERN, nullable=False)
+    endpoint: str = pa.Field(nullable=True)
+    request: str = pa.Field(nullable=False)
+    response: str = pa.Field(nullable=True)
+    reasoning: str = pa.Field(nullable=True)
+    content: str = pa.Field(nullable=True)
+    reasoning_field: str = pa.Field(
+        isin=["reasoning", "reasoning_content", "content_think_tags", "none"], nullable=False
+    )
+    finish_reason: str = pa.Field(nullable=True)
+    prompt_token_ids: IDS_DTYPE = pa.Field(nullable=True)
+    completion_token_ids: IDS_DTYPE = pa.Field(nullable=True)
+    token_layout: str = pa.Field(nullable=True)
+    prompt_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
+    completion_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
+    latency_s: pl.Float64 = pa.Field(nullable=False, ge=0)
+    attempts: pl.Int64 = pa.Field(nullable=False, ge=1)
+    error_kind: str = pa.Field(nullable=True)
+    error: str = pa.Field(nullable=True)
+
+    class Config:
+        strict = True
+
+    @pa.dataframe_check(error="a row has a response or an error, never both or neither")
+    @classmethod
+    def answer_or_error(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(
+            pl.col("response").is_null() == pl.col("error_kind").is_not_null()
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# validate: results/{run}/samples/{shard}.parquet
+# ---------------------------------------------------------------------------------------------
+
+
+class SamplesSchema(pa.DataFrameModel):
+    """Answers fit for training: non-empty reasoning and content, no think tags left in either
+    (the parser split them), complete (not cut by max_tokens), unique ids."""
+
+    id: str = pa.Field(str_matches=PROMPT_ID_PATTERN, unique=True, nullable=False)
+    messages: pl.List(MESSAGE_DTYPE) = pa.Field(nullable=False)
+    reasoning: str = pa.Field(nullable=False)
+    content: str = pa.Field(nullable=False)
+    reasoning_field: str = pa.Field(
+        isin=["reasoning", "reasoning_content", "content_think_tags"], nullable=False
+    )
+    finish_reason: str = pa.Field(nullable=True, notin=["length"])
+    prompt_token_ids: IDS_DTYPE = pa.Field(nullable=True)
+    completion_token_ids: IDS_DTYPE = pa.Field(nullable=True)
+    token_layout: str = pa.Field(nullable=True)
+    request: str = pa.Field(nullable=False)
+    endpoint: str = pa.Field(nullable=False)
+    prompt_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
+    completion_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
+    latency_s: pl.Float64 = pa.Field(nullable=False, ge=0)
+
+    class Config:
+        strict = True
+        ordered = True
+
+    @pa.check("reasoning", "content", error="must not be empty or whitespace")
+    @classmethod
+    def not_blank(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col(data.key).str.strip_chars().str.len_chars() > 0)
+
+    @pa.check("reasoning", "content", error="must not contain think tags (the parser splits them)")
+    @classmethod
+    def no_think_tags(cls, data: PolarsData) -> pl.LazyFrame:
+        tags = pl.col(data.key).str.contains("<think>", literal=True) | pl.col(
+            data.key
+        ).str.contains("</think>", literal=True)
+        return data.lazyframe.select(tags.not_())
