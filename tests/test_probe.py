@@ -21,7 +21,8 @@ MODEL = "echo-model"
     [
         ("vllm", "reasoning", "vllm"),
         ("sglang", "reasoning_content", "sglang"),
-        ("none", "content_think_tags", None),
+        # vLLM without a reasoning parser: think tags inline, token ids still returned.
+        ("none", "content_think_tags", "vllm"),
     ],
 )
 def test_probe_detects_each_dialect(dialect, field, layout):
@@ -73,7 +74,8 @@ def test_probe_fails_fast_on_a_closed_port():
 
 
 def test_probe_requires_token_ids_when_configured():
-    with running_server(model_name=MODEL, dialect="none", echo=True) as url:
+    # An older server that ignores return_token_ids.
+    with running_server(model_name=MODEL, echo=True, extra_args=["--no-token-ids"]) as url:
         with pytest.raises(ProbeError, match="no token ids"):
             probe_endpoint(Endpoint(url=url), MODEL, require_token_ids=True)
 

@@ -1,0 +1,203 @@
+"""Generation against the real embedded server on 127.0.0.1 (echo mode: the client is under test,
+not the model): faults, kills, dialects, secrets."""
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import polars as pl
+import pytest
+
+from eaglenest.config import validate_config
+from eaglenest.endpoints import Endpoint
+from eaglenest.generate import (
+    GenerationError,
+    GenerationSettings,
+    generate_records,
+    generate_shard,
+    read_journal,
+    sample_seed,
+)
+from eaglenest.io import write_json
+from eaglenest.schemas import RawSchema
+from eaglenest.server_process import running_server
+
+MODEL = "echo-model"
+
+
+def prompt_frame(n: int, tag: str = "p") -> pl.DataFrame:
+    rows = []
+    for i in range(n):
+        messages = [{"role": "user", "content": f"{tag} question {i}"}]
+        rows.append(
+            {
+                "id": hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:16],
+                "messages": messages,
+                "source": "test",
+                "source_index": i,
+            }
+        )
+    return pl.DataFrame(rows)
+
+
+def fast_settings(**overrides) -> GenerationSettings:
+    values = dict(
+        model=MODEL,
+        concurrency=32,
+        timeout_s=1.0,
+        max_attempts=8,
+        backoff_base_s=0.02,
+        backoff_max_s=0.2,
+        bench_s=0.2,
+    )
+    values.update(overrides)
+    return GenerationSettings(**values)
+
+
+def server_stats(url: str) -> dict:
+    return httpx.get(f"{url}/stats", timeout=5).json()
+
+
+def test_every_prompt_answered_once_despite_faults(tmp_path):
+    prompts = prompt_frame(200).to_dicts()
+    faults = {
+        "error_500": 0.10,
+        "rate_limit_429": 0.05,
+        "hang": 0.03,
+        "malformed": 0.02,
+        "drop_connection": 0.02,
+    }
+    journal = tmp_path / "journal.jsonl"
+    with running_server(
+        model_name=MODEL, echo=True, echo_latency_s=0.01, faults=faults, fault_seed=7,
+        hang_s=30, retry_after_s=0.1,
+    ) as url:
+        records = asyncio.run(
+            generate_records(prompts, [Endpoint(url)], fast_settings(), journal, "00000")
+        )
+        stats = server_stats(url)
+    ids = [p["id"] for p in prompts]
+    assert sorted(records) == sorted(ids)
+    assert all(r["error_kind"] is None for r in records.values())
+    assert all(r["reasoning"].strip() and r["reasoning_field"] == "reasoning" for r in records.values())
+    journal_ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
+    assert sorted(journal_ids) == sorted(ids), "each prompt journaled exactly once"
+    # The faults really happened, and retries covered them.
+    assert sum(stats["faults"].values()) >= 20
+    assert max(r["attempts"] for r in records.values()) > 1
+
+
+def test_terminal_4xx_is_not_retried_and_fails_the_shard(tmp_path):
+    prompts_path = tmp_path / "prompts.parquet"
+    prompt_frame(10).write_parquet(prompts_path)
+    probe = tmp_path / "probe.json"
+    write_json(probe, {"token_ids": {"supported": True}, "reasoning_field": "reasoning"})
+    with running_server(model_name=MODEL, echo=True) as url:
+        config = validate_config(
+            {"target": {"model": "wrong-model"}, "endpoints": [{"url": url}],
+             "generation": {"timeout_s": 5}}
+        )
+        with pytest.raises(GenerationError, match=r"10 of 10 requests failed .*http_404"):
+            generate_shard(prompts_path, probe, tmp_path / "raw.parquet", config,
+                           tmp_path / "journal.jsonl", shard="00000")
+        assert server_stats(url)["requests_total"] == 10  # one each: a 404 is not worth retrying
+    assert not (tmp_path / "raw.parquet").exists()
+    assert len(read_journal(tmp_path / "journal.jsonl")) == 10
+
+
+@pytest.mark.parametrize(
+    ("dialect", "field", "layout"),
+    [("sglang", "reasoning_content", "sglang"), ("none", "content_think_tags", "vllm"),
+     ("vllm", "reasoning", "vllm")],
+)
+def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout):
+    prompts_path = tmp_path / "prompts.parquet"
+    prompt_frame(20).write_parquet(prompts_path)
+    probe = tmp_path / "probe.json"
+    write_json(probe, {"token_ids": {"supported": True}})
+    out = tmp_path / "raw.parquet"
+    with running_server(model_name=MODEL, dialect=dialect, echo=True) as url:
+        config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
+        generate_shard(prompts_path, probe, out, config, tmp_path / "j.jsonl", shard="00000")
+    raw = pl.read_parquet(out)
+    RawSchema.validate(raw)
+    assert raw["reasoning_field"].unique().to_list() == [field]
+    assert all(r.strip() for r in raw["reasoning"].to_list())
+    assert all("<think>" not in c and "</think>" not in c for c in raw["content"].to_list())
+    assert raw["token_layout"].unique().to_list() == [layout]
+    body = json.loads(raw["request"][0])
+    assert body["seed"] == sample_seed(0, raw["id"][0])
+    assert body["return_token_ids"] is True
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, polars as pl
+    from eaglenest.endpoints import Endpoint
+    from eaglenest.generate import GenerationSettings, generate_records
+    prompts = pl.read_parquet(sys.argv[1]).to_dicts()
+    settings = GenerationSettings(model="echo-model", concurrency=4)
+    asyncio.run(generate_records(prompts, [Endpoint(sys.argv[2])], settings, __import__("pathlib").Path(sys.argv[3])))
+    """
+)
+
+
+def test_kill_mid_shard_then_rerun_loses_nothing_and_repeats_nothing(tmp_path):
+    frame = prompt_frame(200)
+    prompts_path = tmp_path / "prompts.parquet"
+    frame.write_parquet(prompts_path)
+    journal = tmp_path / "journal.jsonl"
+    with running_server(model_name=MODEL, echo=True, echo_latency_s=0.05) as url:
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILL_SCRIPT, str(prompts_path), url, str(journal)],
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if journal.exists() and journal.read_text().count("\n") >= 40:
+                break
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    before = read_journal(journal)
+    assert 40 <= len(before) < 200, "the kill landed mid-shard"
+    probe = tmp_path / "probe.json"
+    write_json(probe, {"token_ids": {"supported": True}})
+    out = tmp_path / "raw.parquet"
+    with running_server(model_name=MODEL, echo=True) as url:
+        config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
+        generate_shard(prompts_path, probe, out, config, journal, shard="00000")
+        requested_after_kill = server_stats(url)["requests_total"]
+    raw = pl.read_parquet(out)
+    assert raw["id"].to_list() == frame["id"].to_list()
+    assert requested_after_kill == 200 - len(before)
+    kept = raw.filter(pl.col("id").is_in(list(before)))
+    assert kept["response"].to_list() == [before[i]["response"] for i in kept["id"].to_list()]
+
+
+def test_api_key_reaches_no_file(tmp_path, monkeypatch):
+    secret = "sk-eaglenest-test-" + "7" * 20
+    monkeypatch.setenv("EAGLENEST_TEST_API_KEY", secret)
+    prompts_path = tmp_path / "prompts.parquet"
+    prompt_frame(10).write_parquet(prompts_path)
+    probe = tmp_path / "probe.json"
+    write_json(probe, {"token_ids": {"supported": True}})
+    with running_server(model_name=MODEL, echo=True, faults={"error_500": 0.3}) as url:
+        config = validate_config(
+            {"target": {"model": MODEL},
+             "endpoints": [{"url": url, "api_key_env": "EAGLENEST_TEST_API_KEY"}],
+             "generation": {"backoff_base_s": 0.01}}
+        )
+        generate_shard(prompts_path, probe, tmp_path / "raw.parquet", config,
+                       tmp_path / "journal.jsonl", shard="00000")
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
