@@ -1,0 +1,34 @@
+"""Shared fixtures. Expensive ones are session-scoped: each is built once per test run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# A demo target small enough to build in well under a minute on two cores, yet trained long
+# enough to answer held-out prompts with `<think>\n...\n</think>\n\nanswer<|im_end|>` nearly
+# always (its answers are often wrong; tests need the shape, not the arithmetic).
+DEMO_TARGET_TEST_SETTINGS = {
+    "seed": 0,
+    "num_layers": 8,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 192,
+    "vocab_size": 512,
+    "train_steps": 300,
+    "batch_size": 32,
+    "learning_rate": 3e-3,
+    "heldout_prompts": 30,
+}
+
+
+@pytest.fixture(scope="session")
+def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained demo target in Hugging Face layout (with `demo_metrics.json`)."""
+    from eaglenest.demo_target import build_demo_target
+
+    out_dir = tmp_path_factory.mktemp("demo-target") / "target"
+    build_demo_target(out_dir, **DEMO_TARGET_TEST_SETTINGS)
+    return out_dir
