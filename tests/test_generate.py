@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import polars as pl
@@ -49,15 +48,15 @@ def prompt_frame(n: int, tag: str = "p") -> pl.DataFrame:
 
 
 def fast_settings(**overrides) -> GenerationSettings:
-    values = dict(
-        model=MODEL,
-        concurrency=32,
-        timeout_s=1.0,
-        max_attempts=8,
-        backoff_base_s=0.02,
-        backoff_max_s=0.2,
-        bench_s=0.2,
-    )
+    values = {
+        "model": MODEL,
+        "concurrency": 32,
+        "timeout_s": 1.0,
+        "max_attempts": 8,
+        "backoff_base_s": 0.02,
+        "backoff_max_s": 0.2,
+        "bench_s": 0.2,
+    }
     values.update(overrides)
     return GenerationSettings(**values)
 
@@ -77,8 +76,13 @@ def test_every_prompt_answered_once_despite_faults(tmp_path):
     }
     journal = tmp_path / "journal.jsonl"
     with running_server(
-        model_name=MODEL, echo=True, echo_latency_s=0.01, faults=faults, fault_seed=7,
-        hang_s=30, retry_after_s=0.1,
+        model_name=MODEL,
+        echo=True,
+        echo_latency_s=0.01,
+        faults=faults,
+        fault_seed=7,
+        hang_s=30,
+        retry_after_s=0.1,
     ) as url:
         records = asyncio.run(
             generate_records(prompts, [Endpoint(url)], fast_settings(), journal, "00000")
@@ -87,7 +91,9 @@ def test_every_prompt_answered_once_despite_faults(tmp_path):
     ids = [p["id"] for p in prompts]
     assert sorted(records) == sorted(ids)
     assert all(r["error_kind"] is None for r in records.values())
-    assert all(r["reasoning"].strip() and r["reasoning_field"] == "reasoning" for r in records.values())
+    assert all(
+        r["reasoning"].strip() and r["reasoning_field"] == "reasoning" for r in records.values()
+    )
     journal_ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
     assert sorted(journal_ids) == sorted(ids), "each prompt journaled exactly once"
     # The faults really happened, and retries covered them.
@@ -102,12 +108,21 @@ def test_terminal_4xx_is_not_retried_and_fails_the_shard(tmp_path):
     write_json(probe, {"token_ids": {"supported": True}, "reasoning_field": "reasoning"})
     with running_server(model_name=MODEL, echo=True) as url:
         config = validate_config(
-            {"target": {"model": "wrong-model"}, "endpoints": [{"url": url}],
-             "generation": {"timeout_s": 5}}
+            {
+                "target": {"model": "wrong-model"},
+                "endpoints": [{"url": url}],
+                "generation": {"timeout_s": 5},
+            }
         )
         with pytest.raises(GenerationError, match=r"10 of 10 requests failed .*http_404"):
-            generate_shard(prompts_path, probe, tmp_path / "raw.parquet", config,
-                           tmp_path / "journal.jsonl", shard="00000")
+            generate_shard(
+                prompts_path,
+                probe,
+                tmp_path / "raw.parquet",
+                config,
+                tmp_path / "journal.jsonl",
+                shard="00000",
+            )
         assert server_stats(url)["requests_total"] == 10  # one each: a 404 is not worth retrying
     assert not (tmp_path / "raw.parquet").exists()
     assert len(read_journal(tmp_path / "journal.jsonl")) == 10
@@ -115,8 +130,11 @@ def test_terminal_4xx_is_not_retried_and_fails_the_shard(tmp_path):
 
 @pytest.mark.parametrize(
     ("dialect", "field", "layout"),
-    [("sglang", "reasoning_content", "sglang"), ("none", "content_think_tags", "vllm"),
-     ("vllm", "reasoning", "vllm")],
+    [
+        ("sglang", "reasoning_content", "sglang"),
+        ("none", "content_think_tags", "vllm"),
+        ("vllm", "reasoning", "vllm"),
+    ],
 )
 def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout):
     prompts_path = tmp_path / "prompts.parquet"
@@ -192,12 +210,20 @@ def test_api_key_reaches_no_file(tmp_path, monkeypatch):
     write_json(probe, {"token_ids": {"supported": True}})
     with running_server(model_name=MODEL, echo=True, faults={"error_500": 0.3}) as url:
         config = validate_config(
-            {"target": {"model": MODEL},
-             "endpoints": [{"url": url, "api_key_env": "EAGLENEST_TEST_API_KEY"}],
-             "generation": {"backoff_base_s": 0.01}}
+            {
+                "target": {"model": MODEL},
+                "endpoints": [{"url": url, "api_key_env": "EAGLENEST_TEST_API_KEY"}],
+                "generation": {"backoff_base_s": 0.01},
+            }
         )
-        generate_shard(prompts_path, probe, tmp_path / "raw.parquet", config,
-                       tmp_path / "journal.jsonl", shard="00000")
+        generate_shard(
+            prompts_path,
+            probe,
+            tmp_path / "raw.parquet",
+            config,
+            tmp_path / "journal.jsonl",
+            shard="00000",
+        )
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path

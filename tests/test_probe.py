@@ -58,9 +58,11 @@ def test_probe_fails_on_a_server_that_drops_reasoning():
 
 
 def test_probe_fails_on_a_wrong_model_name_listing_served_ones():
-    with running_server(model_name=MODEL, echo=True) as url:
-        with pytest.raises(ProbeError, match=r"model 'Kimi-K2\.5' is not served .*echo-model"):
-            probe_endpoint(Endpoint(url=url), "Kimi-K2.5")
+    with (
+        running_server(model_name=MODEL, echo=True) as url,
+        pytest.raises(ProbeError, match=r"model 'Kimi-K2\.5' is not served .*echo-model"),
+    ):
+        probe_endpoint(Endpoint(url=url), "Kimi-K2.5")
 
 
 def test_probe_fails_fast_on_a_closed_port():
@@ -75,13 +77,17 @@ def test_probe_fails_fast_on_a_closed_port():
 
 def test_probe_requires_token_ids_when_configured():
     # An older server that ignores return_token_ids.
-    with running_server(model_name=MODEL, echo=True, extra_args=["--no-token-ids"]) as url:
-        with pytest.raises(ProbeError, match="no token ids"):
-            probe_endpoint(Endpoint(url=url), MODEL, require_token_ids=True)
+    with (
+        running_server(model_name=MODEL, echo=True, extra_args=["--no-token-ids"]) as url,
+        pytest.raises(ProbeError, match="no token ids"),
+    ):
+        probe_endpoint(Endpoint(url=url), MODEL, require_token_ids=True)
 
 
 def test_probe_survives_transient_faults():
-    with running_server(model_name=MODEL, echo=True, faults={"error_500": 0.5}, fault_seed=3) as url:
+    with running_server(
+        model_name=MODEL, echo=True, faults={"error_500": 0.5}, fault_seed=3
+    ) as url:
         result = probe_endpoint(Endpoint(url=url), MODEL)
     assert result["reasoning_field"] == "reasoning"
 
@@ -92,9 +98,24 @@ def test_api_key_never_reaches_the_probe_output(tmp_path, monkeypatch):
     out = tmp_path / "probe.json"
     with running_server(model_name=MODEL, echo=True) as url:
         code = subprocess.run(
-            [sys.executable, "-m", "eaglenest.cli", "probe", "--endpoint", url, "--model", MODEL,
-             "--api-key-env", "EAGLENEST_TEST_KEY", "--out", str(out)],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "eaglenest.cli",
+                "probe",
+                "--endpoint",
+                url,
+                "--model",
+                MODEL,
+                "--api-key-env",
+                "EAGLENEST_TEST_KEY",
+                "--out",
+                str(out),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert code.returncode == 0, code.stdout + code.stderr
     assert "reasoning field: reasoning" in code.stdout
@@ -106,7 +127,10 @@ def test_cli_probe_exits_nonzero_with_the_message():
     with running_server(model_name=MODEL, echo=True) as url:
         code = subprocess.run(
             [sys.executable, "-m", "eaglenest.cli", "probe", "--endpoint", url, "--model", "nope"],
-            capture_output=True, text=True, timeout=60,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert code.returncode == 1
     assert "not served" in code.stdout

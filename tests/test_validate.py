@@ -4,13 +4,13 @@ import json
 
 import polars as pl
 import pytest
+from test_generate import MODEL, prompt_frame
 
 from eaglenest.config import validate_config
 from eaglenest.generate import RAW_SCHEMA, generate_shard
 from eaglenest.io import read_json, write_json
 from eaglenest.server_process import running_server
 from eaglenest.validate import ShardValidationError, validate_frame, validate_shard
-from test_generate import MODEL, prompt_frame
 
 SETTINGS = {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.1}
 PROBE = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
@@ -61,8 +61,14 @@ def test_each_drop_reason_is_counted():
             1: {"content": "  "},
             2: {"content": "<think>leak</think> 4"},
             3: {"completion_token_ids": None, "prompt_token_ids": None},
-            4: {"error_kind": "http_500", "error": "boom", "response": None, "reasoning": None,
-                "content": None, "reasoning_field": "none"},
+            4: {
+                "error_kind": "http_500",
+                "error": "boom",
+                "response": None,
+                "reasoning": None,
+                "content": None,
+                "reasoning_field": "none",
+            },
         },
     )
     samples, report = validate_frame(raw, prompts, PROBE, SETTINGS, "00007")
@@ -119,13 +125,21 @@ def test_a_server_that_drops_reasoning_stops_validation(tmp_path):
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
         generate_shard(prompts_path, probe, raw, config, tmp_path / "j.jsonl", shard="00003")
     with pytest.raises(ShardValidationError) as err:
-        validate_shard(raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json",
-                       config["validation"], "00003")
+        validate_shard(
+            raw,
+            prompts_path,
+            probe,
+            tmp_path / "s.parquet",
+            tmp_path / "r.json",
+            config["validation"],
+            "00003",
+        )
     assert "shard 00003" in str(err.value) and "empty reasoning" in str(err.value)
     assert not (tmp_path / "s.parquet").exists()
 
     relaxed = dict(config["validation"], max_empty_reasoning_fraction=0.5)
-    report = validate_shard(raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json",
-                            relaxed, "00003")
+    report = validate_shard(
+        raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json", relaxed, "00003"
+    )
     assert report["dropped"]["empty_reasoning"] == 30 - report["kept"] > 0
     assert read_json(tmp_path / "r.json") == json.loads(json.dumps(report))

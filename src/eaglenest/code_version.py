@@ -43,6 +43,8 @@ def code_version(modules: Iterable[str], package_dir: Path = PACKAGE_DIR) -> str
     for name in sorted(set(modules)):
         path = package_dir / name
         if not path.exists():
-            raise FileNotFoundError(f"code_version: {path} does not exist (check the stage's module list)")
+            raise FileNotFoundError(
+                f"code_version: {path} does not exist (check the stage's module list)"
+            )
         digest.update(name.encode() + b"\0" + source_fingerprint(path) + b"\0")
     return digest.hexdigest()[:16]

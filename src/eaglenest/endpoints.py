@@ -14,17 +14,19 @@ from typing import Any
 class Endpoint:
     url: str  # base URL without the /v1 suffix
     api_key_env: str | None = None
-    max_concurrency: int = 64
+    max_concurrency: int = 128
 
 
 def api_base(url: str) -> str:
     """Normalise 'http://h:8000/v1/' and 'http://h:8000' to 'http://h:8000'."""
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.removesuffix("/v1")
 
 
 @contextlib.contextmanager
-def open_endpoints(config: dict[str, Any], server_log: str | Path | None) -> Iterator[list[Endpoint]]:
+def open_endpoints(
+    config: dict[str, Any], server_log: str | Path | None
+) -> Iterator[list[Endpoint]]:
     """Yield the endpoints of the run; with `server.enabled` the embedded server is running inside
     the block and is stopped when it ends, also on failure."""
     if config["server"]["enabled"]:
@@ -42,7 +44,7 @@ def open_endpoints(config: dict[str, Any], server_log: str | Path | None) -> Ite
         Endpoint(
             url=api_base(e["url"]),
             api_key_env=e.get("api_key_env"),
-            max_concurrency=e.get("max_concurrency", 64),
+            max_concurrency=e.get("max_concurrency", 128),
         )
         for e in config["endpoints"]
     ]

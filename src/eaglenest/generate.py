@@ -146,8 +146,8 @@ def _retry_after(headers: Any) -> float | None:
 
 async def post_once(
     session: aiohttp.ClientSession, endpoint: Endpoint, body: dict, headers: dict, timeout_s: float
-) -> dict:
-    """One POST; returns the parsed body or raises RetryableError / TerminalError."""
+) -> tuple[dict, str]:
+    """One POST; returns (parsed body, body text) or raises RetryableError / TerminalError."""
     url = f"{endpoint.url}/v1/chat/completions"
     try:
         async with session.post(
@@ -170,11 +170,17 @@ async def post_once(
         raise RetryableError("malformed_json", f"{err}: {text[:200]!r}") from err
     if not isinstance(parsed, dict) or not parsed.get("choices"):
         raise RetryableError("malformed_json", f"no choices in body: {text[:200]!r}")
-    return parsed
+    return parsed, text
 
 
 def record_from_response(
-    sample_id: str, endpoint: str, body: dict, response: dict, latency_s: float, attempts: int
+    sample_id: str,
+    endpoint: str,
+    body: dict,
+    response: dict,
+    response_text: str,
+    latency_s: float,
+    attempts: int,
 ) -> dict[str, Any]:
     choice = response["choices"][0]
     message = choice.get("message") or {}
@@ -185,7 +191,7 @@ def record_from_response(
         "id": sample_id,
         "endpoint": endpoint,
         "request": json.dumps(body, sort_keys=True),
-        "response": json.dumps(response, sort_keys=True),
+        "response": response_text,  # the body exactly as the server sent it
         "reasoning": parts.reasoning,
         "content": parts.content,
         "reasoning_field": parts.field,
@@ -203,7 +209,13 @@ def record_from_response(
 
 
 def failure_record(
-    sample_id: str, endpoint: str, body: dict, kind: str, error: str, attempts: int, latency_s: float
+    sample_id: str,
+    endpoint: str,
+    body: dict,
+    kind: str,
+    error: str,
+    attempts: int,
+    latency_s: float,
 ) -> dict[str, Any]:
     record = dict.fromkeys(RAW_SCHEMA)
     record.update(
@@ -313,7 +325,9 @@ async def request_with_retries(
         url = last_url = state.endpoint.url
         progress.in_flight += 1
         try:
-            response = await post_once(session, state.endpoint, body, headers_by_url[url], settings.timeout_s)
+            response, text = await post_once(
+                session, state.endpoint, body, headers_by_url[url], settings.timeout_s
+            )
         except RetryableError as err:
             await pool.release(state, ok=False)
             last_kind, last_error = err.kind, str(err)
@@ -330,7 +344,7 @@ async def request_with_retries(
             progress.in_flight -= 1
         await pool.release(state, ok=True)
         return record_from_response(
-            sample_id, url, body, response, time.perf_counter() - started, attempt
+            sample_id, url, body, response, text, time.perf_counter() - started, attempt
         )
     return failure_record(
         sample_id,
@@ -372,7 +386,11 @@ async def generate_records(
     todo = [p for p in prompts if done.get(p["id"], {}).get("error_kind", "x") is not None]
     log.info(
         "shard %s: %d prompts, %d already answered in %s, %d to request",
-        shard, len(prompts), len(prompts) - len(todo), journal, len(todo),
+        shard,
+        len(prompts),
+        len(prompts) - len(todo),
+        journal,
+        len(todo),
     )
     secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
     headers_by_url = {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)}
@@ -382,8 +400,14 @@ async def generate_records(
         queue.put_nowait(prompt)
     journal.parent.mkdir(parents=True, exist_ok=True)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=0)
-    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc=f"generate {shard}",
-               unit="req", mininterval=1.0, smoothing=0.1)
+    bar = tqdm(
+        total=len(prompts),
+        initial=len(prompts) - len(todo),
+        desc=f"generate {shard}",
+        unit="req",
+        mininterval=1.0,
+        smoothing=0.1,
+    )
     progress = Progress(bar)
     with journal.open("a") as journal_file:
         if journal_file.tell() and not journal.read_bytes().endswith(b"\n"):
@@ -411,7 +435,9 @@ async def generate_records(
     bar.close()
     log.info(
         "shard %s: retries by kind %s, terminal errors by kind %s",
-        shard, dict(progress.retries), dict(progress.errors),
+        shard,
+        dict(progress.retries),
+        dict(progress.errors),
     )
     return done
 

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 PROBE_ATTEMPTS = 3
 
+
 class ProbeError(RuntimeError):
     """The endpoint cannot be used as configured; the message says why and what to change."""
 
@@ -105,7 +106,9 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                     f"{base}/v1/chat/completions answered HTTP {response.status_code}: "
                     f"{response.text[:500]}"
                 )
-        log.warning("probe attempt %d/%d on %s failed: %s", attempt, PROBE_ATTEMPTS, base, last_problem)
+        log.warning(
+            "probe attempt %d/%d on %s failed: %s", attempt, PROBE_ATTEMPTS, base, last_problem
+        )
         time.sleep(0.5 * attempt)
     raise ProbeError(
         f"{base}/v1/chat/completions failed {PROBE_ATTEMPTS} times; last: {last_problem}"

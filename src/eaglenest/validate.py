@@ -49,7 +49,9 @@ def drop_reasons(raw: pl.DataFrame, token_ids_expected: bool) -> pl.Series:
     has_think_tag = pl.lit(False)
     for column in ("reasoning", "content"):
         for tag in (THINK_START, THINK_END):
-            has_think_tag = has_think_tag | pl.col(column).fill_null("").str.contains(tag, literal=True)
+            has_think_tag = has_think_tag | pl.col(column).fill_null("").str.contains(
+                tag, literal=True
+            )
     reason = (
         pl.when(pl.col("error_kind").is_not_null())
         .then(pl.lit("request_failed:") + pl.col("error_kind"))
@@ -92,7 +94,9 @@ def validate_frame(
         RawSchema.validate(raw, lazy=True)
     except pandera.errors.SchemaErrors as err:
         log.error("raw shard %s failed its schema:\n%s", shard, err.failure_cases)
-        raise ShardValidationError(f"shard {shard}: raw file does not match its schema: {err}") from err
+        raise ShardValidationError(
+            f"shard {shard}: raw file does not match its schema: {err}"
+        ) from err
     token_ids_expected = bool(probe.get("token_ids", {}).get("supported"))
     reasons = drop_reasons(raw, token_ids_expected)
     counts = Counter(r for r in reasons.to_list() if r is not None)
@@ -108,11 +112,15 @@ def validate_frame(
         "thresholds": settings,
         "probe_reasoning_field": probe.get("reasoning_field"),
     }
-    share = lambda n: n / n_answered if n_answered else 0.0  # noqa: E731
+    share = lambda n: n / n_answered if n_answered else 0.0
     if n_answered and share(counts["empty_reasoning"]) > settings["max_empty_reasoning_fraction"]:
         raise ShardValidationError(
             _empty_reasoning_message(
-                shard, counts["empty_reasoning"], n_answered, raw, probe,
+                shard,
+                counts["empty_reasoning"],
+                n_answered,
+                raw,
+                probe,
                 settings["max_empty_reasoning_fraction"],
             )
         )
@@ -123,7 +131,9 @@ def validate_frame(
             f"{settings['max_truncated_fraction']}); raise generation.max_tokens"
         )
     kept = raw.with_columns(reasons).filter(pl.col("drop_reason").is_null())
-    samples = kept.join(prompts.select("id", "messages"), on="id", how="left").select(SAMPLE_COLUMNS)
+    samples = kept.join(prompts.select("id", "messages"), on="id", how="left").select(
+        SAMPLE_COLUMNS
+    )
     missing = samples.filter(pl.col("messages").is_null())["id"].to_list()
     if missing:
         raise ShardValidationError(f"shard {shard}: ids not in the prompts shard: {missing[:5]}")
@@ -131,7 +141,9 @@ def validate_frame(
         SamplesSchema.validate(samples, lazy=True)
     except pandera.errors.SchemaErrors as err:
         log.error("samples of shard %s failed their schema:\n%s", shard, err.failure_cases)
-        raise ShardValidationError(f"shard {shard}: samples do not match their schema: {err}") from err
+        raise ShardValidationError(
+            f"shard {shard}: samples do not match their schema: {err}"
+        ) from err
     return samples, report
 
 
@@ -148,7 +160,13 @@ def validate_shard(
     samples, report = validate_frame(
         pl.read_parquet(raw), pl.read_parquet(prompts), read_json(probe), settings, shard
     )
-    log.info("shard %s: kept %d of %d; dropped %s", shard, report["kept"], report["raw_rows"], report["dropped"])
+    log.info(
+        "shard %s: kept %d of %d; dropped %s",
+        shard,
+        report["kept"],
+        report["raw_rows"],
+        report["dropped"],
+    )
     with atomic_path(samples_out) as tmp:
         samples.write_parquet(tmp)
     write_json(report_out, report)
