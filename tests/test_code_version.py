@@ -14,7 +14,11 @@ def write(dir_: Path, name: str, text: str) -> None:
 def test_comment_and_docstring_edits_keep_the_version(tmp_path):
     write(tmp_path, "stage.py", '"""Doc."""\n\ndef f(x):\n    return x + 1\n')
     before = code_version(["stage.py"], tmp_path)
-    write(tmp_path, "stage.py", '"""Other doc."""\n# a comment\n\ndef f(x):\n    """Hi."""\n    return x + 1  # why\n')
+    write(
+        tmp_path,
+        "stage.py",
+        '"""Other doc."""\n# a comment\n\ndef f(x):\n    """Hi."""\n    return x + 1  # why\n',
+    )
     assert code_version(["stage.py"], tmp_path) == before
 
 

@@ -36,7 +36,7 @@ def split_think(
     only the end tag). Without an end tag the whole text is reasoning (generation was cut inside
     the think block), unless it has no start tag either, in which case it is all content.
     """
-    body = text[len(start) :] if text.startswith(start) else text
+    body = text.removeprefix(start)
     if end in body:
         reasoning, content = body.split(end, 1)
         return reasoning, content
