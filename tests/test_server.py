@@ -1,16 +1,13 @@
 """Tests of `eaglenest serve` and `server_process`: real servers on 127.0.0.1, real HTTP clients.
 
-The model tests need a target that emits a think block. Until the demo target fixture exists they
-use `build_chain_target`: a random Qwen3-architecture model whose output head is wired so that,
-after a prompt, it deterministically emits `<think>hm</think>ok<|im_end|>` (and random tokens at
-high temperature, which the sampling tests use).
+Model tests run the trained demo target (the session fixture `demo_target_dir`), which answers
+held-out prompts with `<think>\n...\n</think>\n\nanswer<|im_end|>`; echo tests need no model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import time
 import urllib.request
@@ -21,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eaglenest.demo_tasks import heldout_examples
 from eaglenest.faults import FAULT_MODES, FaultConfig, expected_faults
 from eaglenest.reasoning import split_think
 from eaglenest.server import (
@@ -31,98 +29,24 @@ from eaglenest.server import (
 )
 from eaglenest.server_process import embedded_server, running_server
 
-MODEL_NAME = "tiny-target"
-CHAT_TEMPLATE = Path(__file__).parents[1] / "src" / "eaglenest" / "demo_chat_template.jinja"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAIN_OUTPUT = ["<think>", "h", "m", "</think>", "o", "k", "<|im_end|>"]
-QUESTION = "What is 2 + 3?"
-
-
-def build_chain_target(out_dir: Path) -> Path:
-    """A tiny Qwen3 model + byte-level tokenizer (ChatML template with think tags) whose reply to
-    any prompt ending in "\\n" is CHAIN_OUTPUT under greedy decoding.
-
-    The token embeddings are scaled up so the last hidden state is essentially the normalised
-    embedding of the current token, and each lm_head row of a chain token points at the embedding
-    of its predecessor: a bigram model hidden in a transformer, no training needed.
-    """
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        GenerationConfig,
-        PreTrainedTokenizerFast,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=len(alphabet) + len(SPECIAL_TOKENS),  # bytes only: one token per byte
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=alphabet,
-        show_progress=False,
-    )
-    backend.train_from_iterator([QUESTION], trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE.read_text(),
-    )
-    tokenizer.add_tokens(["<think>", "</think>"])
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        embeddings = model.model.embed_tokens.weight
-        embeddings.normal_(0.0, 1.0)
-        head = model.lm_head.weight
-        head.normal_(0.0, 0.1)  # other tokens: a flat, random next-token distribution
-        chain = [tokenizer.convert_tokens_to_ids(t) for t in ["Ċ", *CHAIN_OUTPUT]]  # Ċ is "\n"
-        assert len(set(chain)) == len(chain)
-        for previous, following in itertools.pairwise(chain):
-            head[following] += 3.0 * embeddings[previous] / embeddings[previous].norm()
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    )
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+MODEL_NAME = "demo-target"
+PROMPTS = [example.prompt for example in heldout_examples(seed=0, n=32)]
+QUESTION = PROMPTS[0]
 
 
 @pytest.fixture(scope="module")
-def target_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_chain_target(tmp_path_factory.mktemp("chain-target"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(target_dir: Path):
+def tokenizer(demo_target_dir: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(target_dir)
+    return AutoTokenizer.from_pretrained(demo_target_dir)
 
 
 @pytest.fixture(scope="module")
-def model_servers(target_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def model_servers(demo_target_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One model server per dialect, started in parallel (startup is mostly imports)."""
     logs = tmp_path_factory.mktemp("server-logs")
     config = {
-        "target": {"path": str(target_dir), "model": MODEL_NAME},
+        "target": {"path": str(demo_target_dir), "model": MODEL_NAME},
         "server": {"dialect": "vllm", "faults": {"seed": 3, "hang_s": 5, "retry_after_s": 2}},
     }
     managers = {
@@ -130,7 +54,7 @@ def model_servers(target_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         "vllm": embedded_server(config, log_path=logs / "vllm.log", threads=1),
         **{
             dialect: running_server(
-                target_dir,
+                demo_target_dir,
                 model_name=MODEL_NAME,
                 dialect=dialect,
                 log_path=logs / f"{dialect}.log",
@@ -198,51 +122,51 @@ def test_health_models_stats_and_request_errors(model_servers):
 # -- dialects and token ids ---------------------------------------------------------------------
 
 
+def token_ids(result: dict, dialect: str) -> tuple[list[int], list[int]]:
+    choice = result["choices"][0]
+    if dialect == "sglang":
+        return choice["prompt_token_ids"], choice["response_token_ids"]
+    return result["prompt_token_ids"], choice["token_ids"]
+
+
 @pytest.mark.parametrize("dialect", ["vllm", "sglang", "none"])
 def test_model_dialect_fields_and_token_ids(model_servers, tokenizer, dialect):
-    body = {
-        "model": MODEL_NAME,
-        "messages": user(),
-        "temperature": 0,
-        "max_tokens": 32,
-        "return_token_ids": True,
-    }
-    response = chat(model_servers[dialect], body)
-    assert response.status_code == 200, response.text
-    result = response.json()
-    choice = result["choices"][0]
-    message = choice["message"]
-    assert choice["finish_reason"] == "stop"
-
-    if dialect == "vllm":
-        prompt_ids, completion_ids = result["prompt_token_ids"], choice["token_ids"]
-        reasoning = message["reasoning"]
-        assert "reasoning_content" not in message
-    elif dialect == "sglang":
-        prompt_ids, completion_ids = choice["prompt_token_ids"], choice["response_token_ids"]
-        reasoning = message["reasoning_content"]
-        assert "reasoning" not in message and "prompt_token_ids" not in result
-    else:
-        prompt_ids, completion_ids = result["prompt_token_ids"], choice["token_ids"]
-        assert "reasoning" not in message and "reasoning_content" not in message
-        reasoning, content = split_think(message["content"])
-        assert message["content"].startswith("<think>")
-    assert reasoning, f"{dialect}: no reasoning in {message}"
-    content = split_think(message["content"])[1] if dialect == "none" else message["content"]
-
-    # The ids are exactly what the model saw and produced, think and stop tokens included.
-    rendered = tokenizer.apply_chat_template(user(), tokenize=False, add_generation_prompt=True)
-    decoded = tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=False)
-    assert decoded == f"{rendered}<think>{reasoning}</think>{content}<|im_end|>"
-    assert tokenizer.decode(prompt_ids, skip_special_tokens=False) == rendered
     think_ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
-    assert set(think_ids) <= set(completion_ids)
-    assert completion_ids[-1] == tokenizer.eos_token_id
-    assert result["usage"] == {
-        "prompt_tokens": len(prompt_ids),
-        "completion_tokens": len(completion_ids),
-        "total_tokens": len(prompt_ids) + len(completion_ids),
-    }
+    with_reasoning = 0
+    for question in PROMPTS[:5]:
+        body = {"messages": user(question), "temperature": 0, "return_token_ids": True}
+        response = chat(model_servers[dialect], body)
+        assert response.status_code == 200, response.text
+        result = response.json()
+        message = result["choices"][0]["message"]
+        prompt_ids, completion_ids = token_ids(result, dialect)
+        # The generated text, as the model produced it, minus the stop token.
+        generated = tokenizer.decode(completion_ids[:-1], skip_special_tokens=False)
+        reasoning, content = split_think(generated)
+        field = {"vllm": "reasoning", "sglang": "reasoning_content"}.get(dialect)
+        other_fields = {"reasoning", "reasoning_content"} - {field}
+        assert not other_fields & set(message), message
+        if field is None:
+            assert message["content"] == generated  # no parser: think tags inline
+        else:
+            assert (message[field], message["content"]) == (reasoning, content)
+        if reasoning:
+            with_reasoning += 1
+            # Exactly the tokens the model saw and produced, think and stop tokens included.
+            rendered = tokenizer.apply_chat_template(
+                user(question), tokenize=False, add_generation_prompt=True
+            )
+            full = tokenizer.decode(prompt_ids + completion_ids, skip_special_tokens=False)
+            assert full == f"{rendered}<think>{reasoning}</think>{content}<|im_end|>"
+            assert set(think_ids) <= set(completion_ids)
+            assert result["choices"][0]["finish_reason"] == "stop"
+            assert completion_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+        assert result["usage"] == {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(completion_ids),
+            "total_tokens": len(prompt_ids) + len(completion_ids),
+        }
+    assert with_reasoning, f"{dialect}: no answer carried reasoning"
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang", "none"])
@@ -270,15 +194,30 @@ def test_echo_dialects(dialect):
     assert result["usage"]["prompt_tokens"] == len(prompt_ids)
 
 
-def test_length_limit_and_max_completion_tokens(model_servers):
+def test_echo_length_limit_and_a_server_without_token_ids():
+    with running_server(echo=True, model_name="echo", extra_args=["--no-token-ids"]) as url:
+        body = {"messages": user("hi"), "max_tokens": 4, "return_token_ids": True}
+        result = chat(url, body).json()
+    choice = result["choices"][0]
+    assert "prompt_token_ids" not in result and "token_ids" not in choice
+    assert choice["finish_reason"] == "length" and result["usage"]["completion_tokens"] == 4
+    # <think> is one token, then three bytes of the reasoning; no end tag: all reasoning.
+    assert choice["message"]["reasoning"] == ECHO_REASONING[:3]
+    assert choice["message"]["content"] is None
+
+
+def test_length_limit_and_max_completion_tokens(model_servers, tokenizer):
     for limit in ({"max_tokens": 3}, {"max_completion_tokens": 3, "max_tokens": 50}):
         body = {"messages": user(), "temperature": 0, "return_token_ids": True, **limit}
         result = chat(model_servers["vllm"], body).json()
         choice = result["choices"][0]
         assert choice["finish_reason"] == "length"
         assert len(choice["token_ids"]) == 3 and result["usage"]["completion_tokens"] == 3
-        # Cut inside the think block: all reasoning, no content (as vLLM's parser reports it).
-        assert choice["message"]["reasoning"] == "hm" and choice["message"]["content"] is None
+        # Cut inside the think block: all reasoning, no content (as reasoning parsers report it).
+        generated = tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
+        assert generated.startswith("<think>")
+        assert choice["message"]["reasoning"] == generated.removeprefix("<think>")
+        assert choice["message"]["content"] is None
 
 
 # -- clients ------------------------------------------------------------------------------------
@@ -293,16 +232,18 @@ def test_official_openai_client_and_raw_httpx(model_servers, tokenizer):
         model=MODEL_NAME,
         messages=user(),
         temperature=0,
-        max_tokens=32,
+        max_tokens=64,
         extra_body={"return_token_ids": True, "chat_template_kwargs": {"enable_thinking": False}},
     )
     message = completion.choices[0].message
-    assert message.model_extra["reasoning"] == "hm" and message.content == "ok"
+    completion_ids = completion.choices[0].model_extra["token_ids"]
+    generated = tokenizer.decode(completion_ids[:-1], skip_special_tokens=False)
+    assert (message.model_extra["reasoning"], message.content) == split_think(generated)
     prompt_ids = completion.model_extra["prompt_token_ids"]
     # The request's chat_template_kwargs reached the template: it pre-filled an empty think block.
     assert tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert completion.choices[0].model_extra["token_ids"][-1] == tokenizer.eos_token_id
     assert completion.usage.prompt_tokens == len(prompt_ids)
+    assert completion.usage.completion_tokens == len(completion_ids)
 
     raw = httpx.post(
         f"{url}/v1/chat/completions",
@@ -313,7 +254,7 @@ def test_official_openai_client_and_raw_httpx(model_servers, tokenizer):
     assert raw.status_code == 200 and raw.headers["content-type"].startswith("application/json")
     body = raw.json()
     assert body["object"] == "chat.completion" and body["model"] == MODEL_NAME
-    assert body["choices"][0]["message"]["reasoning"] == "hm"
+    assert body["choices"][0]["message"]["reasoning"]
     assert "prompt_token_ids" not in body  # only when asked for
 
 
@@ -333,7 +274,7 @@ def test_concurrent_requests_are_batched(model_servers):
     # Mostly long sampled answers (the work batching shares); every 4th is greedy, which must
     # give the same answer alone and inside a left-padded batch.
     bodies = [
-        {"messages": user(f"What is {i} + {i}?"), "max_tokens": 32, "seed": i}
+        {"messages": user(PROMPTS[i]), "max_tokens": 32, "seed": i}
         | ({"temperature": 0} if i % 4 == 0 else {"temperature": 50.0})
         for i in range(32)
     ]

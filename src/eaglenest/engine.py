@@ -121,7 +121,9 @@ class BatchingEngine:
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams):
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams
+    ) -> GenerationResult:
         """Queue one request and wait for its result (called on the event loop)."""
         loop = asyncio.get_running_loop()
         pending = _Pending(list(prompt_token_ids), params, loop, loop.create_future())

@@ -321,7 +321,7 @@ class ModelBackend:
         max_batch_size: int = 64,
         gather_window_s: float = 0.005,
         max_model_len: int | None = None,
-        default_max_tokens: int = 4096,
+        default_max_tokens: int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -346,8 +346,10 @@ class ModelBackend:
         if pad_token_id is None:  # padded positions are masked: any id will do
             pad_token_id = min(self.stop_token_ids)
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
-        self.default_max_tokens = default_max_tokens
         self.sampling_defaults = _sampling_defaults(model.generation_config)
+        self.default_max_tokens = int(
+            default_max_tokens or self.sampling_defaults.get("max_new_tokens") or 4096
+        )
         self.engine = BatchingEngine(
             model,
             self.stop_token_ids,
@@ -401,7 +403,9 @@ class ModelBackend:
         result = await self.engine.generate(prompt_ids, params)
         generated = result.completion_token_ids
         text_ids = generated[:-1] if result.finish_reason == "stop" else generated
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(
+            text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         return Completion(prompt_ids, generated, text, result.finish_reason)
 
     def _max_new_tokens(self, request: ChatRequest, prompt_len: int) -> int:
@@ -439,9 +443,11 @@ def stop_token_ids(generation_config: Any, tokenizer: Any) -> set[int]:
 
 
 def _sampling_defaults(generation_config: Any) -> dict[str, float]:
-    # vLLM applies the sampling values a model ships in generation_config.json; do the same.
+    # vLLM applies the sampling values a model ships in generation_config.json (max_new_tokens
+    # becomes the default max_tokens); do the same.
     shipped = generation_config.to_diff_dict() if generation_config is not None else {}
-    return {k: float(shipped[k]) for k in ("temperature", "top_p") if shipped.get(k) is not None}
+    keys = ("temperature", "top_p", "max_new_tokens")
+    return {k: float(shipped[k]) for k in keys if shipped.get(k) is not None}
 
 
 def _first(*values: float | None) -> float:
@@ -457,6 +463,7 @@ class ServerState:
     model_name: str
     dialect: str
     faults: FaultInjector
+    token_ids: bool = True  # False: ignore return_token_ids, like servers that predate it
     responses_ok: int = 0
 
 
@@ -496,7 +503,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         # Read the body now: after an injected hang the client may be gone, and its body with it.
         raw_body = await request.read()
     except ConnectionError:
-        return _CLIENT_GONE
+        return _nobody_to_answer()
     if fault is not None and fault != "drop_reasoning":
         early = await _serve_fault(request, fault, state.faults.config)
         if early is not None:
@@ -523,15 +530,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         completion,
         model_name=state.model_name,
         dialect=state.dialect,
-        return_token_ids=chat.return_token_ids,
+        return_token_ids=chat.return_token_ids and state.token_ids,
         drop_reasoning=fault == "drop_reasoning",
     )
     state.responses_ok += 1
     return web.json_response(response)
 
 
-# Returned when there is nobody to answer: aiohttp drops it quietly on a closed connection.
-_CLIENT_GONE = web.Response(status=499, text="client gone")
+def _nobody_to_answer() -> web.Response:
+    # aiohttp never writes a response to a closed connection; this one only ends the handler.
+    return web.Response(status=499, text="client gone")
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -554,25 +562,32 @@ async def _serve_fault(
         return web.Response(status=200, text=MALFORMED_BODY, content_type="application/json")
     if fault == "drop_connection":
         # Close the socket under aiohttp's feet: the client sees the connection end without any
-        # response bytes. The empty response returned below is never written.
+        # response bytes.
         if request.transport is not None:
             request.transport.abort()
-        return _CLIENT_GONE
+        return _nobody_to_answer()
     if fault == "hang":
         # Only this handler sleeps; other requests are served meanwhile. A client that is still
         # waiting after hang_s gets a normal answer.
         await asyncio.sleep(config.hang_s)
-        return _CLIENT_GONE if _client_gone(request) else None
+        return _nobody_to_answer() if _client_gone(request) else None
     raise ValueError(f"unknown fault mode {fault!r}")
 
 
 def create_app(
-    backend: Backend, *, model_name: str, dialect: str, faults: FaultConfig | None = None
+    backend: Backend,
+    *,
+    model_name: str,
+    dialect: str,
+    faults: FaultConfig | None = None,
+    token_ids: bool = True,
 ) -> web.Application:
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
     app = web.Application(client_max_size=64 * 1024**2)  # long multi-turn prompts
-    app[STATE] = ServerState(backend, model_name, dialect, FaultInjector(faults or FaultConfig()))
+    app[STATE] = ServerState(
+        backend, model_name, dialect, FaultInjector(faults or FaultConfig()), token_ids
+    )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/stats", stats)
@@ -595,6 +610,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--echo", action="store_true", help="no model: answer with canned text")
     what.add_argument("--echo-latency-s", type=float, default=0.0)
     what.add_argument("--dialect", choices=DIALECTS, default="vllm")
+    what.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="ignore return_token_ids (as servers that predate it do)",
+    )
     where = parser.add_argument_group("where")
     where.add_argument("--host", default="127.0.0.1")
     where.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -613,8 +633,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument(
         "--default-max-tokens",
         type=int,
-        default=4096,
-        help="max_tokens of requests that send none (capped by the context)",
+        help="max_tokens of requests that send none (default: generation_config's "
+        "max_new_tokens, else 4096; capped by the context)",
     )
     how.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     how.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -666,7 +686,13 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             default_max_tokens=args.default_max_tokens,
         )
-    app = create_app(backend, model_name=model_name, dialect=args.dialect, faults=faults)
+    app = create_app(
+        backend,
+        model_name=model_name,
+        dialect=args.dialect,
+        faults=faults,
+        token_ids=not args.no_token_ids,
+    )
     log.info("serving %r, dialect %s, faults %s", model_name, args.dialect, dict(faults.rates))
     if isinstance(backend, ModelBackend):
         backend.start()
