@@ -15,6 +15,7 @@ include: "rules/probe.smk"
 include: "rules/prompts.smk"
 include: "rules/generate.smk"
 include: "rules/validate.smk"
+include: "rules/tokenize.smk"
 
 
 rule all:

@@ -60,6 +60,15 @@ STAGE_MODULES = {
         *SERVER_MODULES,
     ],
     "validate": ["validate.py", "schemas.py", "reasoning.py", "io.py"],
+    "tokenize": [
+        "tokenize.py",
+        "vocab.py",
+        "schemas.py",
+        "probe.py",
+        "reasoning.py",
+        "io.py",
+    ],
+    "vocab": ["vocab.py", "io.py"],
     "probe": [
         "probe.py",
         "responses.py",
@@ -99,6 +108,8 @@ def get_target_dir():
 def get_final_outputs():
     outputs = [run_path("probe.json")]
     outputs += expand(run_path("samples/{shard}.report.json"), shard=SHARDS)
+    outputs += expand(run_path("tokens/{shard}.report.json"), shard=SHARDS)
+    outputs += [run_path("vocab/draft_vocab.safetensors")]
     return outputs
 
 
@@ -117,6 +128,29 @@ def get_request_params_json():
             **{
                 k: generation[k]
                 for k in ("temperature", "top_p", "max_tokens", "extra_body")
+            },
+        },
+        sort_keys=True,
+    )
+
+
+def get_tokenize_params_json():
+    """What shapes the token files, as sorted JSON: the target's tokenizer and template settings
+    and the tokenize section less draft_vocab_size (that one reruns only the vocabulary).
+    """
+    target = config["target"]
+    keys = (
+        "path",
+        "tokenizer",
+        "trust_remote_code",
+        "chat_template_kwargs",
+        "think_tokens",
+    )
+    return json.dumps(
+        {
+            "target": {k: target[k] for k in keys},
+            "tokenize": {
+                k: v for k, v in config["tokenize"].items() if k != "draft_vocab_size"
             },
         },
         sort_keys=True,

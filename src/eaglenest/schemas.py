@@ -164,3 +164,63 @@ class SamplesSchema(pa.DataFrameModel):
             data.key
         ).str.contains("</think>", literal=True)
         return data.lazyframe.select(tags.not_())
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenize: results/{run}/tokens/{shard}.parquet
+# ---------------------------------------------------------------------------------------------
+
+TOKEN_SOURCES = ("server", "rebuilt")
+
+
+class TokensSchema(pa.DataFrameModel):
+    """The exact token sequence of each sample: prompt then completion (`<think>` unless the
+    prompt opened it, reasoning, `</think>`, content, end of turn).
+
+    The loss covers the completion: positions from `prompt_len` on (so at least one). `token_source`
+    says whether the ids are the server's (`server`) or rebuilt with the tokenizer (`rebuilt`);
+    `rebuild_agrees` whether a rebuild matched the server's ids (null when not compared);
+    `truncated` whether the sequence was cut at tokenize.max_length.
+    """
+
+    id: str = pa.Field(str_matches=PROMPT_ID_PATTERN, unique=True, nullable=False)
+    input_ids: IDS_DTYPE = pa.Field(nullable=False)
+    prompt_len: pl.Int64 = pa.Field(ge=0, nullable=False)
+    n_tokens: pl.Int64 = pa.Field(ge=1, nullable=False)
+    token_source: str = pa.Field(isin=list(TOKEN_SOURCES), nullable=False)
+    truncated: bool = pa.Field(nullable=False)
+    rebuild_agrees: bool = pa.Field(nullable=True)
+
+    class Config:
+        strict = True
+        ordered = True
+
+    @pa.dataframe_check(error="n_tokens must be the length of input_ids")
+    @classmethod
+    def n_tokens_is_length(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("input_ids").list.len() == pl.col("n_tokens"))
+
+    @pa.dataframe_check(error="a sequence needs a loss token (prompt_len < n_tokens)")
+    @classmethod
+    def has_loss_tokens(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("prompt_len") < pl.col("n_tokens"))
+
+    @pa.dataframe_check(error="token ids must be non-negative")
+    @classmethod
+    def ids_non_negative(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select((pl.col("input_ids").list.min() >= 0).fill_null(False))
+
+
+def empty_tokens_frame() -> pl.DataFrame:
+    """A frame with no rows and exactly the columns and dtypes of `TokensSchema`."""
+    return pl.DataFrame(
+        schema={
+            "id": pl.String,
+            "input_ids": IDS_DTYPE,
+            "prompt_len": pl.Int64,
+            "n_tokens": pl.Int64,
+            "token_source": pl.String,
+            "truncated": pl.Boolean,
+            "rebuild_agrees": pl.Boolean,
+        }
+    )

@@ -1,0 +1,11 @@
+# Snakemake adapter for the draft vocabulary: see eaglenest.vocab.
+from eaglenest.logs import log_to
+from eaglenest.vocab import build_draft_vocab
+
+with log_to(snakemake.log[0]):
+    build_draft_vocab(
+        counts_paths=snakemake.input.counts,
+        out=snakemake.output.vocab,
+        summary_out=snakemake.output.summary,
+        draft_vocab_size=snakemake.params.draft_vocab_size,
+    )

@@ -1,0 +1,582 @@
+"""Tokenize: exact sequences with think tokens (server ids or rebuilt), loss masks, max_length.
+
+Test tokenizers are byte-level BPEs trained here with `tokenizers`, with chat templates written
+for the tests (Qwen3, Qwen3-Thinking / Kimi-K2.5 style prompts that open the think block,
+DeepSeek-R1 style templates that drop reasoning from assistant turns). The demo test runs the
+real demo target behind the real server and tokenizes what it generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from eaglenest.config import validate_config
+from eaglenest.io import read_json
+from eaglenest.schemas import SamplesSchema, TokensSchema
+from eaglenest.tokenize import (
+    MISMATCH_WINDOW,
+    TokenizeError,
+    loss_mask,
+    tokenize_samples,
+    tokenize_shard,
+)
+from eaglenest.vocab import read_token_counts
+
+THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
+
+# Qwen3's shape: history turns, then the assistant header; the model writes <think> itself.
+QWEN3_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+# Qwen3-Thinking-2507 and DeepSeek-R1 (0528) end the prompt with "<think>\n", Kimi-K2.5 with
+# "<think>": the model's output starts inside the think block.
+THINKING_TEMPLATE = QWEN3_TEMPLATE.replace(
+    "{{- '<|im_start|>assistant\\n' -}}", "{{- '<|im_start|>assistant\\n<think>\\n' -}}"
+)
+KIMI_STYLE_TEMPLATE = QWEN3_TEMPLATE.replace(
+    "{{- '<|im_start|>assistant\\n' -}}", "{{- '<|im_start|>assistant<think>' -}}"
+)
+# DeepSeek-R1 style: assistant turns keep only what follows </think>, so rendering a whole
+# conversation would lose the reasoning the model wrote.
+R1_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' + m.content.split('</think>')[-1] + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+CORPUS = [
+    "What is 2 + 2? Think step by step.",
+    "\nFirst add the units: 2 + 2 = 4.\nSo the answer is 4.\n",
+    "\n\nThe answer is **4**.",
+    " 2 + 2 = **4**",
+    "Count the letters in banana, then sort them.",
+    "user\nassistant\nsystem\n",
+] * 20
+
+
+def make_tokenizer(
+    out_dir: Path,
+    chat_template: str = QWEN3_TEMPLATE,
+    think_tokens: bool = True,
+    nfc: bool = False,
+) -> Path:
+    """A byte-level BPE tokenizer with Qwen-like added tokens, saved in Hugging Face layout."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    if nfc:  # as Qwen's tokenizers: text is NFC-normalised before it is split
+        tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    if think_tokens:
+        tokenizer.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)]
+        )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=END_OF_TURN,
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+        chat_template=chat_template,
+    ).save_pretrained(out_dir)
+    return out_dir
+
+
+def load(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def sample_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def sample(
+    prompt: str,
+    reasoning: str,
+    content: str,
+    *,
+    history: list[dict] | None = None,
+    kwargs: dict | None = None,
+    prompt_token_ids: list[int] | None = None,
+    completion_token_ids: list[int] | None = None,
+) -> dict:
+    messages = [*(history or []), {"role": "user", "content": prompt}]
+    request = {"messages": messages, "model": "m"}
+    if kwargs is not None:
+        request["chat_template_kwargs"] = kwargs
+    return {
+        "id": sample_id(json.dumps(messages) + reasoning + content),
+        "messages": messages,
+        "reasoning": reasoning,
+        "content": content,
+        "reasoning_field": "reasoning",
+        "finish_reason": "stop",
+        "prompt_token_ids": prompt_token_ids,
+        "completion_token_ids": completion_token_ids,
+        "token_layout": "vllm" if completion_token_ids is not None else None,
+        "request": json.dumps(request, sort_keys=True),
+        "endpoint": "http://127.0.0.1:1",
+        "prompt_tokens": None,
+        "completion_tokens": None,
+        "latency_s": 0.1,
+    }
+
+
+def samples_frame(rows: list[dict]) -> pl.DataFrame:
+    frame = pl.DataFrame(
+        rows,
+        schema={
+            "id": pl.String,
+            "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+            "reasoning": pl.String,
+            "content": pl.String,
+            "reasoning_field": pl.String,
+            "finish_reason": pl.String,
+            "prompt_token_ids": pl.List(pl.Int64),
+            "completion_token_ids": pl.List(pl.Int64),
+            "token_layout": pl.String,
+            "request": pl.String,
+            "endpoint": pl.String,
+            "prompt_tokens": pl.Int64,
+            "completion_tokens": pl.Int64,
+            "latency_s": pl.Float64,
+        },
+    )
+    return SamplesSchema.validate(frame)  # the tests feed what the validate stage writes
+
+
+def config_for(tokenizer_dir: Path, **tokenize) -> dict:
+    return validate_config(
+        {
+            "target": {
+                "path": str(tokenizer_dir),
+                "chat_template_kwargs": {"enable_thinking": True},
+            },
+            "tokenize": tokenize,
+        }
+    )
+
+
+def server_ids(tokenizer, sample_row: dict, generated_prefix: str = THINK_START) -> dict:
+    """What a server returns for a model that wrote this answer with the tokenizer's own merges."""
+    prompt = tokenizer.apply_chat_template(
+        sample_row["messages"], add_generation_prompt=True, tokenize=False, enable_thinking=True
+    )
+    generated = (
+        generated_prefix + sample_row["reasoning"] + THINK_END + sample_row["content"] + END_OF_TURN
+    )
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    return dict(sample_row, prompt_token_ids=encode(prompt), completion_token_ids=encode(generated))
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tokenizer(tmp_path_factory.mktemp("qwen3-tokenizer"))
+
+
+def rebuilt_completion_text(tokenizer, frame: pl.DataFrame, row: int = 0) -> str:
+    ids = frame["input_ids"][row].to_list()
+    return tokenizer.decode(ids[frame["prompt_len"][row] :], skip_special_tokens=False)
+
+
+def test_leading_space_content_and_newline_reasoning_round_trip(qwen3_dir):
+    reasoning = "\n\nFirst add the units: 2 + 2 = 4.\n\n"
+    content = " 2 + 2 = **4**"
+    frame, _, report = tokenize_samples(
+        samples_frame([sample("What is 2 + 2?", reasoning, content)]), config_for(qwen3_dir)
+    )
+    tokenizer = load(qwen3_dir)
+    assert frame["token_source"].to_list() == ["rebuilt"]
+    assert rebuilt_completion_text(tokenizer, frame) == (
+        THINK_START + reasoning + THINK_END + content + END_OF_TURN
+    )
+    # Identical to the ids of the generated text tokenized as a whole (think tags are added
+    # tokens, so no merge crosses them): what a server would have returned.
+    expected = server_ids(tokenizer, sample("What is 2 + 2?", reasoning, content))
+    assert frame["input_ids"][0].to_list() == (
+        expected["prompt_token_ids"] + expected["completion_token_ids"]
+    )
+    assert report["dropped_rebuild_decode_mismatch"] == 0 and report["written"] == 1
+
+
+def test_server_ids_are_used_and_compared_with_the_rebuild(qwen3_dir):
+    tokenizer = load(qwen3_dir)
+    rows = [
+        server_ids(tokenizer, sample(f"What is {i} + 2?", f"\nadd {i}\n", f"\n\n{i + 2}"))
+        for i in range(6)
+    ]
+    # One answer with a non-canonical tokenization (sampled token by token, as models can do):
+    # the server's ids are kept, the rebuild disagrees, and the report shows where.
+    odd = rows[5]
+    completion = odd["completion_token_ids"]
+    split_at = next(  # the first merged token of the reasoning (after <think>)
+        k for k, i in enumerate(completion) if k > 0 and len(tokenizer.convert_ids_to_tokens(i)) > 1
+    )
+    as_bytes = tokenizer.convert_tokens_to_ids(
+        list(tokenizer.convert_ids_to_tokens(completion[split_at]))
+    )
+    odd["completion_token_ids"] = completion[:split_at] + as_bytes + completion[split_at + 1 :]
+    assert tokenizer.decode(odd["completion_token_ids"]) == tokenizer.decode(completion)
+    frame, _, report = tokenize_samples(samples_frame(rows), config_for(qwen3_dir))
+    assert frame["token_source"].to_list() == ["server"] * 6
+    assert frame["rebuild_agrees"].to_list() == [True] * 5 + [False]
+    assert frame["input_ids"][5].to_list() == odd["prompt_token_ids"] + odd["completion_token_ids"]
+    agreement = report["agreement"]
+    assert (agreement["compared"], agreement["exact"]) == (6, 5)
+    assert agreement["share"] == pytest.approx(5 / 6)
+    assert (agreement["prompt_exact"], agreement["completion_exact"]) == (6, 5)
+    [mismatch] = agreement["first_mismatches"]
+    assert mismatch["id"] == odd["id"] and mismatch["part"] == "completion"
+    assert mismatch["position"] == len(odd["prompt_token_ids"]) + split_at
+    assert mismatch["server_ids"][MISMATCH_WINDOW : MISMATCH_WINDOW + 2] == as_bytes[:2]
+    split_text = tokenizer.decode(as_bytes)  # the same text, in other ids
+    assert split_text in mismatch["server_text"] and split_text in mismatch["rebuilt_text"]
+    assert report["server_ids_text_mismatch"] == 0
+
+    with pytest.raises(TokenizeError, match=r"agree with the server's for 5 of 6 samples"):
+        tokenize_samples(samples_frame(rows), config_for(qwen3_dir, min_agreement=0.9))
+
+
+def test_server_text_that_its_ids_do_not_hold_is_reported(qwen3_dir):
+    """A parser that strips whitespace: the ids are still what the model wrote (and are kept),
+    but the text no longer matches them, so the report says so."""
+    tokenizer = load(qwen3_dir)
+    row = server_ids(tokenizer, sample("What is 2 + 2?", "\nadd\n", "\n\n4"))
+    stripped = dict(row, reasoning="add", content="4")
+    frame, _, report = tokenize_samples(samples_frame([stripped]), config_for(qwen3_dir))
+    assert frame["input_ids"][0].to_list() == row["prompt_token_ids"] + row["completion_token_ids"]
+    assert report["server_ids_text_mismatch"] == 1 and report["agreement"]["exact"] == 0
+
+
+def test_a_rebuild_that_does_not_decode_back_is_dropped(tmp_path):
+    """An NFC-normalising tokenizer cannot encode a decomposed accent as written: without server
+    ids the sample is dropped and counted; with them, the server's ids are kept."""
+    tokenizer_dir = make_tokenizer(tmp_path / "tok", nfc=True)
+    tokenizer = load(tokenizer_dir)
+    decomposed = sample("Spell cafe\u0301.", "\nc-a-f-e\u0301\n", "\n\ncafe\u0301")
+    plain = sample("What is 2 + 2?", "\nadd\n", "\n\n4")
+    frame, _, report = tokenize_samples(
+        samples_frame([decomposed, plain]), config_for(tokenizer_dir)
+    )
+    assert frame["id"].to_list() == [plain["id"]]
+    assert report["dropped_rebuild_decode_mismatch"] == 1 == report["rebuild_decode_mismatch"]
+
+    # What a model can emit: the decomposed text byte by byte, no normalisation on the way.
+    pieces = tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str
+    byte_ids = lambda text: tokenizer.convert_tokens_to_ids(
+        [char for piece, _ in pieces(text) for char in piece]
+    )
+    think_start, think_end, end = tokenizer.convert_tokens_to_ids(
+        [THINK_START, THINK_END, END_OF_TURN]
+    )
+    with_ids = server_ids(tokenizer, decomposed)
+    with_ids["completion_token_ids"] = [
+        think_start,
+        *byte_ids(decomposed["reasoning"]),
+        think_end,
+        *byte_ids(decomposed["content"]),
+        end,
+    ]
+    frame, _, report = tokenize_samples(samples_frame([with_ids]), config_for(tokenizer_dir))
+    assert frame["token_source"].to_list() == ["server"]
+    assert report["rebuild_decode_mismatch"] == 1 and report["dropped_rebuild_decode_mismatch"] == 0
+    assert report["server_ids_text_mismatch"] == 0 and report["agreement"]["exact"] == 0
+
+
+def test_server_ids_without_end_of_turn_get_it_appended(qwen3_dir):
+    tokenizer = load(qwen3_dir)
+    row = server_ids(tokenizer, sample("What is 2 + 2?", "\nadd\n", "\n\n4"))
+    row["completion_token_ids"] = row["completion_token_ids"][:-1]  # a server that drops the stop
+    frame, _, report = tokenize_samples(samples_frame([row]), config_for(qwen3_dir))
+    assert frame["input_ids"][0].to_list()[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    assert report["end_of_turn_appended"] == 1 and frame["rebuild_agrees"].to_list() == [True]
+
+
+@pytest.mark.parametrize(
+    "template, prompt_end", [(THINKING_TEMPLATE, "<think>\n"), (KIMI_STYLE_TEMPLATE, "<think>")]
+)
+def test_prompt_that_opens_the_think_block_gets_no_second_think(tmp_path, template, prompt_end):
+    tokenizer_dir = make_tokenizer(tmp_path / "tok", template)
+    tokenizer = load(tokenizer_dir)
+    think_id = tokenizer.convert_tokens_to_ids(THINK_START)
+    row = sample("What is 2 + 2?", "First add the units.\n", "\n\n4")
+    server_row = server_ids(tokenizer, dict(row, id=sample_id("s")), generated_prefix="")
+    frame, _, report = tokenize_samples(samples_frame([row, server_row]), config_for(tokenizer_dir))
+    for k in range(2):
+        ids = frame["input_ids"][k].to_list()
+        prompt_len = frame["prompt_len"][k]
+        assert ids.count(think_id) == 1 and think_id in ids[:prompt_len]
+        assert tokenizer.decode(ids[:prompt_len]).endswith(prompt_end)
+        assert rebuilt_completion_text(tokenizer, frame, k) == (
+            "First add the units.\n" + THINK_END + "\n\n4" + END_OF_TURN
+        )
+    assert report["prompt_opens_think_block"] == 2 and report["agreement"]["share"] == 1.0
+
+
+def test_template_that_drops_reasoning_from_assistant_turns_keeps_it_in_the_sequence(tmp_path):
+    tokenizer_dir = make_tokenizer(tmp_path / "tok", R1_TEMPLATE)
+    tokenizer = load(tokenizer_dir)
+    history = [
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "<think>\nearlier reasoning\n</think>\n\n2"},
+    ]
+    reasoning, content = "\nadd the units: 2 + 2 = 4\n", "\n\nThe answer is **4**."
+    row = sample("And 2 + 2?", reasoning, content, history=history)
+    # The template drops reasoning when it renders an assistant turn: a rebuild that rendered
+    # the whole conversation would lose it.
+    rendered = tokenizer.apply_chat_template(
+        [
+            *row["messages"],
+            {"role": "assistant", "content": THINK_START + reasoning + THINK_END + content},
+        ],
+        tokenize=False,
+    )
+    assert reasoning not in rendered and "earlier reasoning" not in rendered
+    frame, _, _ = tokenize_samples(samples_frame([row]), config_for(tokenizer_dir))
+    assert rebuilt_completion_text(tokenizer, frame) == (
+        THINK_START + reasoning + THINK_END + content + END_OF_TURN
+    )
+
+
+def test_request_chat_template_kwargs_win_over_the_config(qwen3_dir):
+    tokenizer = load(qwen3_dir)
+    rows = [
+        sample("What is 2 + 2?", "\nadd\n", "\n\n4", kwargs={"enable_thinking": False}),
+        sample("What is 2 + 3?", "\nadd\n", "\n\n5"),  # no kwargs in the request: the config's
+    ]
+    frame, _, _ = tokenize_samples(samples_frame(rows), config_for(qwen3_dir))
+    prompts = [
+        tokenizer.decode(frame["input_ids"][k].to_list()[: frame["prompt_len"][k]]) for k in (0, 1)
+    ]
+    assert prompts[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert prompts[1].endswith("2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_failing_chat_template_names_the_sample(tmp_path):
+    template = (
+        "{%- if messages[0].role == 'system' -%}{{- raise_exception('no system turns') -}}"
+        "{%- endif -%}" + QWEN3_TEMPLATE
+    )
+    tokenizer_dir = make_tokenizer(tmp_path / "tok", template)
+    bad = sample("2 + 2?", "\nadd\n", "\n\n4", history=[{"role": "system", "content": "Be brief."}])
+    rows = [sample("What is 2 + 2?", "\nadd\n", "\n\n4"), bad]
+    with pytest.raises(TokenizeError, match=f"sample {bad['id']}: the chat template failed"):
+        tokenize_samples(samples_frame(rows), config_for(tokenizer_dir))
+
+
+def test_tokenizer_without_think_tokens_fails_naming_them(tmp_path):
+    tokenizer_dir = make_tokenizer(tmp_path / "tok", think_tokens=False)
+    samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
+    with pytest.raises(TokenizeError) as err:
+        tokenize_samples(samples, config_for(tokenizer_dir))
+    message = str(err.value)
+    assert "'<think>'" in message and "target.think_tokens" in message
+
+    # With the ids given in config, the same tokenizer works (as for Kimi-K2.5 or Qwen3).
+    config = config_for(tokenizer_dir)
+    config["target"]["think_tokens"].update(start_id=1, end_id=2)
+    frame, _, report = tokenize_samples(samples, config)
+    completion = frame["input_ids"][0].to_list()[frame["prompt_len"][0] :]
+    assert completion[0] == 1 and 2 in completion
+    assert report["target_tokens"]["think_source"] == "config"
+
+
+def test_unknown_end_of_turn_token_is_named(qwen3_dir):
+    samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
+    with pytest.raises(TokenizeError, match=r"tokenize.end_of_turn_token '<\|eot\|>'"):
+        tokenize_samples(samples, config_for(qwen3_dir, end_of_turn_token="<|eot|>"))
+    frame, _, report = tokenize_samples(
+        samples, config_for(qwen3_dir, end_of_turn_token="<|endoftext|>")
+    )
+    assert report["target_tokens"]["end_of_turn"]["source"] == "config"
+    assert frame["input_ids"][0].to_list()[-1] == load(qwen3_dir).convert_tokens_to_ids(
+        "<|endoftext|>"
+    )
+
+
+def test_loss_mask_covers_the_completion_through_end_of_turn(qwen3_dir):
+    tokenizer = load(qwen3_dir)
+    frame, counts, report = tokenize_samples(
+        samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")]), config_for(qwen3_dir)
+    )
+    ids = frame["input_ids"][0].to_list()
+    prompt_len = frame["prompt_len"][0]
+    mask = loss_mask(prompt_len, len(ids))
+    assert mask[:prompt_len].sum() == 0 and mask[prompt_len:].all()
+    assert ids[prompt_len] == tokenizer.convert_tokens_to_ids(THINK_START)  # first completion id
+    assert ids[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN) and mask[-1] == 1
+    assert tokenizer.decode(ids[:prompt_len]).endswith("<|im_start|>assistant\n")
+    # The counts are exactly the loss-masked ids.
+    expected = np.bincount(ids[prompt_len:], minlength=counts.target_vocab_size)
+    assert np.array_equal(counts.counts, expected)
+    assert report["loss_tokens"] == len(ids) - prompt_len
+
+
+def test_max_length_drop_and_truncate_are_counted(qwen3_dir):
+    rows = [
+        sample("What is 2 + 2?", "\nadd\n", "\n\n4"),
+        sample("What is 2 + 3?", "\nadd the units\n" * 30, "\n\n5"),
+        sample("Count the letters in banana, then sort them. " * 20, "\nx\n", "\n\n6"),
+    ]
+    samples = samples_frame(rows)
+    full, _, _ = tokenize_samples(samples, config_for(qwen3_dir, max_length=None))
+    lengths, prompt_lens = full["n_tokens"].to_list(), full["prompt_len"].to_list()
+    max_length = lengths[0] + 5
+    assert lengths[1] > max_length and prompt_lens[2] >= max_length
+
+    dropped, _, report = tokenize_samples(samples, config_for(qwen3_dir, max_length=max_length))
+    assert dropped["id"].to_list() == [rows[0]["id"]]
+    assert report["overlength"]["dropped"] == 2 and report["overlength"]["truncated"] == 0
+
+    cut, counts, report = tokenize_samples(
+        samples, config_for(qwen3_dir, max_length=max_length, overlength="truncate")
+    )
+    assert cut["id"].to_list() == [rows[0]["id"], rows[1]["id"]]
+    assert cut["truncated"].to_list() == [False, True]
+    assert cut["n_tokens"].to_list() == [lengths[0], max_length]
+    assert cut["input_ids"][1].to_list() == full["input_ids"][1].to_list()[:max_length]
+    assert report["overlength"] == {
+        "max_length": max_length,
+        "policy": "truncate",
+        "dropped": 0,
+        "dropped_prompt_over_max_length": 1,
+        "truncated": 1,
+    }
+    assert (
+        report["loss_tokens"]
+        == int(counts.counts.sum())
+        == sum(n - p for n, p in zip(cut["n_tokens"], cut["prompt_len"]))
+    )
+
+
+def test_shard_files_and_an_empty_shard(tmp_path, qwen3_dir):
+    samples = tmp_path / "samples.parquet"
+    samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")]).write_parquet(samples)
+    out = {name: tmp_path / name for name in ("t.parquet", "c.safetensors", "r.json")}
+    report = tokenize_shard(samples, *out.values(), config_for(qwen3_dir), shard="00001")
+    tokens = pl.read_parquet(out["t.parquet"])
+    TokensSchema.validate(tokens)
+    assert read_json(out["r.json"]) == json.loads(json.dumps(report))
+    counts = read_token_counts(out["c.safetensors"])
+    assert counts.counts.sum() == report["loss_tokens"] > 0
+    think_end = load(qwen3_dir).convert_tokens_to_ids(THINK_END)
+    assert counts.special_tokens[think_end] == THINK_END
+
+    empty = tmp_path / "empty.parquet"
+    samples_frame([]).write_parquet(empty)
+    report = tokenize_shard(empty, *out.values(), config_for(qwen3_dir), shard="00002")
+    assert report["written"] == 0 and pl.read_parquet(out["t.parquet"]).height == 0
+    assert read_token_counts(out["c.safetensors"]).counts.sum() == 0
+
+
+@pytest.mark.slow
+def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_target_dir):
+    """The real demo target behind the real server (vLLM dialect): the ids rebuilt from the text
+    equal the server's ids, sample for sample, and the server's ids are what is written."""
+    import torch
+
+    from eaglenest.demo_tasks import heldout_examples
+    from eaglenest.generate import generate_shard
+    from eaglenest.io import write_json
+    from eaglenest.server_process import running_server
+    from eaglenest.validate import validate_frame
+
+    torch.set_num_threads(1)
+    examples = heldout_examples(seed=3, n=12)
+    prompts = pl.DataFrame(
+        [
+            {
+                "id": sample_id(e.prompt),
+                "messages": [{"role": "user", "content": e.prompt}],
+                "source": "demo",
+                "source_index": i,
+            }
+            for i, e in enumerate(examples)
+        ]
+    )
+    prompts.write_parquet(tmp_path / "prompts.parquet")
+    probe = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
+    write_json(tmp_path / "probe.json", probe)
+    with running_server(demo_target_dir, model_name="demo", dialect="vllm", threads=1) as url:
+        config = validate_config(
+            {
+                "target": {
+                    "model": "demo",
+                    "path": str(demo_target_dir),
+                    "chat_template_kwargs": {"enable_thinking": True},
+                },
+                "endpoints": [{"url": url}],
+                # Greedy: a sampled answer may spell a text in non-canonical tokens (e.g. "\n","\n"
+                # for "\n\n", 1 of 400 demo answers at temperature 0.7), which no rebuild can
+                # recover; the agreement share reports those, this test wants the exact case.
+                "generation": {"temperature": 0.0, "max_tokens": 160},
+            }
+        )
+        generate_shard(
+            tmp_path / "prompts.parquet",
+            tmp_path / "probe.json",
+            tmp_path / "raw.parquet",
+            config,
+            tmp_path / "journal.jsonl",
+        )
+    samples, _ = validate_frame(
+        pl.read_parquet(tmp_path / "raw.parquet"),
+        prompts,
+        probe,
+        {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.5},
+        "00000",
+    )
+    assert samples.height >= 8
+
+    frame, _, report = tokenize_samples(samples, config, "00000")
+    assert report["agreement"]["compared"] == samples.height
+    assert report["agreement"]["share"] == 1.0, report["agreement"]["first_mismatches"]
+    assert frame["token_source"].unique().to_list() == ["server"]
+    assert report["end_of_turn_appended"] == 0 and report["server_ids_text_mismatch"] == 0
+
+    # Without the server's ids, the rebuild writes the very same sequences.
+    no_ids = samples.with_columns(
+        pl.lit(None, dtype=pl.List(pl.Int64)).alias("prompt_token_ids"),
+        pl.lit(None, dtype=pl.List(pl.Int64)).alias("completion_token_ids"),
+    )
+    rebuilt, _, report = tokenize_samples(no_ids, config, "00000")
+    assert rebuilt["token_source"].unique().to_list() == ["rebuilt"]
+    assert rebuilt["input_ids"].to_list() == frame["input_ids"].to_list()
+    assert rebuilt["prompt_len"].to_list() == frame["prompt_len"].to_list()
+    assert report["dropped_rebuild_decode_mismatch"] == 0
