@@ -17,8 +17,8 @@ DEMO_TARGET_TEST_SETTINGS = {
     "num_kv_heads": 2,
     "intermediate_size": 192,
     "vocab_size": 512,
-    "train_steps": 300,
-    "batch_size": 32,
+    "train_steps": 400,
+    "batch_size": 16,
     "learning_rate": 3e-3,
     "heldout_prompts": 30,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -180,6 +181,11 @@ def test_quick_build_through_the_cli_loads_with_auto_classes(tmp_path):
     assert main(args) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]  # no temp dir left beside it
 
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's private 0700
+    assert (out / METRICS_FILE).stat().st_mode & 0o777 == 0o666 & ~umask
+
     metrics = json.loads((out / METRICS_FILE).read_text())
     assert metrics["train_steps"] == 30 and metrics["heldout_prompts"] == 5
     assert 0 <= metrics["well_formed_share"] <= 1 and metrics["n_params"] > 0
@@ -202,10 +208,15 @@ def test_quick_build_through_the_cli_loads_with_auto_classes(tmp_path):
 
 
 def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    import torch
+
     from eaglenest import demo_target
 
-    first = build_demo_target(tmp_path / "a", train_steps=3, **TINY_BUILD)
-    second = build_demo_target(tmp_path / "b", train_steps=3, **TINY_BUILD)
+    threads_before = torch.get_num_threads()
+    # One thread: tiny models gain nothing from more, and the numbers are then reproducible.
+    first = build_demo_target(tmp_path / "a", train_steps=3, threads=1, **TINY_BUILD)
+    second = build_demo_target(tmp_path / "b", train_steps=3, threads=1, **TINY_BUILD)
+    assert first["threads"] == 1 and torch.get_num_threads() == threads_before  # restored
     assert first["final_loss"] == second["final_loss"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
         tmp_path / "b" / "model.safetensors"
@@ -216,7 +227,7 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 
     monkeypatch.setattr(demo_target, "_save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        build_demo_target(tmp_path / "c", train_steps=0, **TINY_BUILD)
+        build_demo_target(tmp_path / "c", train_steps=0, threads=1, **TINY_BUILD)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
