@@ -114,6 +114,8 @@ def test_two_more_shards_add_exactly_their_jobs(finished_run: Path):
         "shard_prompts": 2,
         "generate_responses": 2,
         "validate_samples": 2,
+        "tokenize_samples": 2,
+        "build_draft_vocab": 1,  # merges the counts of every shard
         "all": 1,
     }
 
@@ -121,7 +123,13 @@ def test_two_more_shards_add_exactly_their_jobs(finished_run: Path):
 def test_a_sampling_parameter_reruns_generation_for_every_shard(finished_run: Path):
     config = merged(SMALL_DEMO, {"generation": {"temperature": 0.3}})
     jobs = planned_jobs(snakemake(finished_run, "-n", config=config))
-    assert jobs == {"generate_responses": 2, "validate_samples": 2, "all": 1}
+    assert jobs == {
+        "generate_responses": 2,
+        "validate_samples": 2,
+        "tokenize_samples": 2,
+        "build_draft_vocab": 1,
+        "all": 1,
+    }
 
 
 def test_dict_param_key_order_reruns_nothing(finished_run: Path):
@@ -139,4 +147,9 @@ def test_client_settings_rerun_nothing(finished_run: Path):
 def test_a_validation_threshold_reruns_validation_only(finished_run: Path):
     config = merged(SMALL_DEMO, {"validation": {"max_truncated_fraction": 0.4}})
     jobs = planned_jobs(snakemake(finished_run, "-n", config=config))
-    assert jobs == {"validate_samples": 2, "all": 1}
+    assert jobs == {
+        "validate_samples": 2,
+        "tokenize_samples": 2,
+        "build_draft_vocab": 1,
+        "all": 1,
+    }
