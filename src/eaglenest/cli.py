@@ -12,7 +12,10 @@ from eaglenest.logs import setup_cli_logging
 
 SUBCOMMANDS = {
     "serve": ("eaglenest.server", "OpenAI-compatible server for a local causal LM (or echo mode)"),
-    "probe": ("eaglenest.probe", "send one minimal request to an endpoint and report what it returns"),
+    "probe": (
+        "eaglenest.probe",
+        "send one minimal request to an endpoint and report what it returns",
+    ),
     "build-demo-target": ("eaglenest.demo_target", "build and train the tiny demo target model"),
 }
 
