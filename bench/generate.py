@@ -147,6 +147,10 @@ def main() -> None:
         f"{a['share_of_ideal']:.3f} of ideal {ideal:.0f} (goal >= 0.95); "
         f"client CPU {a['cpu_ms_per_request']:.2f} ms/request"
     )
+    print(
+        f"    bare aiohttp loop, same server: {bare['rps']:.0f} req/s; eaglenest reaches "
+        f"{a['share_of_bare_aiohttp']:.3f} of it (the rest is server and client sharing 2 cores)"
+    )
 
     with running_server(model_name=MODEL, echo=True, echo_latency_s=0.0) as url:
         run_eaglenest(url, 256)

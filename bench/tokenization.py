@@ -13,26 +13,23 @@ Samples are demo-task answers; `--reasoning-repeat K` chains K reasonings into o
 lengths real reasoning models write (hundreds to thousands of tokens). Uses the demo tokenizer
 (trained here in a second, no model) unless `--tokenizer DIR` names another.
 
-Usage: python bench/tokenize.py [--samples 3000] [--reasoning-repeat 1 16] [--json out.json]
+Usage: python bench/tokenization.py [--samples 3000] [--reasoning-repeat 1 16] [--json out.json]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as `python bench/tokenize.py`, this folder comes first on sys.path, where this file would
-# shadow the standard library's `tokenize` (imported by inspect, linecache, torch, ...).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
+# Named tokenization.py, not tokenize.py: every script in bench/ has this folder first on
+# sys.path, where a tokenize.py would shadow the standard library module of that name.
 import argparse
 import hashlib
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 
