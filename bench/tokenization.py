@@ -41,23 +41,8 @@ from eaglenest.tokenize import (
     resolve_target_tokens,
     tokenize_frame,
 )
+from eaglenest.validate import SAMPLE_SCHEMA
 
-SAMPLE_SCHEMA = {
-    "id": pl.String,
-    "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
-    "reasoning": pl.String,
-    "content": pl.String,
-    "reasoning_field": pl.String,
-    "finish_reason": pl.String,
-    "prompt_token_ids": pl.List(pl.Int64),
-    "completion_token_ids": pl.List(pl.Int64),
-    "token_layout": pl.String,
-    "request": pl.String,
-    "endpoint": pl.String,
-    "prompt_tokens": pl.Int64,
-    "completion_tokens": pl.Int64,
-    "latency_s": pl.Float64,
-}
 KWARGS = {"enable_thinking": True}
 
 

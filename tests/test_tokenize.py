@@ -26,6 +26,7 @@ from eaglenest.tokenize import (
     tokenize_samples,
     tokenize_shard,
 )
+from eaglenest.validate import SAMPLE_SCHEMA
 from eaglenest.vocab import read_token_counts
 
 THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
@@ -161,22 +162,7 @@ def sample(
 def samples_frame(rows: list[dict]) -> pl.DataFrame:
     frame = pl.DataFrame(
         rows,
-        schema={
-            "id": pl.String,
-            "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
-            "reasoning": pl.String,
-            "content": pl.String,
-            "reasoning_field": pl.String,
-            "finish_reason": pl.String,
-            "prompt_token_ids": pl.List(pl.Int64),
-            "completion_token_ids": pl.List(pl.Int64),
-            "token_layout": pl.String,
-            "request": pl.String,
-            "endpoint": pl.String,
-            "prompt_tokens": pl.Int64,
-            "completion_tokens": pl.Int64,
-            "latency_s": pl.Float64,
-        },
+        schema=SAMPLE_SCHEMA,
     )
     return SamplesSchema.validate(frame)  # the tests feed what the validate stage writes
 

@@ -16,9 +16,10 @@ from typing import Any
 import pandera.errors
 import polars as pl
 
+from eaglenest.generate import RAW_SCHEMA
 from eaglenest.io import atomic_path, read_json, write_json
 from eaglenest.reasoning import THINK_END, THINK_START
-from eaglenest.schemas import RawSchema, SamplesSchema
+from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ SAMPLE_COLUMNS = [
     "completion_tokens",
     "latency_s",
 ]
+# Column dtypes of samples/{shard}.parquet: the raw columns kept, plus the prompt's messages.
+SAMPLE_SCHEMA = {
+    name: pl.List(MESSAGE_DTYPE) if name == "messages" else RAW_SCHEMA[name]
+    for name in SAMPLE_COLUMNS
+}
 
 
 class ShardValidationError(RuntimeError):
