@@ -16,6 +16,7 @@ include: "rules/prompts.smk"
 include: "rules/generate.smk"
 include: "rules/validate.smk"
 include: "rules/tokenize.smk"
+include: "rules/hidden_states.smk"
 
 
 rule all:

@@ -69,6 +69,7 @@ STAGE_MODULES = {
         "io.py",
     ],
     "vocab": ["vocab.py", "io.py"],
+    "hidden": ["hidden_states.py", "hidden_reader.py", "tokenize.py", "io.py"],
     "probe": [
         "probe.py",
         "responses.py",
@@ -110,6 +111,8 @@ def get_final_outputs():
     outputs += expand(run_path("samples/{shard}.report.json"), shard=SHARDS)
     outputs += expand(run_path("tokens/{shard}.report.json"), shard=SHARDS)
     outputs += [run_path("vocab/draft_vocab.safetensors")]
+    outputs += expand(run_path("hidden/{shard}.safetensors"), shard=SHARDS)
+    outputs += [run_path("hidden/target_head.safetensors")]
     return outputs
 
 
@@ -154,4 +157,12 @@ def get_tokenize_params_json():
             },
         },
         sort_keys=True,
+    )
+
+
+def get_hidden_target_json():
+    """The target settings that shape hidden states (its weights' path and how to load them)."""
+    target = config["target"]
+    return json.dumps(
+        {k: target[k] for k in ("model", "path", "trust_remote_code")}, sort_keys=True
     )
