@@ -1,0 +1,161 @@
+"""Hidden-states stage benchmark: tokens/s of the stage against bare forward passes, and bytes/token.
+
+The stage packs a tokens shard into length-sorted batches, runs the target with pre-hooks on the
+three aux layers, and writes every sample's rows in place into the laid-out safetensors file. The
+baseline runs the same batches through the bare decoder stack (`model.model`, no hooks, nothing
+kept). Goal: ratio >= 0.9. Model loading is outside both timings. Variants alternate round by
+round and the best round of each counts, so a change in the machine's load does not skew it.
+
+Bytes per token (file size / tokens) for bf16 + final_hidden, fp8 + final_hidden and
+fp8 + top-k, next to 8·H bytes: the per-sample-pickle baseline (aux 3H + final H in float16, as
+the usual regeneration scripts save them).
+
+The target is `--target DIR` (e.g. results/demo/target), else an untrained demo-architecture
+model built here (speed does not depend on training). CPU only.
+
+Usage: python bench/hidden_states.py [--target DIR] [--samples 200] [--min-len 64 --max-len 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from eaglenest.hidden_states import (
+    HiddenSettings,
+    default_aux_layer_ids,
+    extract_hidden_states,
+    load_target,
+    pack_batches,
+)
+
+
+def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_len, max_len + 1, n)
+    frame = pl.DataFrame(
+        {
+            "id": [f"{i:016x}" for i in range(n)],
+            "input_ids": [rng.integers(0, vocab, k).tolist() for k in lengths],
+            "prompt_len": [int(k) // 4 for k in lengths],
+            "n_tokens": lengths.astype(np.int64),
+            "token_source": ["server"] * n,
+            "truncated": [False] * n,
+            "rebuild_agrees": [None] * n,
+        },
+        schema_overrides={"input_ids": pl.List(pl.Int64), "rebuild_agrees": pl.Boolean},
+    )
+    frame.write_parquet(path)
+    return frame
+
+
+def demo_target(directory: Path) -> Path:
+    from eaglenest.demo_target import build_demo_target
+
+    build_demo_target(directory, train_steps=0, heldout_prompts=1)
+    return directory
+
+
+@torch.inference_mode()
+def bare_forward(model, frame: pl.DataFrame, max_batch_tokens: int) -> float:
+    """Seconds for the same batches through model.model, nothing captured or written."""
+    ids = frame["input_ids"].to_list()
+    started = time.perf_counter()
+    for batch in pack_batches(frame["n_tokens"].to_numpy(), max_batch_tokens):
+        longest = max(len(ids[i]) for i in batch)
+        input_ids = torch.zeros((len(batch), longest), dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for row, i in enumerate(batch):
+            input_ids[row, : len(ids[i])] = torch.as_tensor(ids[i])
+            mask[row, : len(ids[i])] = 1
+        model.model(input_ids=input_ids, attention_mask=mask, use_cache=False)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", type=Path)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--min-len", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=512)
+    parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        target = args.target or demo_target(tmp / "target")
+        base = {
+            "device": "cpu",
+            "model_dtype": "float32",
+            "max_batch_tokens": args.max_batch_tokens,
+        }
+        model = load_target(target, HiddenSettings(**base))
+        hidden = model.config.hidden_size
+        frame = write_tokens(tmp / "tokens.parquet", args.samples, args.min_len, args.max_len,
+                             model.config.vocab_size)  # fmt: skip
+        n_tokens = int(frame["n_tokens"].sum())
+        print(f"target {target}: H={hidden}, layers={model.config.num_hidden_layers}, "
+              f"aux {default_aux_layer_ids(model.config.num_hidden_layers)}; "
+              f"{args.samples} samples, {n_tokens} tokens, {args.threads} threads")  # fmt: skip
+
+        def stage(**settings) -> tuple[float, dict]:
+            out = tmp / "hidden.safetensors"
+            started = time.perf_counter()
+            summary = extract_hidden_states(tokens=tmp / "tokens.parquet", target_path=target,
+                                            out=out, settings=HiddenSettings(**base, **settings),
+                                            model=model)  # fmt: skip
+            return time.perf_counter() - started, summary
+
+        # warm up both paths once
+        bare_forward(model, frame.head(4), args.max_batch_tokens)
+        stage(dtype="bf16")
+        best = {"bare": float("inf"), "stage": float("inf"), "stage_forward": float("inf")}
+        for _ in range(args.rounds):
+            best["bare"] = min(best["bare"], bare_forward(model, frame, args.max_batch_tokens))
+            seconds, summary = stage(dtype="bf16")
+            best["stage"] = min(best["stage"], seconds)
+            best["stage_forward"] = min(best["stage_forward"], summary["forward_seconds"])
+        results = {
+            "tokens": n_tokens,
+            "bare_tokens_per_s": n_tokens / best["bare"],
+            "stage_tokens_per_s": n_tokens / best["stage"],
+            "ratio_stage_vs_bare": best["bare"] / best["stage"],
+            "hook_forward_vs_bare": best["bare"] / best["stage_forward"],
+            "pickle_baseline_bytes_per_token": 8 * hidden,
+        }
+        for name, settings in {
+            "bf16_final_hidden": {"dtype": "bf16"},
+            "fp8_final_hidden": {"dtype": "fp8"},
+            "fp8_topk32": {"dtype": "fp8", "target_signal": "topk", "top_k": 32},
+        }.items():
+            _, summary = stage(**settings)
+            results[f"bytes_per_token_{name}"] = summary["bytes_per_token"]
+            results[f"ratio_to_pickle_{name}"] = summary["bytes_per_token"] / (8 * hidden)
+
+    print(f"bare forward : {results['bare_tokens_per_s']:10.0f} tokens/s")
+    print(f"stage        : {results['stage_tokens_per_s']:10.0f} tokens/s  "
+          f"ratio {results['ratio_stage_vs_bare']:.3f} (goal >= 0.9); hooked forward alone "
+          f"{results['hook_forward_vs_bare']:.3f}")  # fmt: skip
+    print(f"bytes/token  : 8*H pickle baseline {8 * hidden}")
+    for name in ("bf16_final_hidden", "fp8_final_hidden", "fp8_topk32"):
+        print(f"  {name:18s} {results[f'bytes_per_token_{name}']:8.1f}  "
+              f"({results[f'ratio_to_pickle_{name}']:.2f} x 8H)")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
