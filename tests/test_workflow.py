@@ -115,6 +115,7 @@ def test_two_more_shards_add_exactly_their_jobs(finished_run: Path):
         "generate_responses": 2,
         "validate_samples": 2,
         "tokenize_samples": 2,
+        "extract_hidden_states": 2,
         "build_draft_vocab": 1,  # merges the counts of every shard
         "all": 1,
     }
@@ -127,6 +128,7 @@ def test_a_sampling_parameter_reruns_generation_for_every_shard(finished_run: Pa
         "generate_responses": 2,
         "validate_samples": 2,
         "tokenize_samples": 2,
+        "extract_hidden_states": 2,
         "build_draft_vocab": 1,
         "all": 1,
     }
@@ -150,6 +152,7 @@ def test_a_validation_threshold_reruns_validation_only(finished_run: Path):
     assert jobs == {
         "validate_samples": 2,
         "tokenize_samples": 2,
+        "extract_hidden_states": 2,
         "build_draft_vocab": 1,
         "all": 1,
     }
