@@ -229,9 +229,11 @@ def test_killed_write_leaves_nothing_and_rerun_is_identical(
     assert out.read_bytes() == first
 
 
-def test_target_head(demo_target_dir, target, tmp_path):
+@pytest.mark.parametrize("from_model", [True, False])
+def test_target_head(demo_target_dir, target, tmp_path, from_model):
     out = tmp_path / "target_head.safetensors"
-    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings(), model=target)
+    model = target if from_model else None
+    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings(), model=model)
     with safe_open(str(out), framework="pt") as f:
         meta = f.metadata()
         torch.testing.assert_close(
@@ -240,6 +242,7 @@ def test_target_head(demo_target_dir, target, tmp_path):
         torch.testing.assert_close(f.get_tensor("norm.weight"), target.model.norm.weight)
         assert ("lm_head.weight" in set(f.keys())) != json.loads(meta["tied_word_embeddings"])
     assert json.loads(meta["aux_layer_ids"]) == [2, 4, 5] and meta["hidden_size"] == "64"
+    assert meta["source"] == ("model" if from_model else "checkpoint")
 
 
 MEMORY_PROBE = textwrap.dedent(

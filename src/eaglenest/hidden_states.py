@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -462,6 +463,43 @@ def check_readable(path: str | Path) -> None:
 # --- the target head (once per run) -----------------------------------------------------------
 
 
+HEAD_KEY_PATTERNS = {
+    "embed_tokens.weight": re.compile(r"^(?:.+\.)?model\.embed_tokens\.weight$"),
+    "norm.weight": re.compile(r"^(?:.+\.)?model\.norm\.weight$"),
+    "lm_head.weight": re.compile(r"^(?:.+\.)?lm_head\.weight$"),
+}
+
+
+def checkpoint_head_tensors(target_path: str | Path) -> dict[str, torch.Tensor] | None:
+    """Embedding, final norm and LM head read straight from the target's safetensors files
+    (a large target need not be loaded whole); None when the names are not the usual ones."""
+    from safetensors import safe_open
+
+    target_path = Path(target_path)
+    index = target_path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    elif (target_path / "model.safetensors").exists():
+        with safe_open(str(target_path / "model.safetensors"), framework="pt") as f:
+            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+    else:
+        return None
+    found: dict[str, str] = {}
+    for name, pattern in HEAD_KEY_PATTERNS.items():
+        matches = [key for key in weight_map if pattern.match(key) and "vision" not in key]
+        if len(matches) > 1:
+            return None
+        if matches:
+            found[name] = matches[0]
+    if "embed_tokens.weight" not in found or "norm.weight" not in found:
+        return None
+    tensors = {}
+    for name, key in found.items():
+        with safe_open(str(target_path / weight_map[key]), framework="pt") as f:
+            tensors[name] = f.get_tensor(key).contiguous()
+    return tensors
+
+
 def save_target_head(
     *,
     target_path: str | Path,
@@ -470,34 +508,45 @@ def save_target_head(
     trust_remote_code: bool = False,
     model=None,
 ) -> dict[str, str]:
-    """Input embedding, LM head (unless tied to the embedding) and final norm of the target."""
+    """Input embedding, LM head (unless tied to the embedding) and final norm of the target,
+    read from its checkpoint files when their names are the usual ones, else from the model."""
     from safetensors.torch import save_file
+    from transformers import AutoConfig
 
-    if model is None:
-        model = load_target(target_path, HiddenSettings(**{**settings.__dict__, "device": "cpu"}),
-                            trust_remote_code)  # fmt: skip
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(model.config.num_hidden_layers)
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    tied = head.data_ptr() == embed.data_ptr()
-    tensors = {
-        "embed_tokens.weight": embed.detach().cpu().contiguous(),
-        "norm.weight": model.model.norm.weight.detach().cpu().contiguous(),
-    }
-    if not tied:
-        tensors["lm_head.weight"] = head.detach().cpu().contiguous()
+    config = AutoConfig.from_pretrained(str(target_path), trust_remote_code=trust_remote_code)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    tensors = None if model is not None else checkpoint_head_tensors(target_path)
+    if tensors is not None:
+        tied = "lm_head.weight" not in tensors
+        source = "checkpoint"
+    else:
+        if model is None:
+            cpu = HiddenSettings(**{**settings.__dict__, "device": "cpu"})
+            model = load_target(target_path, cpu, trust_remote_code)
+        embed = model.get_input_embeddings().weight
+        head = model.get_output_embeddings().weight
+        tied = head.data_ptr() == embed.data_ptr()
+        tensors = {
+            "embed_tokens.weight": embed.detach().cpu().contiguous(),
+            "norm.weight": model.model.norm.weight.detach().cpu().contiguous(),
+        }
+        if not tied:
+            tensors["lm_head.weight"] = head.detach().cpu().contiguous()
+        source = "model"
+    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(config.num_hidden_layers)
     metadata = {
         "format": FORMAT,
         "target_path": str(target_path),
         "target_config_sha256": target_config_hash(target_path),
         "aux_layer_ids": json.dumps(list(layer_ids)),
-        "hidden_size": str(model.config.hidden_size),
-        "vocab_size": str(model.config.vocab_size),
+        "hidden_size": str(config.hidden_size),
+        "vocab_size": str(config.vocab_size),
         "tied_word_embeddings": json.dumps(tied),
-        "rms_norm_eps": str(getattr(model.config, "rms_norm_eps", "")),
+        "rms_norm_eps": str(getattr(config, "rms_norm_eps", "")),
+        "source": source,
         "versions": json.dumps(library_versions(), sort_keys=True),
     }
     with atomic_path(out) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-    log.info("target head: %s (tied embeddings: %s)", sorted(tensors), tied)
+    log.info("target head from the %s: %s (tied embeddings: %s)", source, sorted(tensors), tied)
     return metadata
