@@ -131,7 +131,10 @@ def test_pack_batches_respects_padded_budget():
         assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 60
 
 
-def test_topk_matches_logits(tokens, demo_target_dir, target, tmp_path):
+def test_topk_matches_logits(tokens, demo_target_dir, target, tmp_path, monkeypatch):
+    import eaglenest.hidden_states as hs
+
+    monkeypatch.setattr(hs, "TOPK_CHUNK_ROWS", 7)  # logits in chunks that cut across samples
     run(tokens, demo_target_dir, target, tmp_path / "t.safetensors", target_signal="topk",
         top_k=8, max_batch_tokens=100)  # fmt: skip
     shard = open_hidden_shard(tmp_path / "t.safetensors")

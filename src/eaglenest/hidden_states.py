@@ -44,7 +44,8 @@ from eaglenest.tokenize import loss_mask
 log = logging.getLogger(__name__)
 
 FORMAT = "eaglenest-hidden/1"
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MAX = 448.0
+TOPK_CHUNK_ROWS = 2048  # rows of logits computed at once for top-k  # largest finite float8_e4m3fn
 STORAGE_DTYPES = ("bf16", "fp8", "fp32")
 # safetensors dtype name, torch dtype, bytes per element
 _ST_DTYPES = {
@@ -210,13 +211,20 @@ def forward_batch(
     aux = capture.take()
     result = {"aux": torch.cat([a.to(final.device) for a in aux], dim=-1)}
     if settings.target_signal == "topk":
-        logits = model.lm_head(final).float()
-        values, ids = torch.topk(logits, settings.top_k, dim=-1)
-        result["topk_ids"] = ids.to(torch.int32)
-        result["topk_values"] = values
+        # Logits a chunk of rows at a time: [B, L, V] in float32 would not fit for a large vocabulary.
+        rows = final.reshape(-1, final.shape[-1])
+        values, ids = [], []
+        for chunk in rows.split(TOPK_CHUNK_ROWS):
+            top = torch.topk(model.lm_head(chunk).float(), settings.top_k, dim=-1)
+            values.append(top.values)
+            ids.append(top.indices.to(torch.int32))
+        shape = (*final.shape[:2], settings.top_k)
+        result["topk_ids"] = torch.cat(ids).reshape(shape)
+        result["topk_values"] = torch.cat(values).reshape(shape)
     else:
         result["final_hidden"] = final
-    return result
+    # One transfer per batch, not one per sample and tensor.
+    return {name: value.cpu() for name, value in result.items()}
 
 
 # --- the file layout --------------------------------------------------------------------------
