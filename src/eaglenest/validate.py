@@ -92,17 +92,20 @@ def _empty_reasoning_message(
     )
 
 
+def check_schema(schema: Any, frame: pl.DataFrame, what: str) -> None:
+    """Validate `frame` (collected: pandera checks data only there); failure cases go to the log."""
+    try:
+        schema.validate(frame, lazy=True)
+    except pandera.errors.SchemaErrors as err:
+        log.error("%s failed its schema:\n%s", what, err.failure_cases)
+        raise ShardValidationError(f"{what} does not match its schema: {err}") from err
+
+
 def validate_frame(
     raw: pl.DataFrame, prompts: pl.DataFrame, probe: dict[str, Any], settings: dict, shard: str
 ) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Check a raw shard; return (samples, report) or raise ShardValidationError."""
-    try:
-        RawSchema.validate(raw, lazy=True)
-    except pandera.errors.SchemaErrors as err:
-        log.error("raw shard %s failed its schema:\n%s", shard, err.failure_cases)
-        raise ShardValidationError(
-            f"shard {shard}: raw file does not match its schema: {err}"
-        ) from err
+    check_schema(RawSchema, raw, f"shard {shard}: raw file")
     token_ids_expected = bool(probe.get("token_ids", {}).get("supported"))
     reasons = drop_reasons(raw, token_ids_expected)
     counts = Counter(r for r in reasons.to_list() if r is not None)
@@ -143,13 +146,7 @@ def validate_frame(
     missing = samples.filter(pl.col("messages").is_null())["id"].to_list()
     if missing:
         raise ShardValidationError(f"shard {shard}: ids not in the prompts shard: {missing[:5]}")
-    try:
-        SamplesSchema.validate(samples, lazy=True)
-    except pandera.errors.SchemaErrors as err:
-        log.error("samples of shard %s failed their schema:\n%s", shard, err.failure_cases)
-        raise ShardValidationError(
-            f"shard {shard}: samples do not match their schema: {err}"
-        ) from err
+    check_schema(SamplesSchema, samples, f"shard {shard}: samples")
     return samples, report
 
 
