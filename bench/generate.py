@@ -44,6 +44,17 @@ def measure(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def figures(n: int, wall: float, cpu: float, **extra: int) -> dict:
+    """What every client run reports: throughput and client CPU per request."""
+    return {
+        "requests": n,
+        "wall_s": wall,
+        "rps": n / wall,
+        "cpu_ms_per_request": 1000 * cpu / n,
+        **extra,
+    }
+
+
 def run_eaglenest(url: str, n: int) -> dict:
     prompts = make_prompts(n)
     settings = GenerationSettings(model=MODEL, concurrency=CONCURRENCY, max_tokens=64)
@@ -58,13 +69,7 @@ def run_eaglenest(url: str, n: int) -> dict:
 
         wall, cpu = measure(go)
     captured = sum(1 for r in records.values() if r["reasoning"].strip())
-    return {
-        "requests": n,
-        "wall_s": wall,
-        "rps": n / wall,
-        "cpu_ms_per_request": 1000 * cpu / n,
-        "reasoning_captured": captured,
-    }
+    return figures(n, wall, cpu, reasoning_captured=captured)
 
 
 def run_bare_aiohttp(url: str, n: int) -> dict:
@@ -90,7 +95,7 @@ def run_bare_aiohttp(url: str, n: int) -> dict:
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
     wall, cpu = measure(lambda: asyncio.run(go_async()))
-    return {"requests": n, "wall_s": wall, "rps": n / wall, "cpu_ms_per_request": 1000 * cpu / n}
+    return figures(n, wall, cpu)
 
 
 def run_openai_baseline(url: str, n: int) -> dict:
@@ -113,14 +118,7 @@ def run_openai_baseline(url: str, n: int) -> dict:
             results.extend(pool.map(one, range(n)))
 
     wall, cpu = measure(go)
-    captured = sum(1 for r in results if r)
-    return {
-        "requests": n,
-        "wall_s": wall,
-        "rps": n / wall,
-        "cpu_ms_per_request": 1000 * cpu / n,
-        "reasoning_captured": captured,
-    }
+    return figures(n, wall, cpu, reasoning_captured=sum(1 for r in results if r))
 
 
 def main() -> None:
