@@ -1,0 +1,63 @@
+# The run report: results/{run}/report/index.html (self-contained) and one PNG per plot, each in
+# `snakemake --report` with its caption from report/. Reads every stage's files; see
+# eaglenest.report.
+# Until rules/common.smk lists the report's modules in STAGE_MODULES, this entry stands in.
+STAGE_MODULES.setdefault("report", ["report.py", "io.py"])
+
+
+rule build_report:
+    input:
+        prompts_report=run_path("prompts/report.json"),
+        probe=run_path("probe.json"),
+        raw=expand(run_path("raw/{shard}.parquet"), shard=SHARDS),
+        samples=expand(run_path("samples/{shard}.parquet"), shard=SHARDS),
+        samples_reports=expand(run_path("samples/{shard}.report.json"), shard=SHARDS),
+        tokens=expand(run_path("tokens/{shard}.parquet"), shard=SHARDS),
+        tokens_reports=expand(run_path("tokens/{shard}.report.json"), shard=SHARDS),
+        hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=SHARDS),
+        train_metrics=run_path("drafter/metrics.jsonl"),
+        train_report=run_path("drafter/train_report.json"),
+        eval_metrics=run_path("eval/metrics.json"),
+    output:
+        html=run_path("report/index.html"),
+        funnel=report(
+            run_path("report/funnel.png"),
+            caption="../report/funnel.rst",
+            category="1. Data",
+        ),
+        lengths=report(
+            run_path("report/lengths.png"),
+            caption="../report/lengths.rst",
+            category="1. Data",
+        ),
+        generation=report(
+            run_path("report/generation.png"),
+            caption="../report/generation.rst",
+            category="2. Generation",
+        ),
+        hidden_states=report(
+            run_path("report/hidden_states.png"),
+            caption="../report/hidden_states.rst",
+            category="3. Hidden states",
+        ),
+        training=report(
+            run_path("report/training.png"),
+            caption="../report/training.rst",
+            category="4. Training",
+        ),
+        acceptance=report(
+            run_path("report/acceptance.png"),
+            caption="../report/acceptance.rst",
+            category="5. Evaluation",
+        ),
+    log:
+        log_path("report/build_report.log"),
+    conda:
+        "../envs/cpu.yaml"
+    threads: 1
+    params:
+        # Optional: read when present (wall time per generation shard), never a reason to rerun.
+        generate_benchmarks=expand(bench_path("generate/{shard}.tsv"), shard=SHARDS),
+        code_version=code_version("report"),
+    script:
+        "../scripts/build_report.py"

@@ -1,0 +1,514 @@
+"""The run report: built from a synthetic finished run whose files have the layouts the stages
+write (checked against their pandera schemas), plus a real Snakemake run of the report rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from eaglenest.generate import RAW_SCHEMA
+from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report
+from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema, TokensSchema
+
+REPO = Path(__file__).resolve().parents[1]
+SHARDS = ("00000", "00001")
+PER_SHARD = 6
+MESSAGE_DTYPE_LIST = pl.List(MESSAGE_DTYPE)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def sample_id(shard: str, i: int) -> str:
+    return f"{int(shard):08x}{i:08x}"
+
+
+def raw_frame(shard: str) -> pl.DataFrame:
+    rows = []
+    for i in range(PER_SHARD):
+        failed = i == 0 and shard == "00001"  # one failed request in the run
+        rows.append(
+            {
+                "id": sample_id(shard, i),
+                "endpoint": "http://127.0.0.1:8000",
+                "request": json.dumps({"max_tokens": 64}),
+                "response": None if failed else json.dumps({"choices": []}),
+                "reasoning": None if failed else "step " * (5 + i),
+                "content": None if failed else f"answer {i}",
+                "reasoning_field": "none" if failed else "reasoning_content",
+                "finish_reason": None if failed else ("length" if i == 1 else "stop"),
+                "prompt_token_ids": None,
+                "completion_token_ids": None,
+                "token_layout": None,
+                "prompt_tokens": None if failed else 10 + i,
+                "completion_tokens": None if failed else 20 + 3 * i,
+                "latency_s": 0.5 + 0.1 * i,
+                "attempts": 2 if i == 2 else 1,
+                "error_kind": "timeout" if failed else None,
+                "error": "timed out" if failed else None,
+            }
+        )
+    return RawSchema.validate(pl.DataFrame(rows, schema=RAW_SCHEMA))
+
+
+def samples_frame(raw: pl.DataFrame) -> pl.DataFrame:
+    kept = raw.filter(pl.col("error_kind").is_null() & (pl.col("finish_reason") != "length"))
+    messages = [[{"role": "user", "content": f"question {i}"}] for i in range(kept.height)]
+    frame = kept.with_columns(pl.Series("messages", messages, dtype=MESSAGE_DTYPE_LIST)).select(
+        "id",
+        "messages",
+        "reasoning",
+        "content",
+        "reasoning_field",
+        "finish_reason",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "token_layout",
+        "request",
+        "endpoint",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_s",
+    )
+    return SamplesSchema.validate(frame)
+
+
+def tokens_frame(samples: pl.DataFrame) -> pl.DataFrame:
+    lengths = [30 + 7 * i for i in range(samples.height)]
+    frame = pl.DataFrame(
+        {
+            "id": samples["id"],
+            "input_ids": [list(range(n)) for n in lengths],
+            "prompt_len": [12] * samples.height,
+            "n_tokens": lengths,
+            "token_source": ["rebuilt"] * samples.height,
+            "truncated": [False] * samples.height,
+            "rebuild_agrees": [None] * samples.height,
+        },
+        schema_overrides={"input_ids": pl.List(pl.Int64), "rebuild_agrees": pl.Boolean},
+    )
+    return TokensSchema.validate(frame)
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+EVAL_METRICS = {
+    "ks": [3, 7],
+    "heldout_shards": ["00001"],
+    "simulated": {
+        "3": {
+            "acceptance_length": 2.41,
+            "conditional_acceptance": [0.8, 0.6, 0.4],
+            "positions": 900,
+        },
+        "7": {
+            "acceptance_length": 2.87,
+            "conditional_acceptance": [0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.05],
+            "positions": 900,
+        },
+    },
+    "live": {
+        "3": {
+            "acceptance_length": 2.33,
+            "target_forwards_per_token": 0.43,
+            "speedup": 1.73,
+            "tokens": 512,
+            "prompts": 8,
+            "identical_to_greedy": True,
+            "spec_wall_s": 3.1,
+            "greedy_wall_s": 5.4,
+        },
+        "7": {
+            "acceptance_length": 2.79,
+            "target_forwards_per_token": 0.36,
+            "speedup": 1.52,
+            "tokens": 512,
+            "prompts": 8,
+            "identical_to_greedy": False,
+            "spec_wall_s": 3.5,
+            "greedy_wall_s": 5.4,
+        },
+    },
+    "live_skipped_reason": None,
+    "baselines": {
+        "untrained": {
+            "3": {"acceptance_length": 1.02, "conditional_acceptance": [0.02, 0.0, 0.0]},
+            "7": {"acceptance_length": 1.02, "conditional_acceptance": [0.02] + [0.0] * 6},
+        },
+        "prompt_lookup": {
+            "3": {"acceptance_length": 1.31, "conditional_acceptance": [0.25, 0.1, 0.05]},
+            "7": {
+                "acceptance_length": 1.36,
+                "conditional_acceptance": [0.25, 0.1, 0.05] + [0.0] * 4,
+            },
+        },
+    },
+}
+
+
+def write_training(run: Path, ttt_steps: int = 3) -> None:
+    lines = []
+    for step in range(1, 41):
+        acc = [min(0.9, 0.02 * step / (i + 1)) for i in range(ttt_steps)]
+        lines.append(
+            {
+                "split": "train",
+                "step": step,
+                "epoch": step / 20,
+                "lr": 1e-3,
+                "loss": 5.0 / step,
+                "acc": acc,
+                "loss_tokens": 100 * step,
+                "skipped_outside_vocab": step,
+                "tokens_per_s": 950.0 + step,
+                "elapsed_s": 0.5 * step,
+            }
+        )
+        if step % 10 == 0:
+            lines.append({"split": "heldout", "step": step, "loss": 6.0 / step, "acc": acc})
+    path = run / "drafter" / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_json(
+        run / "drafter" / "train_report.json",
+        {
+            "steps": 40,
+            "epochs": 2.0,
+            "ttt_steps": ttt_steps,
+            "train_tokens": 4000,
+            "wall_s": 20.0,
+            "tokens_per_s": 990.0,
+            "train_acc": [0.8, 0.4, 0.2667],
+            "heldout_acc": [0.7123, 0.35, 0.2],
+            "heldout_loss": 0.15,
+            "skipped_outside_vocab_share": 0.0125,
+            "eval_shards": ["00001"],
+            "train_shards": ["00000"],
+        },
+    )
+
+
+def write_run(root: Path, run_name: str = "synthetic", finished: bool = True) -> Path:
+    """results/{run}/ with every file the report reads (training and eval only when finished),
+    and benchmarks/{run}/generate/*.tsv."""
+    run = root / "results" / run_name
+    write_json(
+        run / "prompts" / "report.json",
+        {
+            "rows_read": 15,
+            "rows": 15,
+            "prompts": 13,
+            "skipped": {"duplicate": 2, "too_long": 0},
+        },
+    )
+    write_json(
+        run / "probe.json",
+        {
+            "reasoning_field": "reasoning_content",
+            "token_ids": {"supported": False, "layout": None},
+            "think_token_ids": {
+                "start": "<think>",
+                "start_id": 151667,
+                "end": "</think>",
+                "end_id": 151668,
+            },
+        },
+    )
+    for shard in SHARDS:
+        raw = raw_frame(shard)
+        samples = samples_frame(raw)
+        tokens = tokens_frame(samples)
+        for folder, frame in (("raw", raw), ("samples", samples), ("tokens", tokens)):
+            (run / folder).mkdir(parents=True, exist_ok=True)
+            frame.write_parquet(run / folder / f"{shard}.parquet")
+        dropped = {"truncated": 1} | ({"request_failed:timeout": 1} if shard == "00001" else {})
+        write_json(
+            run / "samples" / f"{shard}.report.json",
+            {
+                "shard": shard,
+                "raw_rows": raw.height,
+                "answered": raw.height - (shard == "00001"),
+                "kept": samples.height,
+                "dropped": dropped,
+                "reasoning_fields": dict(raw["reasoning_field"].value_counts().iter_rows()),
+                "token_layouts": {"None": raw.height},
+                "probe_reasoning_field": "reasoning_content",
+            },
+        )
+        write_json(
+            run / "tokens" / f"{shard}.report.json",
+            {
+                "shard": shard,
+                "samples": samples.height,
+                "written": tokens.height,
+                "tokens": int(tokens["n_tokens"].sum()),
+                "loss_tokens": 99,
+                "token_sources": {"server": 0, "rebuilt": tokens.height},
+                "agreement": {
+                    "compared": 20,
+                    "exact": 19,
+                    "prompt_exact": 20,
+                    "completion_exact": 19,
+                    "share": 0.95,
+                    "first_mismatches": [
+                        {
+                            "id": sample_id(shard, 3),
+                            "part": "completion",
+                            "position": 4,
+                            "server_ids": [1],
+                            "server_text": "a",
+                            "rebuilt_ids": [2],
+                            "rebuilt_text": "b",
+                        }
+                    ],
+                },
+                "overlength": {
+                    "max_length": 64,
+                    "policy": "drop",
+                    "dropped": 1,
+                    "dropped_prompt_over_max_length": 0,
+                    "truncated": 0,
+                },
+                "dropped_rebuild_decode_mismatch": 0,
+            },
+        )
+        n_tokens = int(tokens["n_tokens"].sum())
+        write_json(
+            run / "hidden" / f"{shard}.json",
+            {
+                "samples": tokens.height,
+                "tokens": n_tokens,
+                "bytes": 600 * n_tokens,
+                "bytes_per_token": 600.0,
+                "hidden_size": 128,
+                "aux_layer_ids": [2, 4, 5],
+                "dtype": "fp8",
+                "target_signal": "final_hidden",
+                "seconds": 1.5,
+                "forward_seconds": 1.0,
+                "tokens_per_s": n_tokens / 1.5,
+            },
+        )
+        bench = root / "benchmarks" / run_name / "generate" / f"{shard}.tsv"
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text("s\th:m:s\tmax_rss\n2.50\t0:00:02\t100.0\n")
+    if finished:
+        write_training(run)
+        write_json(run / "eval" / "metrics.json", EVAL_METRICS)
+    return run
+
+
+class References(HTMLParser):
+    """Every src/href in a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.links += [value for name, value in attrs if name in ("src", "href") and value]
+
+
+def missing_references(page: Path) -> list[str]:
+    parser = References()
+    parser.feed(page.read_text())
+    assert parser.links, "the page shows no image"
+    return [
+        link
+        for link in parser.links
+        if not link.startswith(("data:", "#")) and not (page.parent / link).exists()
+    ]
+
+
+def build(run: Path, out: Path | None = None) -> tuple[Path, dict]:
+    out = out or run / "report"
+    files = RunFiles.from_run_dir(run, run.parents[1] / "benchmarks" / run.name)
+    figures = build_report(files, out / "index.html", run=run.name)
+    return out / "index.html", figures
+
+
+def test_report_of_a_finished_run(tmp_path: Path):
+    page, figures = build(write_run(tmp_path))
+    for name in PLOT_NAMES:
+        png = page.parent / f"{name}.png"
+        assert png.stat().st_size > 1000, name
+        assert png.read_bytes().startswith(PNG_MAGIC)
+    assert missing_references(page) == []
+    text = page.read_text()
+    # every section drew its plot: the page embeds one image per plot
+    assert text.count("data:image/png;base64,") == len(PLOT_NAMES)
+    for expected in (
+        "2.41",
+        "2.87",  # simulated acceptance length K=3, K=7
+        "2.33",
+        "1.73",  # live acceptance length and speedup, K=3
+        "1.31",
+        "1.02",  # baselines
+        "95.0%",  # server/rebuild agreement
+        "reasoning_content",
+        "rebuilt",  # reasoning field, token source
+        "validate: truncated",
+        "validate: request_failed:timeout",
+        "prompts: duplicate",
+        "tokenize: overlength",
+        "600",  # hidden bytes per token
+        "0.712",  # held-out accuracy of TTT step 1
+        "identical_to_greedy",  # K=7 differs from greedy: said in a note
+        "completion tokens/s",
+    ):
+        assert expected in text, expected
+    assert figures["acceptance length K=3 (simulated)"] == 2.41
+    assert figures["validated"] == 9  # 2 shards of 6, less 2 cut by max_tokens and 1 failed
+    assert figures["server/rebuild agreement"] == "95.0%"
+
+
+def test_no_live_acceptance_is_a_note(tmp_path: Path):
+    run = write_run(tmp_path)
+    metrics = {**EVAL_METRICS, "live": None, "live_skipped_reason": "no GPU on this machine"}
+    write_json(run / "eval" / "metrics.json", metrics)
+    page, figures = build(run)
+    text = page.read_text()
+    assert "Live acceptance not measured: no GPU on this machine." in text
+    assert "acceptance length K=3 (live)" not in figures
+    assert (page.parent / "acceptance.png").stat().st_size > 1000
+    assert missing_references(page) == []
+
+
+def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
+    run = write_run(tmp_path, finished=False)
+    shutil.rmtree(run / "hidden")
+    page, _ = build(run)
+    text = page.read_text()
+    assert "Not trained yet" in text
+    assert "Not evaluated yet" in text
+    assert "No hidden-state summaries" in text
+    for name in PLOT_NAMES:  # every declared output exists, a card saying why where no plot
+        assert (page.parent / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    assert text.count("data:image/png;base64,") == 3  # funnel, lengths, generation
+
+
+@pytest.mark.parametrize(
+    ("relative", "content", "message"),
+    [
+        (
+            "drafter/metrics.jsonl",
+            '{"split": "train", "step": 1, "loss": 1.0, "acc": [0.5]}\n{oops\n',
+            r"metrics\.jsonl line 2: not JSON",
+        ),
+        (
+            "drafter/metrics.jsonl",
+            '{"split": "train", "step": 1, "loss": "high", "acc": [0.5]}\n',
+            r"metrics\.jsonl line 1: 'loss' must be a number",
+        ),
+        (
+            "drafter/metrics.jsonl",
+            '{"split": "valid", "step": 1, "loss": 1.0, "acc": []}\n',
+            r"metrics\.jsonl line 1: 'split' must be train or heldout",
+        ),
+        ("drafter/train_report.json", "[1, 2]", r"train_report\.json: expected a JSON object"),
+        (
+            "eval/metrics.json",
+            '{"ks": [3], "simulated": {}}',
+            r"eval/metrics\.json: 'simulated' has no entry for K=3",
+        ),
+        (
+            "eval/metrics.json",
+            json.dumps(
+                {**EVAL_METRICS, "baselines": {"untrained": {"3": {"acceptance_length": 1.0}}}}
+            ),
+            r"eval/metrics\.json baselines\[untrained\]\[3\]: missing 'conditional_acceptance'",
+        ),
+        ("eval/metrics.json", "{", r"eval/metrics\.json: not readable as JSON"),
+        ("samples/00000.report.json", "", r"samples/00000\.report\.json: not readable as JSON"),
+        ("tokens/00001.parquet", "not parquet", r"tokens/00001\.parquet: cannot read columns"),
+    ],
+)
+def test_a_malformed_file_is_an_error_naming_it(tmp_path: Path, relative, content, message):
+    run = write_run(tmp_path)
+    (run / relative).write_text(content)
+    with pytest.raises(ReportInputError, match=message):
+        build(run)
+
+
+def test_run_files_take_single_paths_and_skip_missing_benchmarks(tmp_path: Path):
+    run = write_run(tmp_path)
+    files = RunFiles.from_run_dir(run)
+    files.raw = str(run / "raw" / "00000.parquet")  # what Snakemake gives for a one-shard list
+    files.__post_init__()
+    files.generate_benchmarks = [tmp_path / "absent.tsv"]
+    page = tmp_path / "out" / "index.html"
+    figures = build_report(files, page)
+    assert figures["requested (in shards)"] == 2 * PER_SHARD
+    assert "throughput per shard is unknown" in page.read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule: a real Snakemake run of build_report over the synthetic run, then `--report`
+# ---------------------------------------------------------------------------------------------
+
+SNAKEFILE = """\
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/report.smk"
+
+
+report: "report/workflow.rst"
+"""
+
+
+@pytest.mark.slow
+def test_report_rule_and_snakemake_report(tmp_path: Path):
+    for name in ("rules", "scripts", "config", "src", "report", "envs"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    (tmp_path / "override.yaml").write_text(
+        json.dumps({"run": "synthetic", "prompts": {"max_samples": 12, "shard_size": PER_SHARD}})
+    )
+    write_run(tmp_path)
+    command = [sys.executable, "-m", "snakemake", "--cores", "1"]
+    config = ["--configfile", "override.yaml"]
+    target = "results/synthetic/report/index.html"
+    result = subprocess.run(
+        [*command, target, *config],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"build_report\s+1", result.stdout + result.stderr)
+    page = tmp_path / target
+    assert missing_references(page) == []
+    assert "2.41" in page.read_text()
+    log = (tmp_path / "logs/synthetic/report/build_report.log").read_text()
+    assert "report of run synthetic" in log
+
+    result = subprocess.run(
+        [*command, target, "--report", "report.zip", *config],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    with zipfile.ZipFile(tmp_path / "report.zip") as archive:
+        names = archive.namelist()
+        page = archive.read("report/report.html").decode()
+    for name in PLOT_NAMES:
+        assert any(n.endswith(f"/{name}.png") for n in names), names
+    assert "This report covers run" in page  # report/workflow.rst, rendered with the config
+    assert "conditional acceptance by draft position" in page  # a caption
