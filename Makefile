@@ -28,6 +28,12 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)
 
+# Every bench/*.py, each in its own process, merged into bench/results.json with the machine's
+# facts; exits non-zero when any bench failed. BENCH_ARGS=--quick for CI sizes, or e.g.
+# BENCH_ARGS="--only generate tokenization".
+bench: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/run_all.py $(BENCH_ARGS)
+
 lint: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules/

@@ -14,6 +14,7 @@ The target is `--target DIR` (e.g. results/demo/target), else an untrained demo-
 model built here (speed does not depend on training). CPU only.
 
 Usage: python bench/hidden_states.py [--target DIR] [--samples 200] [--min-len 64 --max-len 512]
+                                    [--json out.json]
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def main() -> None:
             best["stage"] = min(best["stage"], seconds)
             best["stage_forward"] = min(best["stage_forward"], summary["forward_seconds"])
         results = {
+            "target": str(args.target or "untrained demo architecture"),
+            "hidden_size": hidden,
+            "num_layers": model.config.num_hidden_layers,
+            "samples": args.samples,
+            "threads": args.threads,
             "tokens": n_tokens,
             "bare_tokens_per_s": n_tokens / best["bare"],
             "stage_tokens_per_s": n_tokens / best["stage"],

@@ -181,7 +181,12 @@ def main() -> None:
             f"verify_rebuild); agreement {r['agreement_share']}"
         )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        figures = {
+            "machine": {"processor": platform.processor() or platform.machine(),
+                        "cpu_count": os.cpu_count()},
+            "by_reasoning_repeat": {str(r["reasoning_repeat"]): r for r in results},
+        }  # fmt: skip
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
