@@ -139,6 +139,13 @@ EVAL_METRICS = {
             "greedy_wall_s": 5.4,
         },
     },
+    # evaluate.py also writes these (beyond the contract): shown when present
+    "live_baselines": {
+        "prompt_lookup": {
+            "3": {"acceptance_length": 1.27, "speedup": 1.08, "identical_to_greedy": True},
+            "7": {"acceptance_length": 1.29, "speedup": 1.01, "identical_to_greedy": True},
+        }
+    },
     "live_skipped_reason": None,
     "baselines": {
         "untrained": {
@@ -354,6 +361,7 @@ def test_report_of_a_finished_run(tmp_path: Path):
         "1.73",  # live acceptance length and speedup, K=3
         "1.31",
         "1.02",  # baselines
+        "1.27",  # live prompt lookup
         "95.0%",  # server/rebuild agreement
         "reasoning_content",
         "rebuilt",  # reasoning field, token source
@@ -374,7 +382,8 @@ def test_report_of_a_finished_run(tmp_path: Path):
 
 def test_no_live_acceptance_is_a_note(tmp_path: Path):
     run = write_run(tmp_path)
-    metrics = {**EVAL_METRICS, "live": None, "live_skipped_reason": "no GPU on this machine"}
+    metrics = {**EVAL_METRICS, "live": None, "live_baselines": None}
+    metrics["live_skipped_reason"] = "no GPU on this machine"
     write_json(run / "eval" / "metrics.json", metrics)
     page, figures = build(run)
     text = page.read_text()

@@ -254,7 +254,12 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
         metrics,
         str(path),
         {"ks": "numbers", "simulated": "object"},
-        {"live": "object", "live_skipped_reason": "str", "baselines": "object"},
+        {
+            "live": "object",
+            "live_skipped_reason": "str",
+            "baselines": "object",
+            "live_baselines": "object",
+        },
     )
     for k in metrics["ks"]:
         key = str(k)
@@ -268,6 +273,11 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
         )
         if metrics.get("live") is not None and key in metrics["live"]:
             check_fields(metrics["live"][key], f"{path} live[{key}]", LIVE_FIELDS, LIVE_OPTIONAL)
+        for name, per_k in (metrics.get("live_baselines") or {}).items():
+            check_fields(per_k, f"{path} live_baselines[{name}]", {})
+            if key in per_k:
+                where = f"{path} live_baselines[{name}][{key}]"
+                check_fields(per_k[key], where, LIVE_FIELDS, LIVE_OPTIONAL)
         for name, per_k in (metrics.get("baselines") or {}).items():
             check_fields(per_k, f"{path} baselines[{name}]", {})
             if key in per_k:
@@ -958,6 +968,10 @@ def section_acceptance(data: RunData) -> Section:
         *[f"{name} acceptance length" for name in BASELINE_NAMES],
     ]
     section.blocks.append(table(header, rows))
+    live_baselines = metrics.get("live_baselines") or {}
+    if live_baselines:
+        section.blocks.append("<h3>Live baselines</h3>")
+        section.blocks.append(live_table(live_baselines, ks))
     conditional = [[k, *metrics["simulated"][k]["conditional_acceptance"]] for k in ks]
     width = max(len(r) for r in conditional) - 1
     section.blocks.append("<h3>Simulated conditional acceptance by position</h3>")
@@ -975,6 +989,16 @@ def section_acceptance(data: RunData) -> Section:
     if metrics.get("heldout_shards"):
         section.notes.append(f"Held-out shards: {', '.join(metrics['heldout_shards'])}.")
     return section
+
+
+def live_table(live_by_name: dict[str, dict], ks: list[str]) -> str:
+    keys = ("acceptance_length", "speedup", "target_forwards_per_token", "identical_to_greedy")
+    rows = [
+        [name, k, *[(per_k.get(k) or {}).get(key) for key in keys]]
+        for name, per_k in live_by_name.items()
+        for k in ks
+    ]
+    return table(["proposer", "K", *[key.replace("_", " ") for key in keys]], rows)
 
 
 # One color per source, the same in every acceptance panel.
@@ -1011,12 +1035,15 @@ def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
         series[name] = [
             ((baselines.get(name) or {}).get(k) or {}).get("acceptance_length") for k in ks
         ]
+    for name, per_k in (metrics.get("live_baselines") or {}).items():
+        series[f"live {name}"] = [(per_k.get(k) or {}).get("acceptance_length") for k in ks]
     series = {name: values for name, values in series.items() if any(v is not None for v in values)}
     width = 0.8 / len(series)
     for offset, (name, values) in enumerate(series.items()):
         xs = [i + (offset - (len(series) - 1) / 2) * width for i in range(len(ks))]
         heights = [v if v is not None else 0 for v in values]
-        lengths.bar(xs, heights, width, label=name, color=SOURCE_COLORS.get(name))
+        color = SOURCE_COLORS.get(name, f"C{4 + offset}")
+        lengths.bar(xs, heights, width, label=name, color=color)
     lengths.set_xticks(range(len(ks)), [f"K={k}" for k in ks])
     lengths.set_ylabel("acceptance length")
     lengths.set_ylim(
