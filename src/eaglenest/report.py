@@ -478,6 +478,13 @@ def _empty_axis(axis, text: str) -> None:
     axis.set_yticks([])
 
 
+def shard_bars(axis, shards: list[str], values: list[float], color: str) -> None:
+    """One bar per shard; at most about 20 shard ids on the axis, however many shards."""
+    axis.bar(range(len(shards)), values, color=color)
+    step = max(1, math.ceil(len(shards) / 20))
+    axis.set_xticks(range(0, len(shards), step), shards[::step], rotation=90)
+
+
 def _sum_reports(reports: Iterable[dict], key: str) -> Counter:
     total: Counter = Counter()
     for report in reports:
@@ -733,10 +740,9 @@ def section_generation(data: RunData) -> Section:
     axes[1].set_xlabel("completion tokens / s per request")
     per_shard = shard_throughput(raw, data.generate_wall_s)
     if per_shard:
-        axes[2].bar([r[0] for r in per_shard], [r[4] for r in per_shard], color="#8172b2")
+        shard_bars(axes[2], [r[0] for r in per_shard], [r[4] for r in per_shard], "#8172b2")
         axes[2].set_ylabel("completion tokens / s")
         axes[2].set_xlabel("shard (wall time from Snakemake benchmark)")
-        axes[2].tick_params(axis="x", labelrotation=90)
     else:
         _empty_axis(axes[2], "no benchmark tables:\nshard wall time unknown")
     section.figure = figure
@@ -805,16 +811,15 @@ def section_hidden(data: RunData) -> Section:
     summaries = list(data.hidden.values())
     hidden_size = summaries[0].get("hidden_size")
     figure, (left, right) = new_figure(2)
-    left.bar(shards, [s.get("bytes_per_token") or 0 for s in summaries], color="#4c72b0")
+    shard_bars(left, shards, [s.get("bytes_per_token") or 0 for s in summaries], "#4c72b0")
     if hidden_size:
         left.axhline(8 * hidden_size, color="#c44e52", linestyle="--", label="8·H (fp16 pickle)")
         left.legend()
     left.set_ylabel("bytes per token")
-    right.bar(shards, [s.get("tokens_per_s") or 0 for s in summaries], color="#55a868")
+    shard_bars(right, shards, [s.get("tokens_per_s") or 0 for s in summaries], "#55a868")
     right.set_ylabel("tokens / s (stage)")
-    for axis in (left, right):
-        axis.set_xlabel("shard")
-        axis.tick_params(axis="x", labelrotation=90)
+    left.set_xlabel("shard")
+    right.set_xlabel("shard")
     section.figure = figure
     tokens = sum(s.get("tokens", 0) for s in summaries)
     size = sum(s.get("bytes", 0) for s in summaries)
