@@ -1,0 +1,87 @@
+"""Helpers of the workflow tests: a small demo config, a copy of the workflow in a temp dir, real
+Snakemake runs in it and the job counts of a dry run. The finished run itself is a session fixture
+in conftest.py (`finished_run`), built once for every module that needs it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from conftest import DEMO_TARGET_TEST_SETTINGS
+
+REPO = Path(__file__).resolve().parents[1]
+# src/ goes along: rules/common.smk puts the workdir's src/ first on sys.path, so code versions are
+# hashed from this snapshot (edits elsewhere in the tree during a test session change nothing).
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
+
+SMALL_DEMO = {
+    "demo_target": {"enabled": True, **DEMO_TARGET_TEST_SETTINGS},
+    "prompts": {"source": "demo", "max_samples": 40, "shard_size": 20},
+    "generation": {"max_tokens": 160},
+    # The test target is trained briefly: allow some answers to run past max_tokens.
+    "validation": {"max_truncated_fraction": 0.5},
+}
+
+
+def copy_workflow(workdir: Path) -> Path:
+    """The workflow's files in `workdir` (created when missing), ready for `snakemake` there."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, workdir / name)
+    return workdir
+
+
+def snakemake(
+    workdir: Path,
+    *args: str,
+    config: dict | None = None,
+    cores: int = 2,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
+    if config is not None:
+        path = workdir / "override.yaml"
+        path.write_text(yaml.safe_dump(config))
+        command += ["--configfile", str(path)]
+    return subprocess.run(
+        command, cwd=workdir, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+
+
+def job_logs(workdir: Path) -> str:
+    """The tail of every job log under workdir/logs, for assertion messages."""
+    return "\n".join(p.read_text()[-3000:] for p in sorted((workdir / "logs").rglob("*.log")))
+
+
+def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """Job counts per rule from a dry run's 'Job stats' table ({} when nothing to do)."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts: dict[str, int] = {}
+    in_table = False
+    for line in result.stdout.splitlines():
+        if line.startswith("job ") and "count" in line:
+            in_table = True
+            continue
+        if in_table:
+            match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+            if match and match.group(1) != "total":
+                counts[match.group(1)] = int(match.group(2))
+            elif line.strip() and not line.startswith("---") and not match:
+                break
+    return counts
+
+
+def merged(base: dict, change: dict) -> dict:
+    out = json.loads(json.dumps(base))
+    for section, values in change.items():
+        out.setdefault(section, {}).update(values)
+    return out
