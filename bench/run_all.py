@@ -33,6 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 # Sizes for a CI-size run (`--quick`); a bench not listed runs at its defaults.
 QUICK_ARGS = {
+    "dag": ["--shards", "100", "500"],
     "generate": ["--requests-a", "320", "--requests-b", "200"],
     "tokenization": ["--samples", "300", "--reasoning-repeat", "1", "4", "--runs", "1"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1"],
