@@ -9,6 +9,9 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/demo_target.smk"
 include: "rules/probe.smk"
@@ -17,6 +20,9 @@ include: "rules/generate.smk"
 include: "rules/validate.smk"
 include: "rules/tokenize.smk"
 include: "rules/hidden_states.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 rule all:

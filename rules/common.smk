@@ -70,6 +70,24 @@ STAGE_MODULES = {
     ],
     "vocab": ["vocab.py", "io.py"],
     "hidden": ["hidden_states.py", "hidden_reader.py", "tokenize.py", "io.py"],
+    "train": [
+        "train.py",
+        "train_data.py",
+        "drafter.py",
+        "export.py",
+        "hidden_reader.py",
+        "io.py",
+    ],
+    "evaluate": [
+        "evaluate.py",
+        "speculative.py",
+        "train_data.py",
+        "drafter.py",
+        "export.py",
+        "hidden_reader.py",
+        "io.py",
+    ],
+    "report": ["report.py", "io.py"],
     "probe": [
         "probe.py",
         "responses.py",
@@ -113,7 +131,34 @@ def get_final_outputs():
     outputs += [run_path("vocab/draft_vocab.safetensors")]
     outputs += expand(run_path("hidden/{shard}.safetensors"), shard=SHARDS)
     outputs += [run_path("hidden/target_head.safetensors")]
+    outputs += [run_path("drafter/config.json"), run_path("eval/metrics.json")]
+    outputs += [run_path("report/index.html")]
     return outputs
+
+
+def split_eval_shards():
+    """(training shards, held-out shards) from train.eval_shards: a count or a list of ids."""
+    wanted = config["train"]["eval_shards"]
+    if isinstance(wanted, int):
+        heldout = SHARDS[len(SHARDS) - wanted :] if wanted else []
+    else:
+        unknown = sorted(set(wanted) - set(SHARDS))
+        if unknown:
+            raise WorkflowError(
+                f"config key 'train.eval_shards' names shards {unknown} that this run does "
+                f"not have (shards: {SHARDS[0]}..{SHARDS[-1]})"
+            )
+        heldout = [s for s in SHARDS if s in wanted]
+    training = [s for s in SHARDS if s not in heldout]
+    if not training:
+        raise WorkflowError(
+            f"config key 'train.eval_shards' holds out every shard ({len(SHARDS)}): "
+            "nothing is left to train on"
+        )
+    return training, heldout
+
+
+TRAIN_SHARDS, EVAL_SHARDS = split_eval_shards()
 
 
 def bench_path(relative):

@@ -1,8 +1,6 @@
 # The run report: results/{run}/report/index.html (self-contained) and one PNG per plot, each in
 # `snakemake --report` with its caption from report/. Reads every stage's files; see
 # eaglenest.report.
-# Until rules/common.smk lists the report's modules in STAGE_MODULES, this entry stands in.
-STAGE_MODULES.setdefault("report", ["report.py", "io.py"])
 
 
 rule build_report:

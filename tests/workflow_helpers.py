@@ -25,6 +25,9 @@ SMALL_DEMO = {
     "generation": {"max_tokens": 160},
     # The test target is trained briefly: allow some answers to run past max_tokens.
     "validation": {"max_truncated_fraction": 0.5},
+    # Enough to exercise training, export, evaluation and the report, not to train well.
+    "train": {"epochs": 2, "max_batch_tokens": 1024, "ttt_steps": 3},
+    "evaluate": {"ks": [2, 3], "live_prompts": 3, "live_max_new_tokens": 32},
 }
 
 

@@ -1,0 +1,26 @@
+rule evaluate_drafter:
+    input:
+        drafter=run_path("drafter/config.json"),
+        weights=run_path("drafter/model.safetensors"),
+        hidden=expand(run_path("hidden/{shard}.safetensors"), shard=EVAL_SHARDS),
+        tokens=expand(run_path("tokens/{shard}.parquet"), shard=EVAL_SHARDS),
+        head=run_path("hidden/target_head.safetensors"),
+        vocab=run_path("vocab/draft_vocab.safetensors"),
+        target=get_target_dir(),
+    output:
+        metrics=run_path("eval/metrics.json"),
+    log:
+        log_path("evaluate/evaluate_drafter.log"),
+    benchmark:
+        bench_path("evaluate/evaluate_drafter.tsv")
+    conda:
+        "../envs/cpu.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        settings=as_json("evaluate"),
+        target=get_hidden_target_json(),
+        code_version=code_version("evaluate"),
+    script:
+        "../scripts/evaluate_drafter.py"

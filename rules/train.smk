@@ -1,0 +1,29 @@
+rule train_drafter:
+    input:
+        train=expand(run_path("hidden/{shard}.safetensors"), shard=TRAIN_SHARDS),
+        heldout=expand(run_path("hidden/{shard}.safetensors"), shard=EVAL_SHARDS),
+        head=run_path("hidden/target_head.safetensors"),
+        vocab=run_path("vocab/draft_vocab.safetensors"),
+        target=get_target_dir(),
+    output:
+        config=run_path("drafter/config.json"),
+        weights=run_path("drafter/model.safetensors"),
+        metrics=run_path("drafter/metrics.jsonl"),
+        report=run_path("drafter/train_report.json"),
+    log:
+        log_path("train/train_drafter.log"),
+    benchmark:
+        bench_path("train/train_drafter.tsv")
+    conda:
+        "../envs/cpu.yaml"
+    threads: 2
+    resources:
+        gpu=config["train"]["gpus"],
+    params:
+        settings=as_json("train"),
+        target=get_hidden_target_json(),
+        # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.
+        journal=run_path("journal/train"),
+        code_version=code_version("train"),
+    script:
+        "../scripts/train_drafter.py"

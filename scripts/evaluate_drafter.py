@@ -1,0 +1,22 @@
+# Snakemake adapter for the evaluate stage: see eaglenest.evaluate.
+import torch
+
+from eaglenest.evaluate import EvaluateSettings, evaluate_drafter
+from eaglenest.logs import log_to
+
+target = snakemake.config["target"]
+with log_to(snakemake.log[0]):
+    torch.set_num_threads(snakemake.threads)
+    evaluate_drafter(
+        drafter_dir=snakemake.input.drafter.rsplit("/", 1)[0],
+        heldout_hidden=list(snakemake.input.hidden),
+        heldout_tokens=list(snakemake.input.tokens),
+        target_head=snakemake.input.head,
+        draft_vocab=snakemake.input.vocab,
+        target_path=target["path"],
+        out=snakemake.output.metrics,
+        settings=EvaluateSettings.from_config(
+            snakemake.config["evaluate"], seed=snakemake.config["train"]["seed"]
+        ),
+        trust_remote_code=target["trust_remote_code"],
+    )

@@ -1,0 +1,25 @@
+# Snakemake adapter for the train stage: see eaglenest.train. With train.gpus > 1 it runs the same
+# function under torchrun, one process per GPU.
+import torch
+
+from eaglenest.logs import log_to
+from eaglenest.train import TrainSettings, run_under_torchrun, train_drafter
+
+section = snakemake.config["train"]
+target = snakemake.config["target"]
+arguments = {
+    "train_shards": list(snakemake.input.train),
+    "eval_shards": list(snakemake.input.heldout),
+    "target_head": snakemake.input.head,
+    "draft_vocab": snakemake.input.vocab,
+    "target_path": target["path"],
+    "out_dir": snakemake.output.config.rsplit("/", 1)[0],
+    "journal_dir": snakemake.params.journal,
+    "trust_remote_code": target["trust_remote_code"],
+}
+with log_to(snakemake.log[0]):
+    torch.set_num_threads(snakemake.threads)
+    if section["gpus"] > 1:
+        run_under_torchrun(section, arguments, snakemake.log[0])
+    else:
+        train_drafter(**arguments, settings=TrainSettings.from_config(section))

@@ -1,0 +1,348 @@
+"""The EAGLE-3 drafter, readable top to bottom (arXiv 2503.01840).
+
+One Llama-style decoder layer that drafts the target's next tokens from the target's own features:
+
+    aux [T, 3·H_target] (inputs of three target layers) --fc--> h [T, H]
+    x = concat(input_layernorm(embed(next token)), hidden_norm(h))   [T, 2H]
+    h' = h + attention(x) ;  h'' = h' + mlp(post_attention_layernorm(h'))
+    logits = lm_head(norm(h''))   over the draft vocabulary
+
+`h''` (before the final norm) is what the next draft step gets instead of `fc(aux)`: that is how
+vLLM and SGLang chain draft steps, and how training-time test (TTT) unrolls them here.
+
+Training-time test: step i feeds step i-1's output hidden states back at every position at once,
+with the tokens shifted by one more. The attention pattern of step i: a query at position t sees
+the step-0 keys of positions <= t (causal) and the keys of steps 1..i at position t only (each
+position's own draft chain), as in the EAGLE-3 reference training code. `ttt_step` implements it
+with one [T, T] score block plus one diagonal column per earlier step.
+
+Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
+(`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
+post_attention_layernorm}, norm, lm_head; see export.py. The token embedding is the target's,
+frozen, and is never written to training checkpoints (it is reloaded from the target head).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...]
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    extra: dict[str, Any] = field(default_factory=dict)  # passed through to the export
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["aux_layer_ids"] = list(self.aux_layer_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DrafterConfig:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in names}
+        values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
+        return cls(**values)
+
+    @classmethod
+    def from_target(
+        cls,
+        target_config: Any,
+        *,
+        draft_vocab_size: int,
+        aux_layer_ids: tuple[int, ...],
+        overrides: dict[str, Any] | None = None,
+    ) -> DrafterConfig:
+        """Sizes from the target's (text) config, as EAGLE-3 drafters use, unless overridden."""
+        c = (
+            target_config.get_text_config()
+            if hasattr(target_config, "get_text_config")
+            else target_config
+        )
+        overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        heads = overrides.get("num_attention_heads", c.num_attention_heads)
+        hidden = overrides.get("hidden_size", c.hidden_size)
+        rope = getattr(c, "rope_parameters", None) or {}
+        values = {
+            "hidden_size": hidden,
+            "target_hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_attention_heads": heads,
+            "num_key_value_heads": getattr(c, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(c, "head_dim", None) or hidden // heads,
+            "vocab_size": c.vocab_size,
+            "draft_vocab_size": draft_vocab_size,
+            "aux_layer_ids": tuple(aux_layer_ids),
+            "rms_norm_eps": getattr(c, "rms_norm_eps", 1e-6),
+            "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
+            "max_position_embeddings": getattr(c, "max_position_embeddings", 4096),
+        }
+        values.update(overrides)
+        if values["hidden_size"] != c.hidden_size:
+            raise ValueError(
+                f"drafter hidden_size {values['hidden_size']} differs from the target's "
+                f"{c.hidden_size}: the drafter shares the target's token embedding"
+            )
+        return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, T, head_dim] for integer positions [B, T] (Llama's half-split layout)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    )
+    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
+
+
+class KVCache:
+    """Keys and values of every TTT step so far, [B, kv_heads, T, head_dim] each."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.config.head_dim).transpose(1, 2)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        q = apply_rope(self._heads(self.q_proj(x), c.num_attention_heads), cos, sin)
+        k = apply_rope(self._heads(self.k_proj(x), c.num_key_value_heads), cos, sin)
+        v = self._heads(self.v_proj(x), c.num_key_value_heads)
+        return q, k, v
+
+    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: each key/value head serves heads // kv_heads query heads."""
+        return kv.repeat_interleave(
+            self.config.num_attention_heads // self.config.num_key_value_heads, 1
+        )
+
+    def _out(self, out: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """Training-time test: this step's keys join the cache of earlier steps (see module doc)."""
+        q, k, v = self._project(x, cos, sin)
+        cache.keys.append(k)
+        cache.values.append(v)
+        keys = [self._expand(key) for key in cache.keys]
+        values = [self._expand(value) for value in cache.values]
+        if len(cache) == 1:
+            return self._out(F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True))
+        t = x.shape[1]
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        prefix = (q @ keys[0].transpose(-1, -2)) * scale
+        prefix = prefix.masked_fill(~causal, float("-inf"))
+        # Step j's key at position t is seen only by the query at position t.
+        diagonal = [(q * key).sum(-1, keepdim=True) * scale for key in keys[1:]]
+        wide = torch.promote_types(q.dtype, torch.float32)  # bf16 scores softmaxed in float32
+        probs = torch.cat([prefix, *diagonal], dim=-1).softmax(-1, dtype=wide).to(q.dtype)
+        out = probs[..., :t] @ values[0]
+        for j, value in enumerate(values[1:]):
+            out = out + probs[..., t + j : t + j + 1] * value
+        return self._out(out)
+
+    def decode(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
+    ) -> torch.Tensor:
+        """Decoding: the new rows see every cached key and the new keys up to their own row."""
+        q, k, v = self._project(x, cos, sin)
+        cache.append(k, v)
+        n, total = x.shape[1], cache.keys.shape[2]
+        mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
+        out = F.scaled_dot_product_attention(
+            q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
+        )
+        return self._out(out)
+
+
+class DecodeCache:
+    """Keys and values of a decoding drafter [1, kv_heads, S, head_dim]: the step-0 entries of the
+    verified context, then the current draft chain's (dropped with `truncate` after each round)."""
+
+    def __init__(self) -> None:
+        self.keys = torch.empty(0)
+        self.values = torch.empty(0)
+
+    def __len__(self) -> int:
+        return 0 if self.keys.numel() == 0 else self.keys.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if len(self) == 0:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)
+            self.values = torch.cat([self.values, v], dim=2)
+
+    def truncate(self, length: int) -> None:
+        self.keys = self.keys[:, :, :length]
+        self.values = self.values[:, :, :length]
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on embeddings
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on hidden states
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, embeds, hidden, cos, sin, cache: KVCache | DecodeCache) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        if isinstance(cache, DecodeCache):
+            hidden = hidden + self.self_attn.decode(x, cos, sin, cache)
+        else:
+            hidden = hidden + self.self_attn(x, cos, sin, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = DecoderLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # The draft vocabulary (see vocab.py): draft id i is target id i + d2t[i].
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's three aux states [.., 3·H_target] → the drafter's hidden size."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | DecodeCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step over [B, T]: logits over the draft vocab, and the hidden state that
+        the next step takes in place of fc(aux)."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        hidden = self.midlayer(embeds, hidden, cos, sin, cache)
+        return self.lm_head(self.norm(hidden)), hidden
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but the frozen target embedding (reloaded from the target head)."""
+        return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
+
+
+def shift_left(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:
+    """x[:, t] <- x[:, t + by] along dim 1, the vacated tail filled."""
+    if by == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if by < x.shape[1]:
+        out[:, : x.shape[1] - by] = x[:, by:]
+    return out
+
+
+def ttt_forward(
+    model: Eagle3Drafter,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    ttt_steps: int,
+) -> list[torch.Tensor]:
+    """Training-time test over a right-padded batch: logits [B, T, D] of every step.
+
+    Step i at position t takes token input_ids[t + 1 + i] and (for i > 0) step i-1's output
+    hidden state at t, at rotary position t + i, and predicts the token after it: the target's
+    distribution at position t + 1 + i.
+    """
+    b, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    hidden = model.project(aux)
+    cache = KVCache()
+    logits = []
+    for i in range(ttt_steps):
+        step_logits, hidden = model.step(shift_left(input_ids, 1 + i), hidden, positions + i, cache)
+        logits.append(step_logits)
+    return logits

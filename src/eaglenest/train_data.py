@@ -1,0 +1,213 @@
+"""Training data for the drafter: memory-mapped hidden shards in token-budget batches, and the
+target's distribution over the draft vocabulary at every position.
+
+Nothing is loaded whole: a batch reads its samples' rows from the shard files (safetensors
+`get_slice`, see hidden_reader.py) when it is built. The order is a function of (seed, epoch), so
+a resumed run builds exactly the batches the killed run would have built.
+
+The target signal is either the target's final normed hidden state (logits = head(final), computed
+here a chunk of rows at a time) or the stored top-k logits; either way the loss sees the target's
+logits restricted to the draft vocabulary and a flag saying whether the target's argmax lies in it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from eaglenest.hidden_reader import HiddenShard, open_hidden_shard
+from eaglenest.hidden_states import pack_batches
+
+HEAD_CHUNK_ROWS = 2048
+
+
+class TrainDataError(ValueError):
+    """Hidden shards, target head and draft vocab disagree; the message names the file."""
+
+
+@dataclass
+class Batch:
+    aux: torch.Tensor  # [B, T, 3H] float32
+    input_ids: torch.Tensor  # [B, T] int64 (0 past each sample's end)
+    loss_mask: torch.Tensor  # [B, T] bool (False past the end)
+    target_logits: torch.Tensor  # [B, T, D] float32, over the draft vocab
+    in_draft_vocab: torch.Tensor  # [B, T] bool: the target's argmax is a draft token
+    samples: list[tuple[str, int]]  # (shard file name, sample index)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: str | torch.device) -> Batch:
+        moved = {
+            name: getattr(self, name).to(device, non_blocking=True)
+            for name in ("aux", "input_ids", "loss_mask", "target_logits", "in_draft_vocab")
+        }
+        return Batch(**moved, samples=self.samples)
+
+
+@dataclass
+class TargetHead:
+    """The target's LM head (or tied embedding), final norm and embedding, from save_target_head."""
+
+    embed: torch.Tensor  # [V, H]
+    lm_head: torch.Tensor  # [V, H]
+    aux_layer_ids: list[int]
+    hidden_size: int
+    vocab_size: int
+    path: Path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TargetHead:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            embed = f.get_tensor("embed_tokens.weight")
+            names = set(f.keys())
+            head = f.get_tensor("lm_head.weight") if "lm_head.weight" in names else embed
+        return cls(
+            embed=embed,
+            lm_head=head,
+            aux_layer_ids=json.loads(meta["aux_layer_ids"]),
+            hidden_size=int(meta["hidden_size"]),
+            vocab_size=int(meta["vocab_size"]),
+            path=Path(path),
+        )
+
+
+@dataclass
+class DraftVocab:
+    d2t: torch.Tensor  # [D] int64
+    t2d: torch.Tensor  # [V] bool
+
+    @classmethod
+    def load(cls, path: str | Path) -> DraftVocab:
+        with safe_open(str(path), framework="pt") as f:
+            return cls(d2t=f.get_tensor("d2t").long(), t2d=f.get_tensor("t2d").bool())
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """Target id of each draft id."""
+        return torch.arange(len(self.d2t)) + self.d2t
+
+    @property
+    def target_to_draft(self) -> torch.Tensor:
+        """Draft id of each target id (-1 outside the draft vocab)."""
+        index = torch.full((len(self.t2d),), -1, dtype=torch.long)
+        index[self.draft_ids] = torch.arange(len(self.d2t))
+        return index
+
+
+def open_shards(paths: list[str | Path], head: TargetHead, vocab: DraftVocab) -> list[HiddenShard]:
+    """Open every shard, checking layer ids and sizes against the target head and draft vocab."""
+    shards = [
+        open_hidden_shard(
+            p, expect_layer_ids=head.aux_layer_ids, expect_hidden_size=head.hidden_size
+        )
+        for p in paths
+    ]
+    if len(vocab.t2d) != head.vocab_size:
+        raise TrainDataError(
+            f"draft vocab t2d covers {len(vocab.t2d)} target ids but the target head "
+            f"{head.path} has vocab_size {head.vocab_size}"
+        )
+    return shards
+
+
+class TargetSignal:
+    """Target logits over the draft vocab (+ whether the full-vocab argmax is a draft token)."""
+
+    def __init__(self, head: TargetHead, vocab: DraftVocab):
+        self.head = head.lm_head.float()
+        self.draft_ids = vocab.draft_ids
+        self.t2d = vocab.t2d
+        self.target_to_draft = vocab.target_to_draft
+
+    def from_final_hidden(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, in_vocab = [], []
+        for rows in final.float().split(HEAD_CHUNK_ROWS):
+            full = rows @ self.head.T
+            logits.append(full[:, self.draft_ids])
+            in_vocab.append(self.t2d[full.argmax(-1)])
+        return torch.cat(logits), torch.cat(in_vocab)
+
+    def from_topk(
+        self, ids: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = ids.long()
+        logits = torch.full((ids.shape[0], len(self.draft_ids)), float("-inf"))
+        draft = self.target_to_draft[ids]
+        rows = torch.arange(ids.shape[0])[:, None].expand_as(ids)
+        keep = draft >= 0
+        logits[rows[keep], draft[keep]] = values.float()[keep]
+        best = ids.gather(1, values.argmax(-1, keepdim=True))[:, 0]
+        return logits, self.t2d[best]
+
+    def __call__(self, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if "final_hidden" in sample:
+            return self.from_final_hidden(sample["final_hidden"])
+        return self.from_topk(sample["topk_ids"], sample["topk_values"])
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    shard: int
+    index: int
+    length: int
+
+
+class BatchPlan:
+    """Which samples go into which batch, in which order, for every epoch."""
+
+    def __init__(
+        self,
+        shards: list[HiddenShard],
+        max_batch_tokens: int,
+        seed: int,
+        limit: int | None = None,
+    ):
+        self.shards = shards
+        self.seed = seed
+        self.refs = [
+            SampleRef(s, i, int(shard.offsets[i + 1] - shard.offsets[i]))
+            for s, shard in enumerate(shards)
+            for i in range(len(shard))
+        ][:limit]
+        # Length-sorted batches waste little padding; the order of batches is shuffled per epoch.
+        self.batches = pack_batches([r.length for r in self.refs], max_batch_tokens)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
+        return [[self.refs[i] for i in self.batches[b]] for b in order]
+
+
+def build_batch(refs: list[SampleRef], shards: list[HiddenShard], signal: TargetSignal) -> Batch:
+    longest = max(r.length for r in refs)
+    samples = [shards[r.shard].sample(r.index) for r in refs]
+    width = samples[0]["aux"].shape[-1]
+    aux = torch.zeros(len(refs), longest, width)
+    input_ids = torch.zeros(len(refs), longest, dtype=torch.long)
+    loss_mask = torch.zeros(len(refs), longest, dtype=torch.bool)
+    target = torch.zeros(len(refs), longest, len(signal.draft_ids))
+    in_vocab = torch.zeros(len(refs), longest, dtype=torch.bool)
+    for row, (ref, sample) in enumerate(zip(refs, samples, strict=True)):
+        n = ref.length
+        aux[row, :n] = sample["aux"].float()
+        input_ids[row, :n] = sample["input_ids"].long()
+        loss_mask[row, :n] = sample["loss_mask"].bool()
+        target[row, :n], in_vocab[row, :n] = signal(sample)
+    return Batch(
+        aux=aux,
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        target_logits=target,
+        in_draft_vocab=in_vocab,
+        samples=[(shards[r.shard].path.name, r.index) for r in refs],
+    )

@@ -1,0 +1,186 @@
+"""The drafter model and its objective on small random sizes: the training-time-test attention
+pattern against a plain loop, decoding against training, and the loss mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eaglenest.drafter import (
+    DecodeCache,
+    DrafterConfig,
+    Eagle3Drafter,
+    rope_cos_sin,
+    shift_left,
+    ttt_forward,
+)
+from eaglenest.train import ttt_loss
+from eaglenest.train_data import Batch
+
+CONFIG = DrafterConfig(
+    hidden_size=32,
+    target_hidden_size=24,
+    intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=50,
+    draft_vocab_size=20,
+    aux_layer_ids=(2, 4, 5),
+)
+
+
+@pytest.fixture
+def model() -> Eagle3Drafter:
+    torch.manual_seed(0)
+    m = Eagle3Drafter(CONFIG).double()
+    with torch.no_grad():
+        m.embed_tokens.weight.normal_()
+        for p in m.parameters():
+            if p.ndim == 1:  # norms: away from 1 so a swapped norm shows
+                p.uniform_(0.5, 1.5)
+    d2t = torch.arange(0, 2 * CONFIG.draft_vocab_size, 2) - torch.arange(CONFIG.draft_vocab_size)
+    t2d = torch.zeros(CONFIG.vocab_size, dtype=torch.bool)
+    t2d[torch.arange(0, 2 * CONFIG.draft_vocab_size, 2)] = True
+    m.set_vocab(d2t, t2d)
+    return m.eval()
+
+
+def inputs(batch: int = 2, length: int = 9):
+    torch.manual_seed(1)
+    aux = torch.randn(batch, length, 3 * CONFIG.target_hidden_size, dtype=torch.float64)
+    ids = torch.randint(0, CONFIG.vocab_size, (batch, length))
+    return aux, ids
+
+
+def reference_ttt(model: Eagle3Drafter, aux, ids, steps: int) -> list[torch.Tensor]:
+    """The EAGLE-3 pattern written out: the query of step i at position t attends to the step-0
+    keys at positions 0..t and to the keys of steps 1..i at position t, nothing else."""
+    layer, attn = model.midlayer, model.midlayer.self_attn
+    b, t = ids.shape
+    groups = CONFIG.num_attention_heads // CONFIG.num_key_value_heads
+    hidden = model.fc(aux)
+    keys, values, out_logits = [], [], []
+    for i in range(steps):
+        emb = model.embed_tokens(shift_left(ids, 1 + i))
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+        cos, sin = rope_cos_sin(
+            torch.arange(t).expand(b, t) + i, CONFIG.head_dim, CONFIG.rope_theta
+        )
+        q, k, v = attn._project(x, cos, sin)
+        keys.append(k.repeat_interleave(groups, 1))
+        values.append(v.repeat_interleave(groups, 1))
+        out = torch.zeros_like(q)
+        for pos in range(t):
+            ks = torch.cat(
+                [keys[0][:, :, : pos + 1], *[kj[:, :, pos : pos + 1] for kj in keys[1:]]], 2
+            )
+            vs = torch.cat(
+                [values[0][:, :, : pos + 1], *[vj[:, :, pos : pos + 1] for vj in values[1:]]], 2
+            )
+            scores = (q[:, :, pos : pos + 1] @ ks.transpose(-1, -2)) / math.sqrt(CONFIG.head_dim)
+            out[:, :, pos : pos + 1] = scores.softmax(-1) @ vs
+        h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out_logits.append(model.lm_head(model.norm(h)))
+        hidden = h
+    return out_logits
+
+
+def test_ttt_attention_equals_a_plain_loop_over_steps(model):
+    aux, ids = inputs()
+    with torch.no_grad():
+        fast = ttt_forward(model, aux, ids, 4)
+        slow = reference_ttt(model, aux, ids, 4)
+    for step, (a, b) in enumerate(zip(fast, slow, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"TTT step {step}")
+
+
+def test_decoding_with_a_cache_equals_training_time_test(model):
+    """What the drafter sees when serving (a KV cache of verified positions, then its own chain)
+    is what TTT trains: the chain fed the data tokens gives TTT's logits at that position."""
+    aux, ids = inputs(batch=1, length=10)
+    steps = 4
+    with torch.no_grad():
+        trained = ttt_forward(model, aux, ids, steps)
+        for t in (0, 3, 5):
+            cache = DecodeCache()
+            positions = torch.arange(t + 1)[None]
+            logits, hidden = model.step(
+                ids[:, 1 : t + 2], model.project(aux[:, : t + 1]), positions, cache
+            )
+            torch.testing.assert_close(logits[0, -1], trained[0][0, t], rtol=1e-9, atol=1e-9)
+            hidden = hidden[:, -1:]
+            for i in range(1, steps):
+                token = ids[:, t + 1 + i : t + 2 + i]
+                logits, hidden = model.step(token, hidden, torch.tensor([[t + i]]), cache)
+                torch.testing.assert_close(
+                    logits[0, -1], trained[i][0, t], rtol=1e-9, atol=1e-9, msg=f"t={t} step={i}"
+                )
+
+
+def test_the_loss_ignores_prompt_positions(model):
+    model = model.float().train()
+    aux, ids = inputs(batch=2, length=12)
+    aux = aux.float()
+    loss_mask = torch.zeros(2, 12, dtype=torch.bool)
+    loss_mask[0, 5:] = True
+    loss_mask[1, 7:11] = True
+    torch.manual_seed(2)
+    target = torch.randn(2, 12, CONFIG.draft_vocab_size)
+
+    def loss_and_grads(target_logits):
+        model.zero_grad()
+        batch = Batch(aux, ids, loss_mask, target_logits, torch.ones_like(loss_mask), [])
+        loss, stats = ttt_loss(ttt_forward(model, aux, ids, 3), batch, 0.8)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad], stats
+
+    loss, grads, stats = loss_and_grads(target)
+    changed = target.clone()
+    changed[~loss_mask] = torch.randn(int((~loss_mask).sum()), CONFIG.draft_vocab_size) * 10
+    loss2, grads2, _ = loss_and_grads(changed)
+    assert torch.equal(loss, loss2)
+    for g, g2 in zip(grads, grads2, strict=True):
+        assert torch.equal(g, g2)
+    # Step i counts the masked positions t + 1 + i inside the sequence.
+    assert stats.counted == [int(shift_left(loss_mask, 1 + i, False).sum()) for i in range(3)]
+    # A completion-position target does change it (the test can fail).
+    changed[loss_mask] = torch.randn(int(loss_mask.sum()), CONFIG.draft_vocab_size) * 10
+    assert not torch.equal(loss, loss_and_grads(changed)[0])
+
+
+def test_positions_outside_the_draft_vocab_are_skipped_and_counted(model):
+    aux, ids = inputs(batch=1, length=8)
+    loss_mask = torch.ones(1, 8, dtype=torch.bool)
+    in_vocab = torch.ones(1, 8, dtype=torch.bool)
+    in_vocab[0, 3] = False
+    target = torch.randn(1, 8, CONFIG.draft_vocab_size, dtype=torch.float64)
+    batch = Batch(aux, ids, loss_mask, target, in_vocab, [])
+    with torch.no_grad():
+        _, stats = ttt_loss(ttt_forward(model, aux, ids, 2), batch, 0.8)
+    # Step 0 predicts positions 1..7: 7 masked, one of them outside the vocab.
+    assert stats.counted[0] == 6 and stats.skipped_outside_vocab == 1
+
+
+def test_the_drafter_keeps_the_targets_hidden_size():
+    from types import SimpleNamespace
+
+    target = SimpleNamespace(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=100,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+    )
+    config = DrafterConfig.from_target(target, draft_vocab_size=10, aux_layer_ids=(1, 2, 3))
+    assert (config.hidden_size, config.target_hidden_size, config.head_dim) == (64, 64, 16)
+    with pytest.raises(ValueError, match="shares the target's token embedding"):
+        DrafterConfig.from_target(
+            target, draft_vocab_size=10, aux_layer_ids=(1, 2, 3), overrides={"hidden_size": 32}
+        )
