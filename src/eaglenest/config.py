@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +66,16 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"config key '{where}': {error.message}"
 
 
+@functools.lru_cache(maxsize=8)
+def _validator(schema_text: str) -> jsonschema.protocols.Validator:
+    # Parsing the schema is the slow part (~30 ms), and the workflow validates the prompts
+    # section once per shard (bench/dag.py); keyed by the text, so an edited schema is reparsed.
+    return DefaultingValidator(yaml.safe_load(schema_text))
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict:
     """Validate `config` in place, filling defaults; raise ConfigError naming every bad key."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    validator = DefaultingValidator(schema)
+    validator = _validator(Path(schema_path).read_text())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors)
