@@ -140,22 +140,26 @@ def simulate(
     counts = {name: {k: AcceptanceCounts(k) for k in ks} for name in proposers}
     kmax = max(ks)
     for refs in plan.epoch_order(0):
-        batch = build_batch(refs, plan.shards, signal)
+        batch = signal.fill(build_batch(refs, plan.shards).to(device))
         lengths = torch.tensor([r.length for r in refs])
+        predictions = {}
+        for name, proposer in proposers.items():
+            if not isinstance(proposer, int):
+                logits = ttt_forward(proposer, batch.aux, batch.input_ids, kmax)
+                predictions[name] = torch.stack(
+                    [proposer.draft_to_target(step.argmax(-1)).cpu() for step in logits], dim=-1
+                )
+        batch = batch.to("cpu")
         # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
         greedy_draft = batch.target_logits.argmax(-1)
-        greedy = torch.where(batch.in_draft_vocab, signal.draft_ids[greedy_draft], -1)
+        greedy = torch.where(batch.in_draft_vocab, signal.draft_ids.cpu()[greedy_draft], -1)
         for name, proposer in proposers.items():
             if isinstance(proposer, int):
                 predicted = lookup_predictions(
                     batch.input_ids, lengths, batch.loss_mask, kmax, proposer
                 )
             else:
-                b = batch.to(device)
-                logits = ttt_forward(proposer, b.aux, b.input_ids, kmax)
-                predicted = torch.stack(
-                    [proposer.draft_to_target(step.argmax(-1)).cpu() for step in logits], dim=-1
-                )
+                predicted = predictions[name]
             for k in ks:
                 where = chain_positions(batch.loss_mask, lengths, k)
                 counts[name][k].add(
@@ -280,7 +284,7 @@ def evaluate_drafter(
     simulated = simulate(
         {"eagle3": drafter, "untrained": untrained, "prompt_lookup": settings.prompt_lookup_ngram},
         plan,
-        TargetSignal(head, vocab),
+        TargetSignal(head, vocab, device),
         settings.ks,
         device,
     )

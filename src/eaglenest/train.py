@@ -25,7 +25,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,7 +261,7 @@ def evaluate_heldout(
     for position, refs in enumerate(plan.epoch_order(0)):
         if position % processes.world_size != processes.rank:
             continue
-        batch = build_batch(refs, plan.shards, signal).to(processes.device)
+        batch = signal.fill(build_batch(refs, plan.shards).to(processes.device))
         with autocast(processes.device, settings.precision):
             logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
         _, stats = ttt_loss(logits, batch, settings.step_weight)
@@ -277,6 +277,48 @@ def evaluate_heldout(
         "acc": [sums[3 * i + 1] / max(sums[3 * i + 2], 1) for i in range(settings.ttt_steps)],
         "positions": int(counted[0]),
     }
+
+
+def step_batches(
+    plan: BatchPlan,
+    first_step: int,
+    total_steps: int,
+    steps_per_epoch: int,
+    processes: Processes,
+) -> Iterator[tuple[int, int, Batch]]:
+    """(epoch, position, batch) of this process for every step from first_step on. The order is
+    a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
+    epoch_seen, order = -1, []
+    for step in range(first_step, total_steps):
+        epoch, position = divmod(step, steps_per_epoch)
+        if epoch != epoch_seen:
+            epoch_seen, order = epoch, plan.epoch_order(epoch)
+        refs = order[position * processes.world_size + processes.rank]
+        yield epoch, position, build_batch(refs, plan.shards)
+
+
+def prefetch(items: Iterator, depth: int) -> Iterator:
+    """Build the next `depth` items in a thread while the caller computes (reading shards and
+    the target's logits overlap with the drafter's forward and backward)."""
+    import queue
+    import threading
+
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                slots.put(item)
+        except Exception as error:  # noqa: BLE001 (re-raised in the caller's thread)
+            slots.put(error)
+        slots.put(done)
+
+    threading.Thread(target=fill, daemon=True, name="prefetch").start()
+    while (item := slots.get()) is not done:
+        if isinstance(item, Exception):
+            raise item
+        yield item
 
 
 def autocast(device: str, precision: str):
@@ -313,7 +355,7 @@ def train_drafter(
     vocab = DraftVocab.load(draft_vocab)
     shards = open_shards(train_shards, head, vocab)
     heldout = open_shards(eval_shards, head, vocab) if eval_shards else []
-    signal = TargetSignal(head, vocab)
+    signal = TargetSignal(head, vocab, processes.device)
     target_config = AutoConfig.from_pretrained(
         str(target_path), trust_remote_code=trust_remote_code
     )
@@ -394,7 +436,6 @@ def train_drafter(
     loss_tokens = 0
     skipped = 0
     last = None
-    order, order_epoch = [], -1
     progress = tqdm(
         total=total_steps,
         initial=step,
@@ -403,12 +444,13 @@ def train_drafter(
         mininterval=2.0,
         disable=not processes.is_main,
     )
+    data_wait = 0.0
+    batches = prefetch(step_batches(plan, step, total_steps, steps_per_epoch, processes), depth=2)
     while step < total_steps:
-        epoch, position = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = plan.epoch_order(epoch), epoch
-        refs = order[position * processes.world_size + processes.rank]
-        batch = build_batch(refs, plan.shards, signal).to(processes.device)
+        waited = time.perf_counter()
+        epoch, position, batch = next(batches)
+        data_wait += time.perf_counter() - waited
+        batch = signal.fill(batch.to(processes.device))
         with autocast(processes.device, settings.precision):
             logits = ttt_forward(ddp_model, batch.aux, batch.input_ids, settings.ttt_steps)
         loss, stats = ttt_loss(logits, batch, settings.step_weight)
@@ -429,7 +471,7 @@ def train_drafter(
         skipped += stats.skipped_outside_vocab
         last = stats
         progress.update(1)
-        progress.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{stats.accuracy[0]:.2f}")
+        progress.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{stats.accuracy[0]:.2f}")
         if metrics and (step % settings.log_every == 0 or step == total_steps):
             elapsed = time.perf_counter() - started
             metrics.write(
@@ -438,12 +480,13 @@ def train_drafter(
                     "step": step,
                     "epoch": step / steps_per_epoch,
                     "lr": scheduler.get_last_lr()[0],
-                    "loss": float(loss),
+                    "loss": float(loss.detach()),
                     "acc": stats.accuracy,
                     "loss_tokens": loss_tokens,
                     "skipped_outside_vocab": skipped,
                     "tokens_per_s": tokens_seen * processes.world_size / max(elapsed, 1e-9),
                     "elapsed_s": elapsed,
+                    "data_wait_share": data_wait / max(elapsed, 1e-9),
                 }
             )
         if eval_plan and settings.eval_every and step % settings.eval_every == 0:
@@ -480,6 +523,7 @@ def train_drafter(
         "heldout_loss": heldout_result["loss"] if heldout_result else None,
         "heldout_positions": heldout_result["positions"] if heldout_result else 0,
         "skipped_outside_vocab_share": skipped / max(skipped + loss_tokens, 1),
+        "data_wait_share": data_wait / max(wall, 1e-9),
         "train_shards": [Path(p).stem for p in train_shards],
         "eval_shards": [Path(p).stem for p in eval_shards],
         "world_size": processes.world_size,

@@ -35,9 +35,24 @@ class Batch:
     aux: torch.Tensor  # [B, T, 3H] float32
     input_ids: torch.Tensor  # [B, T] int64 (0 past each sample's end)
     loss_mask: torch.Tensor  # [B, T] bool (False past the end)
-    target_logits: torch.Tensor  # [B, T, D] float32, over the draft vocab
-    in_draft_vocab: torch.Tensor  # [B, T] bool: the target's argmax is a draft token
+    target_logits: torch.Tensor | None  # [B, T, D] float32 over the draft vocab (TargetSignal)
+    in_draft_vocab: torch.Tensor | None  # [B, T] bool: the target's argmax is a draft token
     samples: list[tuple[str, int]]  # (shard file name, sample index)
+    # What the target signal is computed from (on the training device), one of:
+    final_hidden: torch.Tensor | None = None  # [B, T, H]
+    topk_ids: torch.Tensor | None = None  # [B, T, k]
+    topk_values: torch.Tensor | None = None  # [B, T, k]
+
+    TENSORS = (
+        "aux",
+        "input_ids",
+        "loss_mask",
+        "target_logits",
+        "in_draft_vocab",
+        "final_hidden",
+        "topk_ids",
+        "topk_values",
+    )
 
     @property
     def n_tokens(self) -> int:
@@ -45,8 +60,8 @@ class Batch:
 
     def to(self, device: str | torch.device) -> Batch:
         moved = {
-            name: getattr(self, name).to(device, non_blocking=True)
-            for name in ("aux", "input_ids", "loss_mask", "target_logits", "in_draft_vocab")
+            name: None if getattr(self, name) is None else getattr(self, name).to(device)
+            for name in self.TENSORS
         }
         return Batch(**moved, samples=self.samples)
 
@@ -119,13 +134,14 @@ def open_shards(paths: list[str | Path], head: TargetHead, vocab: DraftVocab) ->
 
 
 class TargetSignal:
-    """Target logits over the draft vocab (+ whether the full-vocab argmax is a draft token)."""
+    """Target logits over the draft vocab (+ whether the full-vocab argmax is a draft token),
+    computed on the training device: for a large vocabulary this is a real matmul."""
 
-    def __init__(self, head: TargetHead, vocab: DraftVocab):
-        self.head = head.lm_head.float()
-        self.draft_ids = vocab.draft_ids
-        self.t2d = vocab.t2d
-        self.target_to_draft = vocab.target_to_draft
+    def __init__(self, head: TargetHead, vocab: DraftVocab, device: str | torch.device = "cpu"):
+        self.head = head.lm_head.to(device, torch.float32)
+        self.draft_ids = vocab.draft_ids.to(device)
+        self.t2d = vocab.t2d.to(device)
+        self.target_to_draft = vocab.target_to_draft.to(device)
 
     def from_final_hidden(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits, in_vocab = [], []
@@ -139,18 +155,29 @@ class TargetSignal:
         self, ids: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ids = ids.long()
-        logits = torch.full((ids.shape[0], len(self.draft_ids)), float("-inf"))
+        logits = torch.full(
+            (ids.shape[0], len(self.draft_ids)), float("-inf"), device=values.device
+        )
         draft = self.target_to_draft[ids]
-        rows = torch.arange(ids.shape[0])[:, None].expand_as(ids)
+        rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
         keep = draft >= 0
         logits[rows[keep], draft[keep]] = values.float()[keep]
         best = ids.gather(1, values.argmax(-1, keepdim=True))[:, 0]
         return logits, self.t2d[best]
 
-    def __call__(self, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        if "final_hidden" in sample:
-            return self.from_final_hidden(sample["final_hidden"])
-        return self.from_topk(sample["topk_ids"], sample["topk_values"])
+    def fill(self, batch: Batch) -> Batch:
+        """The batch with target_logits and in_draft_vocab set (on the batch's device)."""
+        b, t = batch.input_ids.shape
+        if batch.final_hidden is not None:
+            logits, in_vocab = self.from_final_hidden(batch.final_hidden.reshape(b * t, -1))
+        else:
+            k = batch.topk_ids.shape[-1]
+            logits, in_vocab = self.from_topk(
+                batch.topk_ids.reshape(b * t, k), batch.topk_values.reshape(b * t, k)
+            )
+        batch.target_logits = logits.reshape(b, t, -1)
+        batch.in_draft_vocab = in_vocab.reshape(b, t)
+        return batch
 
 
 @dataclass(frozen=True)
@@ -188,26 +215,27 @@ class BatchPlan:
         return [[self.refs[i] for i in self.batches[b]] for b in order]
 
 
-def build_batch(refs: list[SampleRef], shards: list[HiddenShard], signal: TargetSignal) -> Batch:
+def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
+    """Right-padded tensors of these samples, read from the shard files (target signal raw)."""
     longest = max(r.length for r in refs)
     samples = [shards[r.shard].sample(r.index) for r in refs]
-    width = samples[0]["aux"].shape[-1]
-    aux = torch.zeros(len(refs), longest, width)
-    input_ids = torch.zeros(len(refs), longest, dtype=torch.long)
-    loss_mask = torch.zeros(len(refs), longest, dtype=torch.bool)
-    target = torch.zeros(len(refs), longest, len(signal.draft_ids))
-    in_vocab = torch.zeros(len(refs), longest, dtype=torch.bool)
-    for row, (ref, sample) in enumerate(zip(refs, samples, strict=True)):
-        n = ref.length
-        aux[row, :n] = sample["aux"].float()
-        input_ids[row, :n] = sample["input_ids"].long()
-        loss_mask[row, :n] = sample["loss_mask"].bool()
-        target[row, :n], in_vocab[row, :n] = signal(sample)
+
+    def padded(name: str, dtype: torch.dtype) -> torch.Tensor:
+        first = samples[0][name]
+        out = torch.zeros((len(refs), longest, *first.shape[1:]), dtype=dtype)
+        for row, (ref, sample) in enumerate(zip(refs, samples, strict=True)):
+            out[row, : ref.length] = sample[name].to(dtype)
+        return out
+
+    has_final = "final_hidden" in samples[0]
     return Batch(
-        aux=aux,
-        input_ids=input_ids,
-        loss_mask=loss_mask,
-        target_logits=target,
-        in_draft_vocab=in_vocab,
+        aux=padded("aux", torch.float32),
+        input_ids=padded("input_ids", torch.long),
+        loss_mask=padded("loss_mask", torch.bool),
+        target_logits=None,
+        in_draft_vocab=None,
         samples=[(shards[r.shard].path.name, r.index) for r in refs],
+        final_hidden=padded("final_hidden", torch.float32) if has_final else None,
+        topk_ids=None if has_final else padded("topk_ids", torch.long),
+        topk_values=None if has_final else padded("topk_values", torch.float32),
     )

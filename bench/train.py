@@ -1,0 +1,247 @@
+"""Training benchmark: tokens/s of drafter training and the share of time spent waiting for data.
+
+Hidden-state shards of random features are written in the stage's format (same tensors and
+metadata as hidden_states.py writes), then `train_drafter` runs on them as the pipeline does:
+memory-mapped reads, batches built in a prefetch thread, the target's logits from the stored
+final hidden state, TTT with 7 steps. Figures:
+- tokens/s of the stage (padded batch tokens per second of the training loop),
+- data-wait share: time the loop waited for a batch / loop time (goal < 10%),
+- a bare loop (the same batches already in memory, no loader): the stage's ratio to it.
+
+CPU: the demo's sizes (H 128, vocab 1024, draft 256). On a CUDA GPU (when present, or
+`--device cuda`): a drafter of Llama-3-8B size (H 4096, 32 heads, 8 kv heads, MLP 14336, vocab
+128256, draft 32000) with bf16 autocast, and its model FLOPs utilisation against `--peak-tflops`
+(default: 989, H100/H200 dense bf16).
+
+Usage: python bench/train.py [--quick] [--device cpu|cuda] [--steps N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from eaglenest.drafter import ttt_forward
+from eaglenest.hidden_states import FORMAT
+from eaglenest.train import TrainSettings, build_drafter, train_drafter, ttt_loss
+from eaglenest.train_data import (
+    BatchPlan,
+    DraftVocab,
+    TargetHead,
+    TargetSignal,
+    build_batch,
+    open_shards,
+)
+
+SIZES = {
+    "demo": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 8,
+        "vocab_size": 1024,
+        "draft_vocab_size": 256,
+        "lengths": (40, 120),
+        "max_batch_tokens": 2048,
+    },
+    "llama-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 32,
+        "vocab_size": 128256,
+        "draft_vocab_size": 32000,
+        "lengths": (1024, 4096),
+        "max_batch_tokens": 16384,
+    },
+}
+
+
+def write_run(root: Path, size: dict, samples: int, shards: int, seed: int = 0) -> dict:
+    """Random hidden shards, target head, draft vocab and target config in the stages' formats."""
+    from transformers import Qwen3Config
+
+    rng = np.random.default_rng(seed)
+    h, v, d = size["hidden_size"], size["vocab_size"], size["draft_vocab_size"]
+    layers = size["num_hidden_layers"]
+    layer_ids = [2, layers // 2, layers - 3]
+    Qwen3Config(
+        hidden_size=h,
+        intermediate_size=size["intermediate_size"],
+        num_attention_heads=size["num_attention_heads"],
+        num_key_value_heads=size["num_key_value_heads"],
+        head_dim=size["head_dim"],
+        num_hidden_layers=layers,
+        vocab_size=v,
+    ).save_pretrained(root / "target")
+    common = {"format": FORMAT, "aux_layer_ids": json.dumps(layer_ids), "hidden_size": str(h)}
+    embed = torch.randn(v, h) * 0.02
+    save_file(
+        {"embed_tokens.weight": embed, "lm_head.weight": torch.randn(v, h) * 0.02},
+        str(root / "head.safetensors"),
+        metadata={**common, "vocab_size": str(v)},
+    )
+    draft = np.sort(rng.choice(v, d, replace=False))
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[torch.from_numpy(draft)] = True
+    save_file(
+        {"d2t": torch.from_numpy(draft - np.arange(d)), "t2d": t2d},
+        str(root / "vocab.safetensors"),
+    )
+    paths = []
+    per_shard = samples // shards
+    for s in range(shards):
+        lengths = rng.integers(*size["lengths"], per_shard)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        total = int(offsets[-1])
+        mask = np.zeros(total, dtype=np.uint8)
+        for begin, end in itertools.pairwise(offsets):
+            mask[begin + (end - begin) // 4 : end] = 1  # the first quarter is the prompt
+        tensors = {
+            "aux": torch.randn(total, 3 * h).to(torch.bfloat16),
+            "final_hidden": torch.randn(total, h).to(torch.bfloat16),
+            "input_ids": torch.from_numpy(rng.integers(0, v, total)),
+            "loss_mask": torch.from_numpy(mask),
+            "offsets": torch.from_numpy(offsets.astype(np.int64)),
+        }
+        metadata = {
+            **common,
+            "dtype": "bf16",
+            "target_signal": "final_hidden",
+            "sample_ids": json.dumps([f"{s}-{i}" for i in range(per_shard)]),
+        }
+        path = root / f"{s:05d}.safetensors"
+        save_file(tensors, str(path), metadata=metadata)
+        paths.append(str(path))
+    return {
+        "train_shards": paths,
+        "eval_shards": [],
+        "target_head": str(root / "head.safetensors"),
+        "draft_vocab": str(root / "vocab.safetensors"),
+        "target_path": str(root / "target"),
+    }
+
+
+def bare_loop(run: dict, settings: TrainSettings, steps: int, device: str) -> float:
+    """Tokens/s of the same training steps on batches already in memory (no loader)."""
+    from transformers import AutoConfig
+
+    head, vocab = TargetHead.load(run["target_head"]), DraftVocab.load(run["draft_vocab"])
+    shards = open_shards(run["train_shards"], head, vocab)
+    signal = TargetSignal(head, vocab, device)
+    model = build_drafter(AutoConfig.from_pretrained(run["target_path"]), head, vocab, settings)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    order = BatchPlan(shards, settings.max_batch_tokens, settings.seed).epoch_order(0)
+    batches = [signal.fill(build_batch(refs, shards).to(device)) for refs in order[:steps]]
+    bf16 = device.startswith("cuda")
+    tokens = 0
+    synchronize(device)
+    started = time.perf_counter()
+    for batch in batches:
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
+        loss, _ = ttt_loss(logits, batch, settings.step_weight)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += batch.n_tokens
+    synchronize(device)
+    return tokens / (time.perf_counter() - started)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def flops_per_token(size: dict, ttt_steps: int, mean_length: float) -> float:
+    """Training FLOPs per token (forward x 3) of the drafter: its matmuls and attention."""
+    h, i, d = size["hidden_size"], size["intermediate_size"], size["draft_vocab_size"]
+    heads, kv, hd = size["num_attention_heads"], size["num_key_value_heads"], size["head_dim"]
+    per_step = 2 * (2 * h * heads * hd + 2 * 2 * h * kv * hd + heads * hd * h + 3 * h * i + h * d)
+    attention = 2 * 2 * heads * hd * (mean_length / 2)  # causal scores and values per query
+    return 3 * (2 * 3 * h * h + ttt_steps * (per_step + attention))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    gpu = args.device.startswith("cuda")
+    name = "llama-8b" if gpu else "demo"
+    size = SIZES[name]
+    steps = args.steps or (10 if args.quick else (40 if gpu else 60))
+    # Enough samples for a few distinct batches; epochs repeat them (random features either way).
+    distinct_batches = 4 if gpu else 20
+    mean_length = int(np.mean(size["lengths"]))
+    samples = max(8, distinct_batches * size["max_batch_tokens"] // mean_length)
+    settings = TrainSettings(
+        max_steps=steps,
+        epochs=1000,
+        max_batch_tokens=size["max_batch_tokens"],
+        warmup_steps=0,
+        checkpoint_every=10**9,
+        log_every=10**9,
+        device=args.device,
+        export_dtype="bfloat16",
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        run = write_run(root, size, samples=samples, shards=2)
+        report = train_drafter(
+            **run, out_dir=root / "drafter", journal_dir=root / "journal", settings=settings
+        )
+        bare = bare_loop(run, settings, min(steps, 20), args.device)
+    stage = report["tokens_per_s"]
+    results = {
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if gpu else platform.processor(),
+        "sizes": name,
+        "steps": report["steps"],
+        "ttt_steps": settings.ttt_steps,
+        "tokens_per_s": stage,
+        "bare_tokens_per_s": bare,
+        "ratio_to_bare": stage / bare,
+        "data_wait_share": report["data_wait_share"],
+        "data_wait_goal": 0.10,
+        "threads": args.threads,
+    }
+    if gpu:
+        flops = flops_per_token(size, settings.ttt_steps, float(np.mean(size["lengths"])))
+        results["model_flops_per_token"] = flops
+        results["mfu"] = stage * flops / (args.peak_tflops * 1e12)
+        results["peak_tflops"] = args.peak_tflops
+    print(f"training ({name} sizes, {args.device}, {settings.ttt_steps} TTT steps):")
+    print(f"  stage        {stage:10.0f} tokens/s")
+    print(f"  bare loop    {bare:10.0f} tokens/s   ratio {stage / bare:.3f}")
+    print(f"  data wait    {report['data_wait_share']:.1%} of the loop (goal < 10%)")
+    if gpu:
+        print(f"  MFU          {results['mfu']:.1%} of {args.peak_tflops:.0f} TFLOP/s")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Training on the small demo run's real hidden states: overfitting, exact resumption after a
+kill, a clear stop on a diverging loss, and the export vLLM and SGLang load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig
+
+from eaglenest.drafter import ttt_forward
+from eaglenest.export import ExportError, export_drafter, load_drafter
+from eaglenest.train import (
+    TrainingDiverged,
+    TrainSettings,
+    build_drafter,
+    train_drafter,
+    ttt_loss,
+)
+from eaglenest.train_data import (
+    BatchPlan,
+    DraftVocab,
+    TargetHead,
+    TargetSignal,
+    build_batch,
+    open_shards,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(finished_run: Path) -> dict[str, Path]:
+    results = finished_run / "results" / "demo"
+    return {
+        "train": results / "hidden" / "00000.safetensors",
+        "heldout": results / "hidden" / "00001.safetensors",
+        "head": results / "hidden" / "target_head.safetensors",
+        "vocab": results / "vocab" / "draft_vocab.safetensors",
+        "target": results / "target",
+        "drafter": results / "drafter",
+    }
+
+
+def arguments(run: dict[str, Path], tmp: Path) -> dict:
+    return {
+        "train_shards": [str(run["train"])],
+        "eval_shards": [str(run["heldout"])],
+        "target_head": str(run["head"]),
+        "draft_vocab": str(run["vocab"]),
+        "target_path": str(run["target"]),
+        "out_dir": str(tmp / "drafter"),
+        "journal_dir": str(tmp / "journal"),
+    }
+
+
+def test_overfits_a_handful_of_samples(run):
+    torch.manual_seed(0)
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    shards = open_shards([run["train"]], head, vocab)
+    signal = TargetSignal(head, vocab)
+    settings = TrainSettings(ttt_steps=2)
+    model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
+    plan = BatchPlan(shards, max_batch_tokens=4096, seed=0, limit=6)
+    batch = signal.fill(build_batch(plan.epoch_order(0)[0], shards))
+    assert len(batch.samples) == 6
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(300):
+        loss, stats = ttt_loss(ttt_forward(model, batch.aux, batch.input_ids, 2), batch, 0.8)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if stats.accuracy[0] >= 0.97:
+            break
+    assert stats.accuracy[0] >= 0.95, stats.accuracy
+
+
+def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
+    """N steps, SIGKILL, rerun: the same weights as one uninterrupted run, metrics without
+    repeated steps."""
+    settings = {
+        "max_steps": 24,
+        "epochs": 50,
+        "lr": 1e-3,
+        "warmup_steps": 4,
+        "max_batch_tokens": 512,
+        "ttt_steps": 2,
+        "checkpoint_every": 8,
+        "log_every": 1,
+        "export_dtype": "float32",
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def spec(name: str) -> Path:
+        path = tmp_path / f"{name}.json"
+        path.write_text(
+            json.dumps({"arguments": arguments(run, tmp_path / name), "settings": settings})
+        )
+        return path
+
+    command = [sys.executable, "-m", "eaglenest.train"]
+    straight = subprocess.run(
+        [*command, str(spec("straight"))], env=env, capture_output=True, check=False
+    )
+    assert straight.returncode == 0, straight.stderr.decode()[-3000:]
+
+    process = subprocess.Popen([*command, str(spec("killed"))], env=env, stderr=subprocess.PIPE)
+    state = tmp_path / "killed" / "journal" / "state.pt"
+    deadline = time.time() + 300
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = torch.load(state, weights_only=False)["step"]
+    assert 0 < killed_at < settings["max_steps"]
+    assert not (tmp_path / "killed" / "drafter" / "model.safetensors").exists()
+
+    resumed = subprocess.run(
+        [*command, str(tmp_path / "killed.json")], env=env, capture_output=True, check=False
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    assert "resuming from" in resumed.stderr.decode()
+
+    def weights(name: str) -> dict[str, torch.Tensor]:
+        with safe_open(str(tmp_path / name / "drafter" / "model.safetensors"), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+
+    a, b = weights("straight"), weights("killed")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "killed" / "drafter" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "train"
+    ]
+    assert steps == list(range(1, settings["max_steps"] + 1))
+
+
+def test_a_diverging_loss_stops_naming_step_and_batch(run, tmp_path: Path):
+    settings = TrainSettings(max_steps=30, lr=1e6, warmup_steps=0, grad_clip=1e12, ttt_steps=2)
+    with pytest.raises(TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*00000"):
+        train_drafter(**arguments(run, tmp_path), settings=settings)
+
+
+# Where each expected key and tensor name comes from (read in the loaders' source):
+# - SGLang python/sglang/srt/models/llama_eagle3.py, LlamaForCausalLMEagle3 (EntryClass) and its
+#   load_weights: unprefixed names are tried as `name` then `model.{name}`; q/k/v_proj and
+#   gate/up_proj are stacked; `d2t` becomes hot_token_id = d2t + arange; `t2d` is skipped;
+#   config keys hidden_size, target_hidden_size, num_attention_heads, num_key_value_heads,
+#   head_dim, intermediate_size, rms_norm_eps, vocab_size, draft_vocab_size, tie_word_embeddings.
+# - SGLang model_executor/model_runner.py: eagle_config["eagle_aux_hidden_state_layer_ids"],
+#   captured as id + 1 (models/llama.py set_eagle3_layers_to_capture).
+# - vLLM vllm/model_executor/models/llama_eagle3.py, Eagle3LlamaForCausalLM.load_weights: prefixes
+#   `model.` to all but lm_head, renames midlayer. -> layers.0., d2t -> draft_id_to_target_id,
+#   skips t2d; reads a top-level eagle_aux_hidden_state_layer_ids (spec_decode/eagle3 utils).
+EXPECTED_CONFIG_KEYS = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "num_hidden_layers": 1,
+    "tie_word_embeddings": False,
+}
+EXPECTED_TENSORS = [
+    "fc.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+]
+
+
+def test_the_pipelines_export_has_the_layout_both_servers_load(run):
+    config = json.loads((run["drafter"] / "config.json").read_text())
+    for key, value in EXPECTED_CONFIG_KEYS.items():
+        assert config[key] == value, key
+    head = TargetHead.load(run["head"])
+    h, th = config["hidden_size"], config["target_hidden_size"]
+    heads, kv, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    d, v, inter = config["draft_vocab_size"], config["vocab_size"], config["intermediate_size"]
+    assert (th, v) == (head.hidden_size, head.vocab_size)
+    assert config["eagle_aux_hidden_state_layer_ids"] == head.aux_layer_ids
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        i - 1 for i in head.aux_layer_ids
+    ]
+    shapes = {
+        "fc.weight": [h, 3 * th],
+        "midlayer.self_attn.q_proj.weight": [heads * hd, 2 * h],
+        "midlayer.self_attn.k_proj.weight": [kv * hd, 2 * h],
+        "midlayer.self_attn.v_proj.weight": [kv * hd, 2 * h],
+        "midlayer.self_attn.o_proj.weight": [h, heads * hd],
+        "midlayer.mlp.gate_proj.weight": [inter, h],
+        "midlayer.mlp.down_proj.weight": [h, inter],
+        "lm_head.weight": [d, h],
+        "d2t": [d],
+        "t2d": [v],
+    }
+    with safe_open(str(run["drafter"] / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(EXPECTED_TENSORS)
+        for name, shape in shapes.items():
+            assert list(f.get_slice(name).get_shape()) == shape, name
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert bool(t2d[torch.arange(d) + d2t].all()) and int(t2d.sum()) == d
+
+
+def test_reloading_the_export_reproduces_the_logits(run, tmp_path: Path):
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    settings = TrainSettings()
+    model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings).eval()
+    shards = open_shards([run["heldout"]], head, vocab)
+    batch = build_batch(BatchPlan(shards, 2048, 0).epoch_order(0)[0], shards)
+    export_drafter(model, tmp_path, dtype="float32")
+    again = load_drafter(tmp_path, head.embed, expect_layer_ids=head.aux_layer_ids).eval()
+    with torch.no_grad():
+        for a, b in zip(
+            ttt_forward(model, batch.aux, batch.input_ids, 3),
+            ttt_forward(again, batch.aux, batch.input_ids, 3),
+            strict=True,
+        ):
+            assert torch.equal(a, b)
+    with pytest.raises(ExportError, match="eagle_aux_hidden_state_layer_ids"):
+        load_drafter(tmp_path, head.embed, expect_layer_ids=[1, 2, 3])
+
+
+def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
+    from safetensors.torch import save_file
+
+    with safe_open(str(run["head"]), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        metadata = {**f.metadata(), "aux_layer_ids": "[1, 2, 3]"}
+    other = tmp_path / "target_head.safetensors"
+    save_file(tensors, str(other), metadata=metadata)
+    with pytest.raises(ValueError, match=r"00000\.safetensors: field aux_layer_ids"):
+        train_drafter(
+            **{**arguments(run, tmp_path), "target_head": str(other)}, settings=TrainSettings()
+        )
