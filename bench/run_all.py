@@ -37,6 +37,7 @@ QUICK_ARGS = {
     "generate": ["--requests-a", "320", "--requests-b", "200"],
     "tokenization": ["--samples", "300", "--reasoning-repeat", "1", "4", "--runs", "1"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1"],
+    "train": ["--quick"],
 }
 LIBRARIES = (
     "eaglenest", "torch", "transformers", "tokenizers", "safetensors", "numpy", "polars",

@@ -521,3 +521,21 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
         assert any(n.endswith(f"/{name}.png") for n in names), names
     assert "This report covers run" in page  # report/workflow.rst, rendered with the config
     assert "conditional acceptance by draft position" in page  # a caption
+
+
+@pytest.mark.slow
+def test_the_pipelines_report_of_the_demo_run(finished_run: Path):
+    """The report `snakemake` built at the end of the small demo run: every plot is there and
+    non-empty, the page references no missing file and shows the run's acceptance figures."""
+    report = finished_run / "results" / "demo" / "report"
+    for name in PLOT_NAMES:
+        png = report / f"{name}.png"
+        assert png.stat().st_size > 1000, name
+        assert png.read_bytes().startswith(PNG_MAGIC)
+    page = report / "index.html"
+    assert missing_references(page) == []
+    metrics = json.loads((finished_run / "results" / "demo" / "eval" / "metrics.json").read_text())
+    text = page.read_text()
+    for k in metrics["ks"]:
+        assert f"{metrics['simulated'][str(k)]['acceptance_length']:.2f}" in text
+    assert all(v["identical_to_greedy"] for v in metrics["live"].values())
