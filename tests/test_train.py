@@ -146,10 +146,26 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     assert steps == list(range(1, settings["max_steps"] + 1))
 
 
-def test_a_diverging_loss_stops_naming_step_and_batch(run, tmp_path: Path):
-    settings = TrainSettings(max_steps=30, lr=1e6, warmup_steps=0, grad_clip=1e12, ttt_steps=2)
-    with pytest.raises(TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*00000"):
-        train_drafter(**arguments(run, tmp_path), settings=settings)
+def test_a_nan_loss_stops_naming_step_and_batch(run, tmp_path: Path):
+    """A shard with an infinite feature (a broken extraction) makes the loss NaN: training stops
+    with the step, the batch and the samples in the message, not with a NaN checkpoint."""
+    from safetensors.torch import save_file
+
+    with safe_open(str(run["train"]), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        metadata = f.metadata()
+    tensors["aux"][int(tensors["offsets"][3]) + 1, 0] = float("inf")  # sample 3
+    broken = tmp_path / "broken" / "00000.safetensors"
+    broken.parent.mkdir()
+    save_file(tensors, str(broken), metadata=metadata)
+    settings = TrainSettings(max_steps=40, max_batch_tokens=256, ttt_steps=2)
+    with pytest.raises(
+        TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*'00000.safetensors', 3\)"
+    ):
+        train_drafter(
+            **{**arguments(run, tmp_path), "train_shards": [str(broken)]}, settings=settings
+        )
+    assert not (tmp_path / "drafter" / "model.safetensors").exists()
 
 
 # Where each expected key and tensor name comes from (read in the loaders' source):
@@ -252,3 +268,25 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
         train_drafter(
             **{**arguments(run, tmp_path), "target_head": str(other)}, settings=TrainSettings()
         )
+
+
+def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
+    """train.gpus > 1 runs DDP under torchrun; on CPU the processes talk over gloo."""
+    from eaglenest.train import run_under_torchrun
+
+    section = {
+        "gpus": 2,
+        "max_steps": 4,
+        "max_batch_tokens": 256,
+        "ttt_steps": 2,
+        "warmup_steps": 0,
+        "log_every": 1,
+        "export_dtype": "float32",
+    }
+    log = tmp_path / "torchrun.log"
+    run_under_torchrun(section, arguments(run, tmp_path), str(log))
+    report = json.loads((tmp_path / "drafter" / "train_report.json").read_text())
+    assert report["world_size"] == 2 and report["steps"] == 4
+    assert (tmp_path / "drafter" / "model.safetensors").exists()
+    lines = (tmp_path / "drafter" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines if '"train"' in line] == [1, 2, 3, 4]

@@ -310,6 +310,27 @@ class Eagle3Drafter(nn.Module):
         hidden = self.midlayer(embeds, hidden, cos, sin, cache)
         return self.lm_head(self.norm(hidden)), hidden
 
+    def forward(
+        self, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
+    ) -> list[torch.Tensor]:
+        """Training-time test over a right-padded batch: logits [B, T, D] of every step.
+
+        Step i at position t takes token input_ids[t + 1 + i] and (for i > 0) step i-1's output
+        hidden state at t, at rotary position t + i, and predicts the token after it: the
+        target's distribution at position t + 1 + i.
+        """
+        b, t = input_ids.shape
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        hidden = self.project(aux)
+        cache = KVCache()
+        logits = []
+        for i in range(ttt_steps):
+            step_logits, hidden = self.step(
+                shift_left(input_ids, 1 + i), hidden, positions + i, cache
+            )
+            logits.append(step_logits)
+        return logits
+
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything but the frozen target embedding (reloaded from the target head)."""
         return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
@@ -326,23 +347,11 @@ def shift_left(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:
 
 
 def ttt_forward(
-    model: Eagle3Drafter,
+    model: Eagle3Drafter | nn.Module,
     aux: torch.Tensor,
     input_ids: torch.Tensor,
     ttt_steps: int,
 ) -> list[torch.Tensor]:
-    """Training-time test over a right-padded batch: logits [B, T, D] of every step.
-
-    Step i at position t takes token input_ids[t + 1 + i] and (for i > 0) step i-1's output
-    hidden state at t, at rotary position t + i, and predicts the token after it: the target's
-    distribution at position t + 1 + i.
-    """
-    b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device).expand(b, t)
-    hidden = model.project(aux)
-    cache = KVCache()
-    logits = []
-    for i in range(ttt_steps):
-        step_logits, hidden = model.step(shift_left(input_ids, 1 + i), hidden, positions + i, cache)
-        logits.append(step_logits)
-    return logits
+    """Training-time test (`Eagle3Drafter.forward`) through `model`, which may be a DDP wrapper:
+    DDP synchronises gradients only for calls that go through its forward."""
+    return model(aux, input_ids, ttt_steps)
