@@ -1,0 +1,176 @@
+"""DAG benchmark: wall time and peak memory of a dry run (`snakemake -n`) as the shards grow.
+
+Shard ids come from the config at parse time (ceil(prompts.max_samples / prompts.shard_size)) and a
+dry run reads no data, so each run is the workflow in an empty temp workdir with `shard_size: 1`
+and `max_samples` = shards: every per-shard job of every stage is planned (prompts, generate,
+validate, tokenize, hidden states: 5 per shard) plus the once-per-run jobs. The dry run's output
+goes to a file, as a user would see it (every job listed). Peak memory is the max RSS of the
+snakemake process (wait4). Goal: time linear in shards, <= 30 s at 5,000 shards on 2 cores.
+
+Usage: python bench/dag.py [--shards 100 1000 5000] [--repeat 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
+GOAL_S_AT_5000 = 30.0
+
+
+def copy_workflow(workdir: Path) -> None:
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, workdir / name)
+
+
+def dry_run(workdir: Path, shards: int) -> dict:
+    """One `snakemake -n` over `shards` shards: wall time, peak RSS and the jobs it planned."""
+    override = workdir / f"shards-{shards}.yaml"
+    override.write_text(json.dumps({"prompts": {"max_samples": shards, "shard_size": 1}}))
+    command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1"]
+    command += ["--configfile", str(override)]
+    out_path = workdir / f"dry-run-{shards}.log"
+    with out_path.open("w") as out:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall_s = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    output = out_path.read_text()
+    if process.returncode != 0:
+        raise RuntimeError(f"dry run of {shards} shards failed:\n{output[-3000:]}")
+    total = re.search(r"^total\s+(\d+)$", output, flags=re.MULTILINE)
+    return {
+        "shards": shards,
+        "jobs": int(total.group(1)) if total else None,
+        "wall_s": round(wall_s, 3),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),  # Linux: KiB
+        "output_mib": round(out_path.stat().st_size / 2**20, 2),
+    }
+
+
+def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = intercept + slope * x."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    var_x = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var_x if var_x else 0.0
+    return mean_y - slope * mean_x, slope
+
+
+def growth(runs: list[dict]) -> dict:
+    """How time and memory grow: per step, the time ratio against the shard ratio (1.0 = linear,
+    on the time above the fixed start-up cost), and a linear fit of time and memory."""
+    xs = [r["shards"] for r in runs]
+    intercept_s, slope_s = linear_fit(xs, [r["wall_s"] for r in runs])
+    mem_intercept, mem_slope = linear_fit(xs, [r["peak_rss_mib"] for r in runs])
+    steps = []
+    for small, large in itertools.pairwise(runs):
+        shard_ratio = large["shards"] / small["shards"]
+        time_ratio = large["wall_s"] / small["wall_s"]
+        above_start = (large["wall_s"] - intercept_s) / max(small["wall_s"] - intercept_s, 1e-9)
+        steps.append(
+            {
+                "shards": [small["shards"], large["shards"]],
+                "shard_ratio": round(shard_ratio, 2),
+                "time_ratio": round(time_ratio, 2),
+                "time_above_startup_ratio_per_shard_ratio": round(above_start / shard_ratio, 2),
+                "peak_rss_ratio": round(large["peak_rss_mib"] / small["peak_rss_mib"], 2),
+            }
+        )
+    return {
+        "startup_s": round(intercept_s, 2),
+        "ms_per_shard": round(slope_s * 1000, 3),
+        "startup_mib": round(mem_intercept, 1),
+        "kib_per_shard": round(mem_slope * 1024, 1),
+        "steps": steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--repeat", type=int, default=1, help="best of this many dry runs")
+    parser.add_argument("--json", type=Path, help="write the figures here as one JSON object")
+    args = parser.parse_args()
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
+        workdir = Path(tmp)
+        copy_workflow(workdir)
+        dry_run(workdir, 10)  # warm the page cache and Python's bytecode caches
+        for shards in sorted(args.shards):
+            best = min((dry_run(workdir, shards) for _ in range(args.repeat)), key=_wall)
+            best["s_per_1000_shards"] = round(best["wall_s"] / shards * 1000, 3)
+            runs.append(best)
+            print(
+                f"{shards:>6} shards {best['jobs']:>6} jobs  {best['wall_s']:7.2f} s "
+                f"(cpu {best['cpu_s']:.2f} s)  peak {best['peak_rss_mib']:7.1f} MiB  "
+                f"{best['s_per_1000_shards']:.3f} s per 1000 shards",
+                flush=True,
+            )
+    figures = {
+        "bench": "dag",
+        "what": "snakemake -n over N shards (shard_size 1), output to a file",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "snakemake": _snakemake_version(),
+        "runs": runs,
+        "growth": growth(runs) if len(runs) > 1 else {},
+    }
+    at_5000 = next((r for r in runs if r["shards"] == 5000), None)
+    if at_5000:
+        figures["goal"] = {
+            "max_s_at_5000_shards": GOAL_S_AT_5000,
+            "wall_s_at_5000_shards": at_5000["wall_s"],
+            "met": at_5000["wall_s"] <= GOAL_S_AT_5000,
+        }
+    growth_figures = figures["growth"]
+    if growth_figures:
+        print(
+            f"fit: {growth_figures['startup_s']:.2f} s + {growth_figures['ms_per_shard']:.2f} ms "
+            f"per shard; {growth_figures['startup_mib']:.0f} MiB + "
+            f"{growth_figures['kib_per_shard']:.0f} KiB per shard"
+        )
+        for step in growth_figures["steps"]:
+            print(
+                f"{step['shards'][0]} -> {step['shards'][1]} shards (x{step['shard_ratio']:g}): "
+                f"time x{step['time_ratio']:g}, time above start-up per shard ratio "
+                f"{step['time_above_startup_ratio_per_shard_ratio']:g} (1 = linear), "
+                f"memory x{step['peak_rss_ratio']:g}"
+            )
+    if "goal" in figures:
+        goal = figures["goal"]
+        print(f"goal <= {goal['max_s_at_5000_shards']:g} s at 5000 shards: {goal['met']}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _wall(run: dict) -> float:
+    return run["wall_s"]
+
+
+def _snakemake_version() -> str:
+    from importlib.metadata import version
+
+    return version("snakemake")
+
+
+if __name__ == "__main__":
+    main()
