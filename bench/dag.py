@@ -81,6 +81,8 @@ def growth(runs: list[dict]) -> dict:
     xs = [r["shards"] for r in runs]
     intercept_s, slope_s = linear_fit(xs, [r["wall_s"] for r in runs])
     mem_intercept, mem_slope = linear_fit(xs, [r["peak_rss_mib"] for r in runs])
+    # CPU time: the figure to compare on a shared machine, where wall time depends on the load.
+    cpu_intercept, cpu_slope = linear_fit(xs, [r["cpu_s"] for r in runs])
     steps = []
     for small, large in itertools.pairwise(runs):
         shard_ratio = large["shards"] / small["shards"]
@@ -91,6 +93,7 @@ def growth(runs: list[dict]) -> dict:
                 "shards": [small["shards"], large["shards"]],
                 "shard_ratio": round(shard_ratio, 2),
                 "time_ratio": round(time_ratio, 2),
+                "cpu_ratio": round(large["cpu_s"] / small["cpu_s"], 2),
                 "time_above_startup_ratio_per_shard_ratio": round(above_start / shard_ratio, 2),
                 "peak_rss_ratio": round(large["peak_rss_mib"] / small["peak_rss_mib"], 2),
             }
@@ -98,6 +101,8 @@ def growth(runs: list[dict]) -> dict:
     return {
         "startup_s": round(intercept_s, 2),
         "ms_per_shard": round(slope_s * 1000, 3),
+        "cpu_startup_s": round(cpu_intercept, 2),
+        "cpu_ms_per_shard": round(cpu_slope * 1000, 3),
         "startup_mib": round(mem_intercept, 1),
         "kib_per_shard": round(mem_slope * 1024, 1),
         "steps": steps,
@@ -139,19 +144,22 @@ def main() -> None:
         figures["goal"] = {
             "max_s_at_5000_shards": GOAL_S_AT_5000,
             "wall_s_at_5000_shards": at_5000["wall_s"],
+            "cpu_s_at_5000_shards": at_5000["cpu_s"],
             "met": at_5000["wall_s"] <= GOAL_S_AT_5000,
         }
     growth_figures = figures["growth"]
     if growth_figures:
         print(
             f"fit: {growth_figures['startup_s']:.2f} s + {growth_figures['ms_per_shard']:.2f} ms "
-            f"per shard; {growth_figures['startup_mib']:.0f} MiB + "
+            f"per shard (cpu {growth_figures['cpu_startup_s']:.2f} s + "
+            f"{growth_figures['cpu_ms_per_shard']:.2f} ms); {growth_figures['startup_mib']:.0f} MiB + "
             f"{growth_figures['kib_per_shard']:.0f} KiB per shard"
         )
         for step in growth_figures["steps"]:
             print(
                 f"{step['shards'][0]} -> {step['shards'][1]} shards (x{step['shard_ratio']:g}): "
-                f"time x{step['time_ratio']:g}, time above start-up per shard ratio "
+                f"time x{step['time_ratio']:g} (cpu x{step['cpu_ratio']:g}), time above start-up "
+                f"per shard ratio "
                 f"{step['time_above_startup_ratio_per_shard_ratio']:g} (1 = linear), "
                 f"memory x{step['peak_rss_ratio']:g}"
             )
