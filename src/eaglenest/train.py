@@ -272,9 +272,12 @@ def evaluate_heldout(
     sums = all_reduce_sum(sums, processes)
     model.train()
     counted = [sums[3 * i + 2] for i in range(settings.ttt_steps)]
+    step_losses = [sums[3 * i] / max(counted[i], 1) for i in range(settings.ttt_steps)]
     return {
-        "loss": sums[0] / max(counted[0], 1),
-        "acc": [sums[3 * i + 1] / max(sums[3 * i + 2], 1) for i in range(settings.ttt_steps)],
+        # Weighted over the TTT steps like the training loss, so the two curves compare.
+        "loss": sum(settings.step_weight**i * x for i, x in enumerate(step_losses)),
+        "step_loss": step_losses,
+        "acc": [sums[3 * i + 1] / max(counted[i], 1) for i in range(settings.ttt_steps)],
         "positions": int(counted[0]),
     }
 
