@@ -13,7 +13,7 @@ Samples are demo-task answers; `--reasoning-repeat K` chains K reasonings into o
 lengths real reasoning models write (hundreds to thousands of tokens). Uses the demo tokenizer
 (trained here in a second, no model) unless `--tokenizer DIR` names another.
 
-Usage: python bench/tokenization.py [--samples 3000] [--reasoning-repeat 1 16] [--json out.json]
+Usage: python bench/tokenization.py [--samples 3000] [--reasoning-repeat 1 16 64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=3000)
-    parser.add_argument("--reasoning-repeat", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--reasoning-repeat", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer dir (default: demo tokenizer)")
     parser.add_argument("--json", type=Path)
