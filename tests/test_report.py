@@ -18,6 +18,7 @@ import pytest
 from eaglenest.generate import RAW_SCHEMA
 from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report
 from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema, TokensSchema
+from eaglenest.validate import SAMPLE_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = ("00000", "00001")
@@ -62,20 +63,7 @@ def samples_frame(raw: pl.DataFrame) -> pl.DataFrame:
     kept = raw.filter(pl.col("error_kind").is_null() & (pl.col("finish_reason") != "length"))
     messages = [[{"role": "user", "content": f"question {i}"}] for i in range(kept.height)]
     frame = kept.with_columns(pl.Series("messages", messages, dtype=MESSAGE_DTYPE_LIST)).select(
-        "id",
-        "messages",
-        "reasoning",
-        "content",
-        "reasoning_field",
-        "finish_reason",
-        "prompt_token_ids",
-        "completion_token_ids",
-        "token_layout",
-        "request",
-        "endpoint",
-        "prompt_tokens",
-        "completion_tokens",
-        "latency_s",
+        SAMPLE_COLUMNS
     )
     return SamplesSchema.validate(frame)
 
