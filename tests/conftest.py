@@ -32,3 +32,16 @@ def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("demo-target") / "target"
     build_demo_target(out_dir, **DEMO_TARGET_TEST_SETTINGS)
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workdir where the whole pipeline ran on `SMALL_DEMO` (workflow_helpers), built once per
+    session. Tests only dry-run in it, or restore what they change before they return."""
+    from workflow_helpers import SMALL_DEMO, copy_workflow, job_logs, snakemake
+
+    workdir = copy_workflow(tmp_path_factory.mktemp("workflow"))
+    # Training and live evaluation included: about 15 minutes on two busy cores.
+    result = snakemake(workdir, config=SMALL_DEMO, timeout_s=2400)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + job_logs(workdir)
+    return workdir

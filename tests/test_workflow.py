@@ -4,80 +4,16 @@ embedded server, probe, prompts, generation, validation), and reruns only what a
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
-from conftest import DEMO_TARGET_TEST_SETTINGS
 
-REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs")
-
-SMALL_DEMO = {
-    "demo_target": {"enabled": True, **DEMO_TARGET_TEST_SETTINGS},
-    "prompts": {"source": "demo", "max_samples": 40, "shard_size": 20},
-    "generation": {"max_tokens": 160},
-    # The test target is trained briefly: allow some answers to run past max_tokens.
-    "validation": {"max_truncated_fraction": 0.5},
-}
+# Shared with other workflow tests; `finished_run` is a session fixture in conftest.py.
+from workflow_helpers import SMALL_DEMO, merged, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
-
-
-def snakemake(workdir: Path, *args: str, config: dict | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
-    if config is not None:
-        path = workdir / "override.yaml"
-        path.write_text(yaml.safe_dump(config))
-        command += ["--configfile", str(path)]
-    return subprocess.run(
-        command, cwd=workdir, capture_output=True, text=True, timeout=900, check=False
-    )
-
-
-def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
-    """Job counts per rule from a dry run's 'Job stats' table ({} when nothing to do)."""
-    assert result.returncode == 0, result.stdout + result.stderr
-    counts: dict[str, int] = {}
-    in_table = False
-    for line in result.stdout.splitlines():
-        if line.startswith("job ") and "count" in line:
-            in_table = True
-            continue
-        if in_table:
-            match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-            if match and match.group(1) != "total":
-                counts[match.group(1)] = int(match.group(2))
-            elif line.strip() and not line.startswith("---") and not match:
-                break
-    return counts
-
-
-def merged(base: dict, change: dict) -> dict:
-    out = json.loads(json.dumps(base))
-    for section, values in change.items():
-        out.setdefault(section, {}).update(values)
-    return out
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("workflow")
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, workdir / name)
-        else:
-            shutil.copy(src, workdir / name)
-    result = snakemake(workdir, config=SMALL_DEMO)
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted((workdir / "logs").rglob("*.log")))
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + logs
-    return workdir
 
 
 def test_demo_pipeline_runs_end_to_end(finished_run: Path):

@@ -49,6 +49,7 @@ def snakemake(
     config: dict | None = None,
     cores: int = 2,
     env: dict[str, str] | None = None,
+    timeout_s: float = 900,
 ) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
     if config is not None:
@@ -56,7 +57,13 @@ def snakemake(
         path.write_text(yaml.safe_dump(config))
         command += ["--configfile", str(path)]
     return subprocess.run(
-        command, cwd=workdir, env=env, capture_output=True, text=True, timeout=900, check=False
+        command,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 

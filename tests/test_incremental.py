@@ -1,0 +1,133 @@
+"""What reruns after a change, as Snakemake plans it: one dry run per change in the workdir of a
+finished run of the small demo (2 shards, the `finished_run` session fixture).
+
+The expectations are data: one row per change, with the jobs a dry run must plan per rule. Config
+changes are merged into SMALL_DEMO; code changes edit the workdir's copy of the library (which the
+workflow hashes into each rule's `code_version` param) and are undone after the dry run."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from workflow_helpers import SMALL_DEMO, merged, planned_jobs, snakemake
+
+pytestmark = pytest.mark.slow
+
+N_SHARDS = 2  # SMALL_DEMO: 40 prompts in shards of 20
+NEW_SHARDS = 2  # max_samples 40 -> 80
+
+# ---- The stages after hidden states ------------------------------------------------------------
+# Each runs once over all shards, so every change below that reaches the hidden states or the
+# draft vocabulary reruns them once. Rules the workflow does not define yet are left out (see
+# `later_stages`), so this table holds as the stages land; fix a count here if a stage differs.
+LATER_STAGES = {"train_drafter": 1, "evaluate_drafter": 1, "build_report": 1}
+# -------------------------------------------------------------------------------------------------
+
+TOKENS_ONWARD = {
+    "tokenize_samples": N_SHARDS,
+    "build_draft_vocab": 1,
+    "extract_hidden_states": N_SHARDS,
+}
+VALIDATE_ONWARD = {"validate_samples": N_SHARDS, **TOKENS_ONWARD}
+GENERATE_ONWARD = {"generate_responses": N_SHARDS, **VALIDATE_ONWARD}
+
+# change id -> (config change merged into SMALL_DEMO, expected jobs per rule before LATER_STAGES)
+CONFIG_CHANGES = {
+    "more prompts: only the new shards, through every stage": (
+        {"prompts": {"max_samples": 80}},
+        {
+            "shard_prompts": NEW_SHARDS,
+            "generate_responses": NEW_SHARDS,
+            "validate_samples": NEW_SHARDS,
+            "tokenize_samples": NEW_SHARDS,
+            "extract_hidden_states": NEW_SHARDS,
+            "build_draft_vocab": 1,  # merges the counts of every shard
+        },
+    ),
+    "temperature: generation onward, every shard": (
+        {"generation": {"temperature": 0.3}},
+        GENERATE_ONWARD,
+    ),
+    "top_p: generation onward, every shard": ({"generation": {"top_p": 0.9}}, GENERATE_ONWARD),
+    "a validation threshold: validation onward": (
+        {"validation": {"max_truncated_fraction": 0.4}},
+        VALIDATE_ONWARD,
+    ),
+    "draft vocabulary size: the vocabulary only": (
+        {"tokenize": {"draft_vocab_size": 200}},
+        {"build_draft_vocab": 1},
+    ),
+    "hidden-state dtype: hidden states and target head": (
+        {"hidden": {"dtype": "fp32"}},
+        {"extract_hidden_states": N_SHARDS, "save_target_head": 1},
+    ),
+}
+
+# change id -> (library module edited, how, expected jobs per rule before LATER_STAGES)
+CODE_CHANGES = {
+    "generate.py code: generation onward": ("generate.py", "code", GENERATE_ONWARD),
+    "validate.py code: validation onward": ("validate.py", "code", VALIDATE_ONWARD),
+    "hidden_states.py code: hidden states and target head": (
+        "hidden_states.py",
+        "code",
+        {"extract_hidden_states": N_SHARDS, "save_target_head": 1},
+    ),
+    # reasoning.py is used by probe, generate, validate and tokenize: a comment or a docstring
+    # there changes no behaviour, so nothing reruns.
+    "reasoning.py comment and docstring: nothing": ("reasoning.py", "comment", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def later_stages(finished_run: Path) -> dict[str, int]:
+    """LATER_STAGES less the rules the workflow does not define yet."""
+    listed = snakemake(finished_run, "--list-rules", config=SMALL_DEMO)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rules = set(listed.stdout.split())
+    return {rule: count for rule, count in LATER_STAGES.items() if rule in rules}
+
+
+def expected_jobs(expected: dict[str, int], later_stages: dict[str, int]) -> dict[str, int]:
+    """The jobs of a row, plus the later stages and `all` whenever anything reruns."""
+    return {**expected, **later_stages, "all": 1} if expected else {}
+
+
+def edited_source(text: str, how: str) -> str:
+    if how == "code":  # a new statement: the module's syntax tree changes
+        return text + "\n_EDITED_BY_TEST_INCREMENTAL = 1\n"
+    assert how == "comment" and text.startswith('"""'), "needs a module docstring to edit"
+    return '"""(Edited.) ' + text[3:] + "\n# A comment added by test_incremental.\n"
+
+
+@contextlib.contextmanager
+def edited_module(workdir: Path, module: str, how: str) -> Iterator[None]:
+    """The workdir's copy of a library module, edited for the duration of the block."""
+    path = workdir / "src" / "eaglenest" / module
+    original = path.read_text()
+    path.write_text(edited_source(original, how))
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
+@pytest.mark.parametrize("change", CONFIG_CHANGES, ids=list(CONFIG_CHANGES))
+def test_config_change_reruns_what_it_shapes(
+    finished_run: Path, later_stages: dict[str, int], change: str
+):
+    config_change, expected = CONFIG_CHANGES[change]
+    result = snakemake(finished_run, "-n", config=merged(SMALL_DEMO, config_change))
+    assert planned_jobs(result) == expected_jobs(expected, later_stages)
+
+
+@pytest.mark.parametrize("change", CODE_CHANGES, ids=list(CODE_CHANGES))
+def test_library_edit_reruns_its_stage_onward(
+    finished_run: Path, later_stages: dict[str, int], change: str
+):
+    module, how, expected = CODE_CHANGES[change]
+    with edited_module(finished_run, module, how):
+        result = snakemake(finished_run, "-n", config=SMALL_DEMO)
+    assert planned_jobs(result) == expected_jobs(expected, later_stages)
