@@ -147,12 +147,15 @@ def bare_loop(run: dict, settings: TrainSettings, steps: int, device: str) -> fl
     model = model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     order = BatchPlan(shards, settings.max_batch_tokens, settings.seed).epoch_order(0)
-    batches = [signal.fill(build_batch(refs, shards).to(device)) for refs in order[:steps]]
+    # In memory before the clock starts; the target's logits are computed in the loop, as the
+    # stage does on the training device.
+    batches = [build_batch(refs, shards).to(device) for refs in order[:steps]]
     bf16 = device.startswith("cuda")
     tokens = 0
     synchronize(device)
     started = time.perf_counter()
     for batch in batches:
+        batch = signal.fill(batch)
         with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
         loss, _ = ttt_loss(logits, batch, settings.step_weight)

@@ -184,3 +184,18 @@ def test_the_drafter_keeps_the_targets_hidden_size():
         DrafterConfig.from_target(
             target, draft_vocab_size=10, aux_layer_ids=(1, 2, 3), overrides={"hidden_size": 32}
         )
+
+
+def test_prefetch_yields_in_order_and_raises_the_loaders_error():
+    from eaglenest.train import prefetch
+
+    assert list(prefetch(iter(range(10)), depth=2)) == list(range(10))
+
+    def broken():
+        yield 1
+        raise OSError("shard 00003 is truncated")
+
+    items = prefetch(broken(), depth=2)
+    assert next(items) == 1
+    with pytest.raises(OSError, match="00003"):
+        next(items)

@@ -301,8 +301,8 @@ def step_batches(
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
-    """Build the next `depth` items in a thread while the caller computes (reading shards and
-    the target's logits overlap with the drafter's forward and backward)."""
+    """Build the next `depth` items in a thread while the caller computes (reading shards
+    overlaps with the drafter's forward and backward on the GPU)."""
     import queue
     import threading
 
@@ -448,7 +448,12 @@ def train_drafter(
         disable=not processes.is_main,
     )
     data_wait = 0.0
-    batches = prefetch(step_batches(plan, step, total_steps, steps_per_epoch, processes), depth=2)
+    batches = step_batches(plan, step, total_steps, steps_per_epoch, processes)
+    if processes.device.startswith("cuda"):
+        # Overlap reading with the GPU's work. On CPU a loader thread competes with the training
+        # threads for the same cores (measured: 0.73 of a bare loop, against 0.96 reading in
+        # line, where reading takes ~1% of the time).
+        batches = prefetch(batches, depth=2)
     while step < total_steps:
         waited = time.perf_counter()
         epoch, position, batch = next(batches)
