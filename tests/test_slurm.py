@@ -83,7 +83,7 @@ def write_slurm_conf(root: Path) -> Path:
     conf = root / "slurm.conf"
     conf.write_text(
         f"""ClusterName=eaglenest-test
-SlurmctldHost={socket.gethostname()}(127.0.0.1)
+SlurmctldHost={socket.gethostname().split(".")[0]}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
