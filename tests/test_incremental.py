@@ -131,3 +131,35 @@ def test_library_edit_reruns_its_stage_onward(
     with edited_module(finished_run, module, how):
         result = snakemake(finished_run, "-n", config=SMALL_DEMO)
     assert planned_jobs(result) == expected_jobs(expected, later_stages)
+
+
+# Changes that touch only the stages after the hidden states: the full plan, nothing added.
+TRAIN_ONWARD = {"train_drafter": 1, "evaluate_drafter": 1, "build_report": 1, "all": 1}
+LATE_CHANGES = {
+    "a training hyper-parameter: training and evaluation only": (
+        {"train": {"lr": 1e-3}},
+        None,
+        TRAIN_ONWARD,
+    ),
+    "an evaluation setting: evaluation and report": (
+        {"evaluate": {"ks": [2]}},
+        None,
+        {"evaluate_drafter": 1, "build_report": 1, "all": 1},
+    ),
+    "train.py code: training onward": ({}, "train.py", TRAIN_ONWARD),
+    "speculative.py code: evaluation onward": (
+        {},
+        "speculative.py",
+        {"evaluate_drafter": 1, "build_report": 1, "all": 1},
+    ),
+    "report.py code: the report only": ({}, "report.py", {"build_report": 1, "all": 1}),
+}
+
+
+@pytest.mark.parametrize("change", LATE_CHANGES, ids=list(LATE_CHANGES))
+def test_late_stage_changes_rerun_only_those_stages(finished_run: Path, change: str):
+    config_change, module, expected = LATE_CHANGES[change]
+    config = merged(SMALL_DEMO, config_change)
+    with edited_module(finished_run, module, "code") if module else contextlib.nullcontext():
+        result = snakemake(finished_run, "-n", config=config)
+    assert planned_jobs(result) == expected

@@ -1,5 +1,6 @@
 """Real Snakemake in a temp dir on a small demo config: the pipeline runs end to end (demo target,
-embedded server, probe, prompts, generation, validation), and reruns only what a change touches."""
+embedded server, probe, prompts, generation, validation, tokens, hidden states, training,
+evaluation, report) and a rerun does nothing; what a change reruns is in test_incremental.py."""
 
 from __future__ import annotations
 
@@ -43,33 +44,6 @@ def test_nothing_to_do_after_a_finished_run(finished_run: Path):
     assert planned_jobs(snakemake(finished_run, "-n", config=SMALL_DEMO)) == {}
 
 
-def test_two_more_shards_add_exactly_their_jobs(finished_run: Path):
-    config = merged(SMALL_DEMO, {"prompts": {"max_samples": 80}})
-    jobs = planned_jobs(snakemake(finished_run, "-n", config=config))
-    assert jobs == {
-        "shard_prompts": 2,
-        "generate_responses": 2,
-        "validate_samples": 2,
-        "tokenize_samples": 2,
-        "extract_hidden_states": 2,
-        "build_draft_vocab": 1,  # merges the counts of every shard
-        "all": 1,
-    }
-
-
-def test_a_sampling_parameter_reruns_generation_for_every_shard(finished_run: Path):
-    config = merged(SMALL_DEMO, {"generation": {"temperature": 0.3}})
-    jobs = planned_jobs(snakemake(finished_run, "-n", config=config))
-    assert jobs == {
-        "generate_responses": 2,
-        "validate_samples": 2,
-        "tokenize_samples": 2,
-        "extract_hidden_states": 2,
-        "build_draft_vocab": 1,
-        "all": 1,
-    }
-
-
 def test_dict_param_key_order_reruns_nothing(finished_run: Path):
     config = json.loads(json.dumps(SMALL_DEMO))
     config["generation"] = dict(reversed(list(config["generation"].items())))
@@ -80,15 +54,3 @@ def test_dict_param_key_order_reruns_nothing(finished_run: Path):
 def test_client_settings_rerun_nothing(finished_run: Path):
     config = merged(SMALL_DEMO, {"generation": {"concurrency": 7, "timeout_s": 30}})
     assert planned_jobs(snakemake(finished_run, "-n", config=config)) == {}
-
-
-def test_a_validation_threshold_reruns_validation_only(finished_run: Path):
-    config = merged(SMALL_DEMO, {"validation": {"max_truncated_fraction": 0.4}})
-    jobs = planned_jobs(snakemake(finished_run, "-n", config=config))
-    assert jobs == {
-        "validate_samples": 2,
-        "tokenize_samples": 2,
-        "extract_hidden_states": 2,
-        "build_draft_vocab": 1,
-        "all": 1,
-    }
