@@ -2,10 +2,13 @@
 import torch
 
 from eaglenest.evaluate import EvaluateSettings, evaluate_drafter
+from eaglenest.gpus import claim_gpus
 from eaglenest.logs import log_to
 
 target = snakemake.config["target"]
 with log_to(snakemake.log[0]):
+    # Distinct GPUs for jobs that share a machine; held until this job's process ends.
+    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
     evaluate_drafter(
         drafter_dir=snakemake.input.drafter.rsplit("/", 1)[0],

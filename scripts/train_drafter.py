@@ -2,6 +2,7 @@
 # function under torchrun, one process per GPU.
 import torch
 
+from eaglenest.gpus import claim_gpus
 from eaglenest.logs import log_to
 from eaglenest.train import TrainSettings, run_under_torchrun, train_drafter
 
@@ -18,6 +19,8 @@ arguments = {
     "trust_remote_code": target["trust_remote_code"],
 }
 with log_to(snakemake.log[0]):
+    # Distinct GPUs for jobs that share a machine; held until this job's process ends.
+    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
     if section["gpus"] > 1:
         run_under_torchrun(section, arguments, snakemake.log[0])
