@@ -464,7 +464,7 @@ def train_drafter(
         loss, stats = ttt_loss(logits, batch, settings.step_weight)
         if not torch.isfinite(loss):
             raise TrainingDiverged(
-                f"loss is {float(loss)} at step {step} (epoch {epoch}, batch {position}); "
+                f"loss is {float(loss.detach())} at step {step} (epoch {epoch}, batch {position}); "
                 f"samples (shard file, index): {batch.samples[:8]}"
                 + (" ..." if len(batch.samples) > 8 else "")
             )
