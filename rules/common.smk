@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from eaglenest.code_version import code_version as _code_version
 from eaglenest.config import ConfigError, validate_config
 from eaglenest.prompts import (
+    PromptOptions,
     local_source_files,
     prepared_params_json,
     shard_ids,
@@ -24,6 +25,8 @@ RUN = config["run"]
 DEMO = config["demo_target"]["enabled"]
 # Fixed at parse time from max_samples and shard_size: more prompts only add shards.
 SHARDS = shard_ids(config)
+# Read once: the shard rule's params need it per shard (see shard_params_json).
+PROMPT_OPTIONS = PromptOptions.from_config(config)
 
 
 wildcard_constraints:

@@ -29,7 +29,7 @@ rule shard_prompts:
         "../envs/cpu.yaml"
     threads: 1
     params:
-        bounds=lambda wc: shard_params_json(config, wc.shard),
+        bounds=lambda wc: shard_params_json(PROMPT_OPTIONS, wc.shard),
         code_version=code_version("prompts"),
     script:
         "../scripts/shard_prompts.py"
