@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
+# The same copy of the workflow the workflow tests make (one list of files to keep in sync).
+sys.path.insert(0, str(REPO / "tests"))
+from workflow_helpers import copy_workflow
+
 GOAL_S_AT_5000 = 30.0
-
-
-def copy_workflow(workdir: Path) -> None:
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(src, workdir / name)
 
 
 def dry_run(workdir: Path, shards: int) -> dict:

@@ -25,7 +25,7 @@ frozen, and is never written to training checkpoints (it is reloaded from the ta
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -47,7 +47,6 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
-    extra: dict[str, Any] = field(default_factory=dict)  # passed through to the export
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -68,7 +68,8 @@ class EvaluateSettings:
     def from_config(cls, section: dict[str, Any], seed: int = 0) -> EvaluateSettings:
         values = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
         values["ks"] = tuple(values.get("ks", cls.ks))
-        return cls(**values, **({} if "seed" in values else {"seed": seed}))
+        values.setdefault("seed", seed)
+        return cls(**values)
 
 
 # --- the counting, shared by every proposer ---------------------------------------------------
@@ -140,16 +141,9 @@ def simulate(
     counts = {name: {k: AcceptanceCounts(k) for k in ks} for name in proposers}
     kmax = max(ks)
     for refs in plan.epoch_order(0):
-        batch = signal.fill(build_batch(refs, plan.shards).to(device))
+        on_device = signal.fill(build_batch(refs, plan.shards).to(device))
+        batch = on_device.to("cpu")
         lengths = torch.tensor([r.length for r in refs])
-        predictions = {}
-        for name, proposer in proposers.items():
-            if not isinstance(proposer, int):
-                logits = ttt_forward(proposer, batch.aux, batch.input_ids, kmax)
-                predictions[name] = torch.stack(
-                    [proposer.draft_to_target(step.argmax(-1)).cpu() for step in logits], dim=-1
-                )
-        batch = batch.to("cpu")
         # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
         greedy_draft = batch.target_logits.argmax(-1)
         greedy = torch.where(batch.in_draft_vocab, signal.draft_ids.cpu()[greedy_draft], -1)
@@ -159,7 +153,10 @@ def simulate(
                     batch.input_ids, lengths, batch.loss_mask, kmax, proposer
                 )
             else:
-                predicted = predictions[name]
+                logits = ttt_forward(proposer, on_device.aux, on_device.input_ids, kmax)
+                predicted = torch.stack(
+                    [proposer.draft_to_target(step.argmax(-1)).cpu() for step in logits], dim=-1
+                )
             for k in ks:
                 where = chain_positions(batch.loss_mask, lengths, k)
                 counts[name][k].add(
