@@ -1,4 +1,4 @@
-# eaglenest: prompts -> probe -> generate -> validate -> tokenize -> hidden states -> train -> report.
+# eaglenest: prompts -> probe -> generate -> samples (validate + tokenize) -> hidden -> train -> report.
 # `snakemake --cores all` runs the embedded demo (config/config.yaml); real targets:
 # `snakemake --cores all --configfile config/examples/<target>.yaml`.
 from snakemake.utils import min_version
@@ -17,8 +17,7 @@ include: "rules/demo_target.smk"
 include: "rules/probe.smk"
 include: "rules/prompts.smk"
 include: "rules/generate.smk"
-include: "rules/validate.smk"
-include: "rules/tokenize.smk"
+include: "rules/samples.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"

@@ -1,8 +1,12 @@
+# One job per shard takes its slice of the prompt list and generates its answers: a separate
+# slicing job would be a cluster job per shard for a millisecond's work, and 1 of 5 jobs planned.
 rule generate_responses:
     input:
-        prompts=run_path("prompts/{shard}.parquet"),
+        prompts=run_path("prompts/all.parquet"),
         probe=run_path("probe.json"),
     output:
+        prompts=run_path("prompts/{shard}.parquet"),
+        prompts_report=run_path("prompts/{shard}.report.json"),
         raw=run_path("raw/{shard}.parquet"),
     log:
         generate=log_path("generate/{shard}.log"),
@@ -15,8 +19,10 @@ rule generate_responses:
     resources:
         endpoint_slots=1,
     params:
+        # The shard's rows of the list: raising max_samples reruns only a shard whose slice grew.
+        bounds=lambda wc: shard_params_json(PROMPT_OPTIONS, wc.shard),
         # The journal lives outside the outputs so a failed or killed job never loses it.
-        journal=lambda wc: run_path(f"journal/generate/{wc.shard}.jsonl"),
+        journal=run_path("journal/generate/{shard}.jsonl"),
         # Only what shapes the request body reruns generation (not concurrency, timeouts, URLs).
         request=get_request_params_json(),
         code_version=code_version("generate"),

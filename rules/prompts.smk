@@ -15,21 +15,3 @@ rule prepare_prompts:
         code_version=code_version("prompts"),
     script:
         "../scripts/prepare_prompts.py"
-
-
-rule shard_prompts:
-    input:
-        prompts=run_path("prompts/all.parquet"),
-    output:
-        shard=run_path("prompts/{shard}.parquet"),
-        report=run_path("prompts/{shard}.report.json"),
-    log:
-        log_path("prompts/{shard}.log"),
-    conda:
-        "../envs/cpu.yaml"
-    threads: 1
-    params:
-        bounds=lambda wc: shard_params_json(PROMPT_OPTIONS, wc.shard),
-        code_version=code_version("prompts"),
-    script:
-        "../scripts/shard_prompts.py"

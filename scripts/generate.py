@@ -1,10 +1,19 @@
-# Snakemake adapter for the generate stage: see eaglenest.generate.
+# Snakemake adapter for the generate stage (the shard's prompts, then their answers): see
+# eaglenest.prompts.write_prompt_shard and eaglenest.generate.
 from eaglenest.generate import generate_shard
 from eaglenest.logs import log_to
+from eaglenest.prompts import write_prompt_shard
 
 with log_to(snakemake.log.generate):
+    write_prompt_shard(
+        snakemake.config,
+        snakemake.wildcards.shard,
+        snakemake.output.prompts,
+        report=snakemake.output.prompts_report,
+        prepared=snakemake.input.prompts,
+    )
     generate_shard(
-        prompts=snakemake.input.prompts,
+        prompts=snakemake.output.prompts,
         probe=snakemake.input.probe,
         out=snakemake.output.raw,
         config=snakemake.config,

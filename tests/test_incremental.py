@@ -26,23 +26,21 @@ NEW_SHARDS = 2  # max_samples 40 -> 80
 LATER_STAGES = {"train_drafter": 1, "evaluate_drafter": 1, "build_report": 1}
 # -------------------------------------------------------------------------------------------------
 
-TOKENS_ONWARD = {
-    "tokenize_samples": N_SHARDS,
+# Validation and tokenization are one job per shard (prepare_samples): either's change reruns it.
+SAMPLES_ONWARD = {
+    "prepare_samples": N_SHARDS,
     "build_draft_vocab": 1,
     "extract_hidden_states": N_SHARDS,
 }
-VALIDATE_ONWARD = {"validate_samples": N_SHARDS, **TOKENS_ONWARD}
-GENERATE_ONWARD = {"generate_responses": N_SHARDS, **VALIDATE_ONWARD}
+GENERATE_ONWARD = {"generate_responses": N_SHARDS, **SAMPLES_ONWARD}
 
 # change id -> (config change merged into SMALL_DEMO, expected jobs per rule before LATER_STAGES)
 CONFIG_CHANGES = {
     "more prompts: only the new shards, through every stage": (
         {"prompts": {"max_samples": 80}},
         {
-            "shard_prompts": NEW_SHARDS,
             "generate_responses": NEW_SHARDS,
-            "validate_samples": NEW_SHARDS,
-            "tokenize_samples": NEW_SHARDS,
+            "prepare_samples": NEW_SHARDS,
             "extract_hidden_states": NEW_SHARDS,
             "build_draft_vocab": 1,  # merges the counts of every shard
         },
@@ -54,7 +52,7 @@ CONFIG_CHANGES = {
     "top_p: generation onward, every shard": ({"generation": {"top_p": 0.9}}, GENERATE_ONWARD),
     "a validation threshold: validation onward": (
         {"validation": {"max_truncated_fraction": 0.4}},
-        VALIDATE_ONWARD,
+        SAMPLES_ONWARD,
     ),
     "draft vocabulary size: the vocabulary only": (
         {"tokenize": {"draft_vocab_size": 200}},
@@ -69,7 +67,7 @@ CONFIG_CHANGES = {
 # change id -> (library module edited, how, expected jobs per rule before LATER_STAGES)
 CODE_CHANGES = {
     "generate.py code: generation onward": ("generate.py", "code", GENERATE_ONWARD),
-    "validate.py code: validation onward": ("validate.py", "code", VALIDATE_ONWARD),
+    "validate.py code: validation onward": ("validate.py", "code", SAMPLES_ONWARD),
     "hidden_states.py code: hidden states and target head": (
         "hidden_states.py",
         "code",

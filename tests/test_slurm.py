@@ -1,7 +1,8 @@
 """A real scheduler: a single-node SLURM cluster (munged, slurmctld, slurmd from Debian's
 `slurm-wlm` and `munge`, installed with apt-get when missing) started in a temp dir, and the demo's
-prompt, generation and validation shards run through `--profile profiles/slurm`. The samples must
-equal those of a local run of the same targets; both wall times are printed (`pytest -s`)."""
+shards run through `--profile profiles/slurm` up to their samples and tokens (generation with its
+prompt slice, then validation and tokenization). Samples and tokens must equal those of a local
+run of the same targets; both wall times are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel")
 SHARDS = ("00000", "00001")  # SMALL_DEMO: 40 prompts in shards of 20
 TARGETS = tuple(f"results/demo/samples/{shard}.parquet" for shard in SHARDS)
+TOKENS = tuple(f"results/demo/tokens/{shard}.parquet" for shard in SHARDS)
 # Only what a single test node lacks: no accounting database (so no account and no sacct), and a
 # first status check after 2 s instead of 40 (the jobs here take seconds).
 SLURM_TEST_ARGS = (
@@ -218,8 +220,8 @@ def prepared_workdir(workdir: Path, target_dir: Path) -> Path:
     return workdir
 
 
-def samples(workdir: Path) -> pl.DataFrame:
-    frames = [pl.read_parquet(workdir / target) for target in TARGETS]
+def samples(workdir: Path, files: tuple[str, ...] = TARGETS) -> pl.DataFrame:
+    frames = [pl.read_parquet(workdir / path) for path in files]
     return pl.concat(frames).sort("id")
 
 
@@ -239,14 +241,13 @@ def test_slurm_run_equals_local_run(
     local = prepared_workdir(tmp_path / "local", demo_target_dir)
     slurm = prepared_workdir(tmp_path / "slurm", demo_target_dir)
 
-    # The demo target was copied in: only prompts, probe, generation and validation are left.
+    # The demo target was copied in: only prompts, probe, generation and samples are left.
     planned = planned_jobs(snakemake(slurm, "-n", *TARGETS, config=SMALL_DEMO))
     assert planned == {
         "prepare_prompts": 1,
-        "shard_prompts": len(SHARDS),
         "probe_endpoints": 1,
         "generate_responses": len(SHARDS),
-        "validate_samples": len(SHARDS),
+        "prepare_samples": len(SHARDS),
     }
 
     local_s, _ = timed_snakemake(local)
@@ -254,7 +255,7 @@ def test_slurm_run_equals_local_run(
         slurm, "--profile", "profiles/slurm", *SLURM_TEST_ARGS, env=slurm_env
     )
     print(
-        f"\n{len(SHARDS)} shards of prompts -> generate -> validate: "
+        f"\n{len(SHARDS)} shards of prompts -> generate -> validate + tokenize: "
         f"SLURM {slurm_s:.1f} s, local {local_s:.1f} s (ratio {slurm_s / local_s:.2f})"
     )
 
@@ -274,3 +275,5 @@ def test_slurm_run_equals_local_run(
     assert "reasoning" in columns and "content" in columns and "request" in columns
     for column in columns:
         assert slurm_samples[column].to_list() == local_samples[column].to_list(), column
+    # The same token ids from the same samples, on whichever node they were tokenized.
+    assert samples(slurm, TOKENS).equals(samples(local, TOKENS))

@@ -10,13 +10,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 from safetensors.numpy import load_file
-from test_tokenize import make_tokenizer, sample, samples_frame
+from test_generate import prompt_frame
+from test_tokenize import make_tokenizer
+from test_validate import raw_row
 from test_workflow import planned_jobs
 
-from eaglenest.io import read_json
+from eaglenest.generate import RAW_SCHEMA
+from eaglenest.io import read_json, write_json
 from eaglenest.vocab import (
     TokenCounts,
     VocabError,
@@ -120,9 +124,9 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_tokenize_and_vocab_rules_in_snakemake(tmp_path):
-    """Only the two rules of this stage run (on samples made here); changing draft_vocab_size
-    reruns only the vocabulary."""
+def test_samples_and_vocab_rules_in_snakemake(tmp_path):
+    """Only the rules from raw answers on run (prepare_samples: validate + tokenize, then the
+    vocabulary), on raw shards made here; changing draft_vocab_size reruns only the vocabulary."""
     for name in ("Snakefile", "rules", "scripts", "config", "profiles", "envs"):
         (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
     tokenizer_dir = make_tokenizer(tmp_path / "tokenizer")
@@ -136,20 +140,42 @@ def test_tokenize_and_vocab_rules_in_snakemake(tmp_path):
         "tokenize": {"draft_vocab_size": 64},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "results" / "t"
+    # A server without token ids: validation keeps the rows and tokenize rebuilds the ids.
+    write_json(
+        run_dir / "probe.json", {"reasoning_field": "reasoning", "token_ids": {"supported": False}}
+    )
     for shard in ("00000", "00001"):
-        rows = [sample(f"What is {shard} + {i}?", f"\nadd {i}\n", f"\n\n{i}") for i in range(2)]
-        path = tmp_path / "results" / "t" / "samples" / f"{shard}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        samples_frame(rows).write_parquet(path)
-    rules = ("--allowed-rules", "tokenize_samples", "build_draft_vocab")
+        prompts = prompt_frame(2, tag=shard)
+        answers = [
+            raw_row(
+                i,
+                reasoning=f"\nadd {k}\n",
+                content=f"\n\n{k}",
+                completion_token_ids=None,
+                prompt_token_ids=None,
+                token_layout=None,
+            )
+            for k, i in enumerate(prompts["id"].to_list())
+        ]
+        for stage, frame in (
+            ("prompts", prompts),
+            ("raw", pl.DataFrame(answers, schema=RAW_SCHEMA)),
+        ):
+            (run_dir / stage).mkdir(parents=True, exist_ok=True)
+            frame.write_parquet(run_dir / stage / f"{shard}.parquet")
+    rules = ("--allowed-rules", "prepare_samples", "build_draft_vocab")
     target = "results/t/vocab/draft_vocab.safetensors"
     result = snakemake(tmp_path, target, *rules)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = read_json(tmp_path / "results/t/tokens/00001.report.json")
+    assert read_json(run_dir / "samples/00001.report.json")["kept"] == 2
+    report = read_json(run_dir / "tokens/00001.report.json")
     assert report["written"] == 2 and report["token_sources"] == {"server": 0, "rebuilt": 2}
-    summary = read_json(tmp_path / "results/t/vocab/draft_vocab.json")
+    summary = read_json(run_dir / "vocab/draft_vocab.json")
     assert summary["draft_vocab_size"] == 64 and summary["shards"] == 2
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
+    # Each step of the job writes its own log.
+    assert "00000" in (tmp_path / "logs/t/validate/00000.log").read_text()
     assert (tmp_path / "logs/t/tokenize/00000.log").read_text().count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32

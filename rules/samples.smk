@@ -1,0 +1,48 @@
+# One job per shard validates the raw answers and tokenizes the samples that pass: both are cheap
+# CPU work on the same rows, and as one job a shard costs the planner and a cluster one job, not
+# two. Each step keeps its own log, its own report and its own settings in the params.
+rule prepare_samples:
+    input:
+        raw=run_path("raw/{shard}.parquet"),
+        prompts=run_path("prompts/{shard}.parquet"),
+        probe=run_path("probe.json"),
+        target=get_target_dir(),
+    output:
+        samples=run_path("samples/{shard}.parquet"),
+        samples_report=run_path("samples/{shard}.report.json"),
+        tokens=run_path("tokens/{shard}.parquet"),
+        counts=run_path("tokens/{shard}.counts.safetensors"),
+        tokens_report=run_path("tokens/{shard}.report.json"),
+    log:
+        validate=log_path("validate/{shard}.log"),
+        tokenize=log_path("tokenize/{shard}.log"),
+    benchmark:
+        bench_path("samples/{shard}.tsv")
+    conda:
+        "../envs/cpu.yaml"
+    threads: 1
+    params:
+        validation=as_json("validation"),
+        # Leaves out tokenize.draft_vocab_size: changing it rebuilds only the vocabulary.
+        tokenize=get_tokenize_params_json(),
+        code_version=code_version("samples"),
+    script:
+        "../scripts/prepare_samples.py"
+
+
+rule build_draft_vocab:
+    input:
+        counts=expand(run_path("tokens/{shard}.counts.safetensors"), shard=SHARDS),
+    output:
+        vocab=run_path("vocab/draft_vocab.safetensors"),
+        summary=run_path("vocab/draft_vocab.json"),
+    log:
+        log_path("vocab/build_draft_vocab.log"),
+    conda:
+        "../envs/cpu.yaml"
+    threads: 1
+    params:
+        draft_vocab_size=config["tokenize"]["draft_vocab_size"],
+        code_version=code_version("vocab"),
+    script:
+        "../scripts/build_draft_vocab.py"

@@ -1,0 +1,26 @@
+# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.validate),
+# then tokenize the samples that passed (eaglenest.tokenize), each step into its own log.
+from eaglenest.logs import log_to
+from eaglenest.tokenize import tokenize_shard
+from eaglenest.validate import validate_shard
+
+shard = snakemake.wildcards.shard
+with log_to(snakemake.log.validate):
+    validate_shard(
+        raw=snakemake.input.raw,
+        prompts=snakemake.input.prompts,
+        probe=snakemake.input.probe,
+        samples_out=snakemake.output.samples,
+        report_out=snakemake.output.samples_report,
+        settings=snakemake.config["validation"],
+        shard=shard,
+    )
+with log_to(snakemake.log.tokenize):
+    tokenize_shard(
+        samples=snakemake.output.samples,
+        tokens_out=snakemake.output.tokens,
+        counts_out=snakemake.output.counts,
+        report_out=snakemake.output.tokens_report,
+        config=snakemake.config,
+        shard=shard,
+    )
