@@ -7,6 +7,11 @@ rule build_report:
     input:
         prompts_report=run_path("prompts/report.json"),
         probe=run_path("probe.json"),
+        raw=expand(run_path("raw/{shard}.parquet"), shard=SHARDS),
+        samples=expand(run_path("samples/{shard}.parquet"), shard=SHARDS),
+        samples_reports=expand(run_path("samples/{shard}.report.json"), shard=SHARDS),
+        tokens=expand(run_path("tokens/{shard}.parquet"), shard=SHARDS),
+        tokens_reports=expand(run_path("tokens/{shard}.report.json"), shard=SHARDS),
         hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=SHARDS),
         train_metrics=run_path("drafter/metrics.jsonl"),
         train_report=run_path("drafter/train_report.json"),
@@ -50,14 +55,6 @@ rule build_report:
     threads: 1
     params:
         # Optional: read when present (wall time per generation shard), never a reason to rerun.
-        # Every other per-shard file comes from a job upstream of a hidden-state summary (an
-        # input), so it is present and current whenever those are; as params they cost the
-        # planner no edges (5 per shard, a fifth of its work at 5,000 shards).
-        raw=expand(run_path("raw/{shard}.parquet"), shard=SHARDS),
-        samples=expand(run_path("samples/{shard}.parquet"), shard=SHARDS),
-        samples_reports=expand(run_path("samples/{shard}.report.json"), shard=SHARDS),
-        tokens=expand(run_path("tokens/{shard}.parquet"), shard=SHARDS),
-        tokens_reports=expand(run_path("tokens/{shard}.report.json"), shard=SHARDS),
         generate_benchmarks=expand(bench_path("generate/{shard}.tsv"), shard=SHARDS),
         code_version=code_version("report"),
     script:

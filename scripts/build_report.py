@@ -6,11 +6,6 @@ with log_to(snakemake.log[0]):
     build_report(
         RunFiles(
             **dict(snakemake.input.items()),
-            raw=snakemake.params.raw,
-            samples=snakemake.params.samples,
-            samples_reports=snakemake.params.samples_reports,
-            tokens=snakemake.params.tokens,
-            tokens_reports=snakemake.params.tokens_reports,
             generate_benchmarks=snakemake.params.generate_benchmarks,
         ),
         out_html=snakemake.output.html,
