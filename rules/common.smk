@@ -66,6 +66,7 @@ STAGE_MODULES = {
     "samples": [
         "validate.py",
         "tokenize.py",
+        "lengths.py",
         "vocab.py",
         "schemas.py",
         "probe.py",
@@ -91,7 +92,7 @@ STAGE_MODULES = {
         "hidden_reader.py",
         "io.py",
     ],
-    "report": ["report.py", "io.py"],
+    "report": ["report.py", "lengths.py", "io.py"],
     "probe": [
         "probe.py",
         "responses.py",

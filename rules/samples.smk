@@ -13,6 +13,8 @@ rule prepare_samples:
         tokens=run_path("tokens/{shard}.parquet"),
         counts=run_path("tokens/{shard}.counts.safetensors"),
         tokens_report=run_path("tokens/{shard}.report.json"),
+        # What the report plots of each sample, so it need not read every sample's text.
+        lengths=run_path("tokens/{shard}.lengths.parquet"),
     log:
         validate=log_path("validate/{shard}.log"),
         tokenize=log_path("tokenize/{shard}.log"),

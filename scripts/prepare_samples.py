@@ -1,5 +1,7 @@
 # Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.validate),
-# then tokenize the samples that passed (eaglenest.tokenize), each step into its own log.
+# then tokenize the samples that passed (eaglenest.tokenize), each step into its own log; last
+# the lengths the report plots (eaglenest.lengths).
+from eaglenest.lengths import write_shard_lengths
 from eaglenest.logs import log_to
 from eaglenest.tokenize import tokenize_shard
 from eaglenest.validate import validate_shard
@@ -24,3 +26,4 @@ with log_to(snakemake.log.tokenize):
         config=snakemake.config,
         shard=shard,
     )
+    write_shard_lengths(snakemake.output.samples, snakemake.output.tokens, snakemake.output.lengths)

@@ -16,7 +16,8 @@ import polars as pl
 import pytest
 
 from eaglenest.generate import RAW_SCHEMA
-from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report
+from eaglenest.lengths import read_shard_lengths, write_shard_lengths
+from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report, load_run
 from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema, TokensSchema
 from eaglenest.validate import SAMPLE_COLUMNS
 
@@ -226,6 +227,12 @@ def write_run(root: Path, run_name: str = "synthetic", finished: bool = True) ->
         for folder, frame in (("raw", raw), ("samples", samples), ("tokens", tokens)):
             (run / folder).mkdir(parents=True, exist_ok=True)
             frame.write_parquet(run / folder / f"{shard}.parquet")
+        tokens_dir = run / "tokens"
+        write_shard_lengths(
+            run / "samples" / f"{shard}.parquet",
+            tokens_dir / f"{shard}.parquet",
+            tokens_dir / f"{shard}.lengths.parquet",
+        )
         dropped = {"truncated": 1} | ({"request_failed:timeout": 1} if shard == "00001" else {})
         write_json(
             run / "samples" / f"{shard}.report.json",
@@ -427,7 +434,7 @@ def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
         ),
         ("eval/metrics.json", "{", r"eval/metrics\.json: not readable as JSON"),
         ("samples/00000.report.json", "", r"samples/00000\.report\.json: not readable as JSON"),
-        ("tokens/00001.parquet", "not parquet", r"tokens/00001\.parquet: cannot read columns"),
+        ("tokens/00001.lengths.parquet", "no", r"tokens/00001\.lengths\.parquet: not a lengths"),
     ],
 )
 def test_a_malformed_file_is_an_error_naming_it(tmp_path: Path, relative, content, message):
@@ -447,6 +454,38 @@ def test_run_files_take_single_paths_and_skip_missing_benchmarks(tmp_path: Path)
     figures = build_report(files, page)
     assert figures["requested (in shards)"] == 2 * PER_SHARD
     assert "throughput per shard is unknown" in page.read_text()
+
+
+def test_lengths_files_give_the_report_what_the_samples_and_tokens_give(tmp_path: Path):
+    run = write_run(tmp_path)
+    with_lengths = RunFiles.from_run_dir(run)
+    assert len(with_lengths.lengths) == len(SHARDS)
+    without = RunFiles.from_run_dir(run)
+    without.lengths = []
+    loaded, reference = load_run(with_lengths), load_run(without)
+    assert loaded.samples.equals(reference.samples)
+    assert loaded.tokens.equals(reference.tokens)
+    assert build_report(with_lengths, tmp_path / "a.html") == build_report(
+        without, tmp_path / "b.html"
+    )
+
+
+def test_a_sample_tokenization_dropped_has_lengths_but_no_tokens(tmp_path: Path):
+    raw = raw_frame("00000")
+    samples = samples_frame(raw)
+    tokens = tokens_frame(samples).slice(1)  # the first sample was dropped at tokenization
+    samples.write_parquet(tmp_path / "s.parquet")
+    tokens.write_parquet(tmp_path / "t.parquet")
+    rows = write_shard_lengths(
+        tmp_path / "s.parquet", tmp_path / "t.parquet", tmp_path / "l.parquet"
+    )
+    sample_lengths, token_lengths = read_shard_lengths(tmp_path / "l.parquet")
+    assert rows == sample_lengths.height == samples.height
+    assert token_lengths.height == samples.height - 1
+    assert sample_lengths["reasoning_chars"].to_list() == [
+        len(r) for r in samples["reasoning"].to_list()
+    ]
+    assert (token_lengths["completion_len"] == tokens["n_tokens"] - tokens["prompt_len"]).all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from eaglenest.io import atomic_path
+from eaglenest.lengths import (
+    SAMPLE_LENGTH_COLUMNS,
+    TOKEN_LENGTH_COLUMNS,
+    read_shard_lengths,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,7 @@ class RunFiles:
     samples_reports: list[Path] = field(default_factory=list)
     tokens: list[Path] = field(default_factory=list)
     tokens_reports: list[Path] = field(default_factory=list)
+    lengths: list[Path] = field(default_factory=list)
     hidden_summaries: list[Path] = field(default_factory=list)
     generate_benchmarks: list[Path] = field(default_factory=list)
     train_metrics: Path | None = None
@@ -82,7 +88,7 @@ class RunFiles:
     def __post_init__(self) -> None:
         for name in ("prompts_report", "probe", "train_metrics", "train_report", "eval_metrics"):
             setattr(self, name, _optional(getattr(self, name)))
-        for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports"):
+        for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):
             setattr(self, name, _paths(getattr(self, name)))
         self.hidden_summaries = _paths(self.hidden_summaries)
         self.generate_benchmarks = _paths(self.generate_benchmarks)
@@ -112,6 +118,7 @@ class RunFiles:
             samples_reports=shard_files("samples", ".report.json"),
             tokens=shard_files("tokens", ".parquet"),
             tokens_reports=shard_files("tokens", ".report.json"),
+            lengths=shard_files("tokens", ".lengths.parquet"),
             hidden_summaries=shard_files("hidden", ".json"),
             generate_benchmarks=benchmarks,
             train_metrics=existing("drafter/metrics.jsonl"),
@@ -314,8 +321,33 @@ def read_sample_lengths(path: Path) -> pl.DataFrame:
 
 
 def read_token_lengths(path: Path) -> pl.DataFrame:
-    frame = _scan(path, ["n_tokens", "prompt_len", "token_source", "truncated"])
+    frame = _scan(path, TOKEN_LENGTH_COLUMNS)
     return frame.with_columns((pl.col("n_tokens") - pl.col("prompt_len")).alias("completion_len"))
+
+
+def _read_lengths(path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    try:
+        samples, tokens = read_shard_lengths(path)
+    except Exception as err:  # polars raises several kinds for a bad or foreign file
+        raise ReportInputError(f"{path}: not a lengths file ({err})") from err
+    shard = pl.lit(shard_of(path)).alias("shard")
+    samples = samples.with_columns(shard).select("shard", *SAMPLE_LENGTH_COLUMNS)
+    tokens = tokens.with_columns(shard).select(*TOKEN_LENGTH_COLUMNS, "shard", "completion_len")
+    return samples, tokens
+
+
+def _lengths(files: RunFiles) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """Sample and token lengths: from the lengths files when there are any (the pipeline's
+    report), else from the samples and tokens files (a run made before those files existed)."""
+    if not files.lengths:
+        return _concat(files.samples, read_sample_lengths), _concat(
+            files.tokens, read_token_lengths
+        )
+    pairs = [_read_lengths(p) for p in files.lengths]
+    return (
+        pl.concat([s for s, _ in pairs], how="vertical_relaxed"),
+        pl.concat([t for _, t in pairs], how="vertical_relaxed"),
+    )
 
 
 def read_benchmark_wall_s(path: Path) -> float:
@@ -357,6 +389,7 @@ def load_run(files: RunFiles) -> RunData:
     train_lines = heldout_lines = None
     if files.train_metrics is not None:
         train_lines, heldout_lines = read_train_metrics(files.train_metrics)
+    sample_lengths, token_lengths = _lengths(files)
     return RunData(
         prompts=read_json_object(files.prompts_report) if files.prompts_report else None,
         probe=read_json_object(files.probe) if files.probe else None,
@@ -364,8 +397,8 @@ def load_run(files: RunFiles) -> RunData:
         tokens_reports=_by_shard(files.tokens_reports),
         hidden=_by_shard(files.hidden_summaries),
         raw=_concat(files.raw, read_raw),
-        samples=_concat(files.samples, read_sample_lengths),
-        tokens=_concat(files.tokens, read_token_lengths),
+        samples=sample_lengths,
+        tokens=token_lengths,
         generate_wall_s={
             shard_of(p): read_benchmark_wall_s(p) for p in files.generate_benchmarks if p.exists()
         },
