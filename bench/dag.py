@@ -112,14 +112,18 @@ def growth(runs: list[dict]) -> dict:
     for small, large in itertools.pairwise(runs):
         shard_ratio = large["shards"] / small["shards"]
         time_ratio = large["wall_s"] / small["wall_s"]
-        above_start = (large["wall_s"] - intercept_s) / max(small["wall_s"] - intercept_s, 1e-9)
+        # Undefined when the smaller run is within noise of the fitted start-up cost.
+        small_above = small["wall_s"] - intercept_s
+        above_start = (large["wall_s"] - intercept_s) / small_above if small_above > 0.2 else None
         steps.append(
             {
                 "shards": [small["shards"], large["shards"]],
                 "shard_ratio": round(shard_ratio, 2),
                 "time_ratio": round(time_ratio, 2),
                 "cpu_ratio": round(large["cpu_s"] / small["cpu_s"], 2),
-                "time_above_startup_ratio_per_shard_ratio": round(above_start / shard_ratio, 2),
+                "time_above_startup_ratio_per_shard_ratio": (
+                    round(above_start / shard_ratio, 2) if above_start is not None else None
+                ),
                 "peak_rss_ratio": round(large["peak_rss_mib"] / small["peak_rss_mib"], 2),
             }
         )
@@ -207,7 +211,7 @@ def main() -> None:
                 f"{step['shards'][0]} -> {step['shards'][1]} shards (x{step['shard_ratio']:g}): "
                 f"time x{step['time_ratio']:g} (cpu x{step['cpu_ratio']:g}), time above start-up "
                 f"per shard ratio "
-                f"{step['time_above_startup_ratio_per_shard_ratio']:g} (1 = linear), "
+                f"{step['time_above_startup_ratio_per_shard_ratio'] or 'n/a'} (1 = linear), "
                 f"memory x{step['peak_rss_ratio']:g}"
             )
     if "goal" in figures:
