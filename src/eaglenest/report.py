@@ -32,6 +32,8 @@ from matplotlib.ticker import MaxNLocator
 
 from eaglenest.io import atomic_path
 from eaglenest.lengths import (
+    CHAR_LENGTHS,
+    COMPLETION_LEN,
     SAMPLE_LENGTH_COLUMNS,
     TOKEN_LENGTH_COLUMNS,
     read_shard_lengths,
@@ -312,17 +314,12 @@ def read_raw(path: Path) -> pl.DataFrame:
 
 def read_sample_lengths(path: Path) -> pl.DataFrame:
     frame = _scan(path, ["reasoning", "content", "reasoning_field"])
-    return frame.select(
-        "shard",
-        "reasoning_field",
-        pl.col("reasoning").str.len_chars().alias("reasoning_chars"),
-        pl.col("content").str.len_chars().alias("content_chars"),
-    )
+    return frame.select("shard", "reasoning_field", *CHAR_LENGTHS)
 
 
 def read_token_lengths(path: Path) -> pl.DataFrame:
     frame = _scan(path, TOKEN_LENGTH_COLUMNS)
-    return frame.with_columns((pl.col("n_tokens") - pl.col("prompt_len")).alias("completion_len"))
+    return frame.with_columns(COMPLETION_LEN)
 
 
 def _read_lengths(path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
