@@ -4,12 +4,16 @@ Shard ids come from the config at parse time (ceil(prompts.max_samples / prompts
 dry run reads no data, so each run is the workflow in an empty temp workdir with `shard_size: 1`
 and `max_samples` = shards: every per-shard job of every stage is planned (generate with its
 prompt slice, prepare_samples = validate + tokenize, hidden states: 3 per shard) plus the
-once-per-run jobs. Three measurements per size:
+once-per-run jobs. Four measurements per size:
 
-- listing: `snakemake -n`, output to a file, as a user sees it (every job printed). The goal,
-  <= 30 s at 5,000 shards on 2 cores with time linear in shards, is checked on this one.
-- plan: `snakemake -n -q`, the same plan with only the job counts printed; what a real run pays
-  before its first job (it prints each job when it starts, not all of them up front).
+- listing: `snakemake -n`, output to a file, as a user sees it (every job printed), with the
+  default config (the demo: its target is built by the workflow, so every shard's tokenize and
+  hidden-state jobs also depend on that directory, and the embedded server logs per shard).
+- real target: the same listing with `--real-config` (default config/examples/qwen3-8b.yaml, an
+  external endpoint and a target on disk), which is what a run of thousands of shards is. The
+  goal, <= 30 s at 5,000 shards on 2 cores with time linear in shards, is checked on this one.
+- plan: `snakemake -n -q` with the default config, the plan with only the job counts printed;
+  what a real run pays before its first job (it prints each job when it starts).
 - floor: `snakemake -n` over a bare workflow with the same jobs per shard (one input, output and
   log each, `script:`), i.e. Snakemake's own cost for that many jobs on this machine. The ratio
   listing / floor is what the workflow adds, and holds when the machine is slower or faster.
@@ -42,12 +46,15 @@ from workflow_helpers import copy_workflow
 GOAL_S_AT_5000 = 30.0
 
 
-def dry_run(workdir: Path, shards: int, quiet: bool = False) -> dict:
+def dry_run(
+    workdir: Path, shards: int, quiet: bool = False, config: Path | None = None
+) -> dict:
     """One `snakemake -n` over `shards` shards: wall time, peak RSS and the jobs it planned."""
     override = workdir / f"shards-{shards}.yaml"
     override.write_text(json.dumps({"prompts": {"max_samples": shards, "shard_size": 1}}))
-    command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1"]
-    command += ["--configfile", str(override), *(["--quiet"] if quiet else [])]
+    command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile"]
+    command += [*([str(config)] if config else []), str(override)]
+    command += ["--quiet"] if quiet else []
     out_path = workdir / f"dry-run-{shards}.log"
     with out_path.open("w") as out:
         start = time.perf_counter()
@@ -143,7 +150,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeat", type=int, default=1, help="best of this many dry runs")
     parser.add_argument("--json", type=Path, help="write the figures here as one JSON object")
+    parser.add_argument(
+        "--real-config",
+        default="config/examples/qwen3-8b.yaml",
+        help="config of a real target, relative to the repository (the goal is checked on it)",
+    )
     args = parser.parse_args()
+    real_config = REPO / args.real_config
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
@@ -157,16 +170,19 @@ def main() -> None:
             best = {}
             # Interleaved, so a slow minute on a shared machine hits all three alike.
             for _ in range(args.repeat):
-                for name, directory, quiet in (
-                    ("listing", workdir, False),
-                    ("plan", workdir, True),
-                    ("floor", floor_dir, False),
+                for name, directory, quiet, config in (
+                    ("listing", workdir, False, None),
+                    ("real", workdir, False, real_config),
+                    ("plan", workdir, True, None),
+                    ("floor", floor_dir, False, None),
                 ):
-                    run = dry_run(directory, shards, quiet)
+                    run = dry_run(directory, shards, quiet, config)
                     if name not in best or run["wall_s"] < best[name]["wall_s"]:
                         best[name] = run
             listing = best["listing"]
             listing["s_per_1000_shards"] = round(listing["wall_s"] / shards * 1000, 3)
+            listing["real_target_wall_s"] = best["real"]["wall_s"]
+            listing["real_target_jobs"] = best["real"]["jobs"]
             listing["plan_wall_s"] = best["plan"]["wall_s"]
             listing["floor_wall_s"] = best["floor"]["wall_s"]
             listing["over_floor"] = round(listing["wall_s"] / best["floor"]["wall_s"], 2)
@@ -174,15 +190,16 @@ def main() -> None:
             print(
                 f"{shards:>6} shards {listing['jobs']:>6} jobs  {listing['wall_s']:7.2f} s "
                 f"(cpu {listing['cpu_s']:.2f} s)  peak {listing['peak_rss_mib']:7.1f} MiB  "
-                f"{listing['s_per_1000_shards']:.3f} s per 1000 shards | plan only (-q) "
+                f"{listing['s_per_1000_shards']:.3f} s per 1000 shards | real target "
+                f"{listing['real_target_wall_s']:.2f} s | plan only (-q) "
                 f"{listing['plan_wall_s']:.2f} s | bare Snakemake, same jobs "
                 f"{listing['floor_wall_s']:.2f} s (x{listing['over_floor']:g})",
                 flush=True,
             )
     figures = {
         "bench": "dag",
-        "what": "snakemake -n over N shards (shard_size 1), output to a file; plan: -n -q; "
-        "floor: a bare workflow with the same jobs",
+        "what": "snakemake -n over N shards (shard_size 1), output to a file; real target: the "
+        f"same with {args.real_config}; plan: -n -q; floor: a bare workflow with the same jobs",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "snakemake": _snakemake_version(),
         "runs": runs,
@@ -192,11 +209,12 @@ def main() -> None:
     if at_5000:
         figures["goal"] = {
             "max_s_at_5000_shards": GOAL_S_AT_5000,
+            "real_target_wall_s_at_5000_shards": at_5000["real_target_wall_s"],
             "wall_s_at_5000_shards": at_5000["wall_s"],
             "cpu_s_at_5000_shards": at_5000["cpu_s"],
             "plan_wall_s_at_5000_shards": at_5000["plan_wall_s"],
             "floor_wall_s_at_5000_shards": at_5000["floor_wall_s"],
-            "met": at_5000["wall_s"] <= GOAL_S_AT_5000,
+            "met": at_5000["real_target_wall_s"] <= GOAL_S_AT_5000,
         }
     growth_figures = figures["growth"]
     if growth_figures:
@@ -217,8 +235,9 @@ def main() -> None:
     if "goal" in figures:
         goal = figures["goal"]
         print(
-            f"goal <= {goal['max_s_at_5000_shards']:g} s at 5000 shards (listing): {goal['met']} "
-            f"({goal['wall_s_at_5000_shards']:.2f} s; plan only "
+            f"goal <= {goal['max_s_at_5000_shards']:g} s at 5000 shards (real target): "
+            f"{goal['met']} ({goal['real_target_wall_s_at_5000_shards']:.2f} s; demo "
+            f"{goal['wall_s_at_5000_shards']:.2f} s, plan only "
             f"{goal['plan_wall_s_at_5000_shards']:.2f} s)"
         )
     if args.json:

@@ -6,6 +6,17 @@ from pathlib import Path
 # The library is importable without installing it (e.g. a cluster node with only the repo).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
+from eaglenest.planning_gc import postpone_full_collections, resume_full_collections
+
+# Full garbage collections rescan the whole DAG as it grows and free nothing: postponed while
+# Snakemake plans, back to normal once the run starts (see eaglenest.planning_gc).
+_GC_THRESHOLDS = postpone_full_collections()
+
+
+onstart:
+    resume_full_collections(_GC_THRESHOLDS)
+
+
 from eaglenest.code_version import code_version as _code_version
 from eaglenest.config import ConfigError, validate_config
 from eaglenest.prompts import (

@@ -6,7 +6,6 @@ rule generate_responses:
         probe=run_path("probe.json"),
     output:
         prompts=run_path("prompts/{shard}.parquet"),
-        prompts_report=run_path("prompts/{shard}.report.json"),
         raw=run_path("raw/{shard}.parquet"),
     log:
         generate=log_path("generate/{shard}.log"),

@@ -1,6 +1,6 @@
 # One job per shard validates the raw answers and tokenizes the samples that pass: both are cheap
 # CPU work on the same rows, and as one job a shard costs the planner and a cluster one job, not
-# two. Each step keeps its own log, its own report and its own settings in the params.
+# two. Each step keeps its own report and its own settings in the params; the log has both.
 rule prepare_samples:
     input:
         raw=run_path("raw/{shard}.parquet"),
@@ -16,8 +16,7 @@ rule prepare_samples:
         # What the report plots of each sample, so it need not read every sample's text.
         lengths=run_path("tokens/{shard}.lengths.parquet"),
     log:
-        validate=log_path("validate/{shard}.log"),
-        tokenize=log_path("tokenize/{shard}.log"),
+        log_path("samples/{shard}.log"),
     benchmark:
         bench_path("samples/{shard}.tsv")
     conda:

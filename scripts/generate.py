@@ -9,7 +9,6 @@ with log_to(snakemake.log.generate):
         snakemake.config,
         snakemake.wildcards.shard,
         snakemake.output.prompts,
-        report=snakemake.output.prompts_report,
         prepared=snakemake.input.prompts,
     )
     generate_shard(

@@ -1,13 +1,13 @@
 # Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.validate),
-# then tokenize the samples that passed (eaglenest.tokenize), each step into its own log; last
-# the lengths the report plots (eaglenest.lengths).
+# then tokenize the samples that passed (eaglenest.tokenize), last the lengths the report plots
+# (eaglenest.lengths); one log for the job, each step's lines named by its module.
 from eaglenest.lengths import write_shard_lengths
 from eaglenest.logs import log_to
 from eaglenest.tokenize import tokenize_shard
 from eaglenest.validate import validate_shard
 
 shard = snakemake.wildcards.shard
-with log_to(snakemake.log.validate):
+with log_to(snakemake.log[0]):
     validate_shard(
         raw=snakemake.input.raw,
         prompts=snakemake.input.prompts,
@@ -17,7 +17,6 @@ with log_to(snakemake.log.validate):
         settings=snakemake.config["validation"],
         shard=shard,
     )
-with log_to(snakemake.log.tokenize):
     tokenize_shard(
         samples=snakemake.output.samples,
         tokens_out=snakemake.output.tokens,

@@ -174,9 +174,10 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     summary = read_json(run_dir / "vocab/draft_vocab.json")
     assert summary["draft_vocab_size"] == 64 and summary["shards"] == 2
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
-    # Each step of the job writes its own log.
-    assert "00000" in (tmp_path / "logs/t/validate/00000.log").read_text()
-    assert (tmp_path / "logs/t/tokenize/00000.log").read_text().count("tokens/s") == 1
+    # One log per job, each step's lines named by its module.
+    log = (tmp_path / "logs/t/samples/00000.log").read_text()
+    assert "eaglenest.validate" in log and "eaglenest.tokenize" in log
+    assert log.count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))

@@ -828,6 +828,7 @@ def write_prompt_shard(
         "listed": min(n_listed, options.max_samples),
         "sources": dict(sorted(Counter(frame["source"].to_list()).items())),
     }
+    log.info("prompt shard %s: %s", shard, json.dumps(summary, sort_keys=True))
     if report is not None:
         write_json(report, summary)
     return summary
