@@ -135,6 +135,14 @@ def as_json(*sections):
     return json.dumps({s: config[s] for s in sections}, sort_keys=True)
 
 
+def get_server_logs(prefix, **logs):
+    """A job's named logs plus, when the embedded server is the endpoint, its server's log beside
+    them (a run against real endpoints has no such file to plan per shard)."""
+    if config["server"]["enabled"]:
+        logs["server"] = log_path(f"{prefix}.server.log")
+    return logs
+
+
 def get_target_dir():
     """The target directory as an input when the pipeline builds it, else nothing."""
     return run_path("target") if DEMO else []

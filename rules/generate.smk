@@ -8,8 +8,7 @@ rule generate_responses:
         prompts=run_path("prompts/{shard}.parquet"),
         raw=run_path("raw/{shard}.parquet"),
     log:
-        generate=log_path("generate/{shard}.log"),
-        server=log_path("generate/{shard}.server.log"),
+        **get_server_logs("generate/{shard}", generate=log_path("generate/{shard}.log")),
     benchmark:
         bench_path("generate/{shard}.tsv")
     conda:

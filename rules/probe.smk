@@ -4,8 +4,7 @@ rule probe_endpoints:
     output:
         probe=run_path("probe.json"),
     log:
-        probe=log_path("probe_endpoints.log"),
-        server=log_path("probe_endpoints.server.log"),
+        **get_server_logs("probe_endpoints", probe=log_path("probe_endpoints.log")),
     conda:
         "../envs/cpu.yaml"
     threads: 1

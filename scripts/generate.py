@@ -17,6 +17,6 @@ with log_to(snakemake.log.generate):
         out=snakemake.output.raw,
         config=snakemake.config,
         journal=snakemake.params.journal,
-        server_log=snakemake.log.server,
+        server_log=snakemake.log.get("server"),
         shard=snakemake.wildcards.shard,
     )

@@ -6,5 +6,5 @@ with log_to(snakemake.log.probe):
     probe_run(
         config=snakemake.config,
         out=snakemake.output.probe,
-        server_log=snakemake.log.server,
+        server_log=snakemake.log.get("server"),
     )

@@ -54,3 +54,44 @@ def test_dict_param_key_order_reruns_nothing(finished_run: Path):
 def test_client_settings_rerun_nothing(finished_run: Path):
     config = merged(SMALL_DEMO, {"generation": {"concurrency": 7, "timeout_s": 30}})
     assert planned_jobs(snakemake(finished_run, "-n", config=config)) == {}
+
+
+def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Path):
+    """The usual set-up: a server the workflow does not start (here the real eaglenest server on
+    127.0.0.1 over the demo target, as vLLM would be). Probe, prompts, generation and samples of
+    one shard run through Snakemake, and no embedded-server log is planned or written."""
+    from workflow_helpers import copy_workflow, job_logs
+
+    from eaglenest.server_process import running_server
+
+    workdir = copy_workflow(tmp_path / "workflow")
+    target = "results/ext/tokens/00000.parquet"
+    with running_server(demo_target_dir, model_name="demo-ext") as url:
+        config = {
+            "run": "ext",
+            "demo_target": {"enabled": False},
+            "server": {"enabled": False},
+            "target": {"model": "demo-ext", "path": str(demo_target_dir)},
+            "endpoints": [{"url": url, "max_concurrency": 8}],
+            "prompts": {"source": "demo", "max_samples": 8, "shard_size": 8},
+            "generation": {"max_tokens": 160},
+            "validation": {"max_truncated_fraction": 0.5},
+            "train": {"eval_shards": 0},
+        }
+        dry = snakemake(workdir, target, "-n", config=config)
+        assert planned_jobs(dry) == {
+            "probe_endpoints": 1,
+            "prepare_prompts": 1,
+            "generate_responses": 1,
+            "prepare_samples": 1,
+        }
+        assert "server.log" not in dry.stdout
+        result = snakemake(workdir, target, config=config)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    run = workdir / "results" / "ext"
+    raw = pl.read_parquet(run / "raw" / "00000.parquet")
+    assert raw.height == 8 and raw["error_kind"].null_count() == 8
+    assert pl.read_parquet(run / "tokens" / "00000.parquet").height > 0
+    logs = workdir / "logs" / "ext"
+    assert "prompt shard 00000" in (logs / "generate" / "00000.log").read_text()
+    assert not list(logs.rglob("*.server.log"))
