@@ -46,9 +46,7 @@ from workflow_helpers import copy_workflow
 GOAL_S_AT_5000 = 30.0
 
 
-def dry_run(
-    workdir: Path, shards: int, quiet: bool = False, config: Path | None = None
-) -> dict:
+def dry_run(workdir: Path, shards: int, quiet: bool = False, config: Path | None = None) -> dict:
     """One `snakemake -n` over `shards` shards: wall time, peak RSS and the jobs it planned."""
     override = workdir / f"shards-{shards}.yaml"
     override.write_text(json.dumps({"prompts": {"max_samples": shards, "shard_size": 1}}))
