@@ -7,11 +7,12 @@ prompt slice, prepare_samples = validate + tokenize, hidden states: 3 per shard)
 once-per-run jobs. Four measurements per size:
 
 - listing: `snakemake -n`, output to a file, as a user sees it (every job printed), with the
-  default config (the demo: its target is built by the workflow, so every shard's tokenize and
-  hidden-state jobs also depend on that directory, and the embedded server logs per shard).
-- real target: the same listing with `--real-config` (default config/examples/qwen3-8b.yaml, an
-  external endpoint and a target on disk), which is what a run of thousands of shards is. The
+  default config (the demo: its target is built by the workflow, so every shard's samples and
+  hidden-state jobs also depend on that directory, and the embedded server logs per shard). The
   goal, <= 30 s at 5,000 shards on 2 cores with time linear in shards, is checked on this one.
+- real target: the same listing with `--real-config` (default config/examples/qwen3-8b.yaml, an
+  external endpoint and a target on disk), what a run of thousands of shards plans: about 5%
+  less work for Snakemake than the demo's (Python calls), so the listing is the stricter check.
 - plan: `snakemake -n -q` with the default config, the plan with only the job counts printed;
   what a real run pays before its first job (it prints each job when it starts).
 - floor: `snakemake -n` over a bare workflow with the same jobs per shard (one input, output and
@@ -151,7 +152,7 @@ def main() -> None:
     parser.add_argument(
         "--real-config",
         default="config/examples/qwen3-8b.yaml",
-        help="config of a real target, relative to the repository (the goal is checked on it)",
+        help="config of a real target, relative to the repository (also timed at each size)",
     )
     args = parser.parse_args()
     real_config = REPO / args.real_config
@@ -212,7 +213,7 @@ def main() -> None:
             "cpu_s_at_5000_shards": at_5000["cpu_s"],
             "plan_wall_s_at_5000_shards": at_5000["plan_wall_s"],
             "floor_wall_s_at_5000_shards": at_5000["floor_wall_s"],
-            "met": at_5000["real_target_wall_s"] <= GOAL_S_AT_5000,
+            "met": at_5000["wall_s"] <= GOAL_S_AT_5000,
         }
     growth_figures = figures["growth"]
     if growth_figures:
@@ -233,9 +234,9 @@ def main() -> None:
     if "goal" in figures:
         goal = figures["goal"]
         print(
-            f"goal <= {goal['max_s_at_5000_shards']:g} s at 5000 shards (real target): "
-            f"{goal['met']} ({goal['real_target_wall_s_at_5000_shards']:.2f} s; demo "
-            f"{goal['wall_s_at_5000_shards']:.2f} s, plan only "
+            f"goal <= {goal['max_s_at_5000_shards']:g} s at 5000 shards (listing): {goal['met']} "
+            f"({goal['wall_s_at_5000_shards']:.2f} s; real target "
+            f"{goal['real_target_wall_s_at_5000_shards']:.2f} s, plan only "
             f"{goal['plan_wall_s_at_5000_shards']:.2f} s)"
         )
     if args.json:
