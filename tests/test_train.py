@@ -120,7 +120,7 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    killed_at = torch.load(state, weights_only=False)["step"]
+    killed_at = torch.load(state, weights_only=True)["step"]  # nothing but tensors and plain data
     assert 0 < killed_at < settings["max_steps"]
     assert not (tmp_path / "killed" / "drafter" / "model.safetensors").exists()
 
@@ -290,3 +290,57 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
     assert (tmp_path / "drafter" / "model.safetensors").exists()
     lines = (tmp_path / "drafter" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines if '"train"' in line] == [1, 2, 3, 4]
+
+
+class _Payload:
+    """An object a pickle can name: loading it with weights_only=False would import and build it."""
+
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("payload", id="arbitrary-object"),
+        pytest.param(b"not a checkpoint", id="garbage"),
+        pytest.param("truncated", id="truncated"),
+    ],
+)
+def test_a_journal_that_is_not_plain_training_state_is_moved_aside_unrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content
+):
+    from eaglenest.train import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    state = tmp_path / "journal" / "state.pt"
+    state.parent.mkdir()
+    if content == "payload":
+        torch.save({"step": 3, "rng": [_Payload()]}, state)
+    elif content == "truncated":
+        torch.save({"step": 3, "model": {"w": torch.ones(1000)}}, state)
+        state.write_bytes(state.read_bytes()[:500])
+    else:
+        state.write_bytes(content)
+    with caplog.at_level("WARNING"):
+        assert load_checkpoint(state, "cpu") is None
+    assert not (tmp_path / "pwned").exists()
+    assert not state.exists() and (state.parent / "state.pt.stale").exists()
+    assert "not a readable training state" in caplog.text and str(state) in caplog.text
+    assert load_checkpoint(state, "cpu") is None  # nothing to resume now
+
+
+def test_the_random_state_round_trips_through_a_safe_checkpoint(tmp_path: Path):
+    import random
+
+    import numpy as np
+
+    from eaglenest.train import load_checkpoint, rng_state, set_rng_state
+
+    path = tmp_path / "state.pt"
+    torch.save({"rng": [rng_state()]}, path)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_checkpoint(path, "cpu")["rng"][0])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0])
+    assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]

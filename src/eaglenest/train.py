@@ -17,11 +17,13 @@ W-th batch of the epoch's order; one step = one batch per rank. Rank 0 writes ev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import pickle
 import random
 import sys
 import time
@@ -139,9 +141,12 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state in types `torch.load(weights_only=True)` reads (tensors, numbers,
+    strings, tuples, lists): a checkpoint is then loaded without unpickling arbitrary objects."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, keys.tolist(), pos, has_gauss, cached_gaussian),
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
@@ -151,10 +156,41 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def move_aside(path: Path) -> str:
+    """Rename a journal file that will not be resumed to `<name>.stale`; return the new name. Every
+    rank of a multi-GPU run reads the same file, so one of them may have moved it already."""
+    stale = path.with_name(f"{path.name}.stale")
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, stale)
+    return stale.name
+
+
+def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
+    """The training state at `path`, read with `weights_only=True` (a journal on a shared disk is
+    not trusted to run code); None when there is none. A file that cannot be read that way (an
+    older format, a foreign or damaged file) is moved aside as `<name>.stale` with a warning, and
+    training starts over: the journal only saves time, the outputs never depend on it."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    # Objects outside the allowed types and garbage bytes: UnpicklingError; a damaged zip:
+    # RuntimeError; a truncated file: EOFError.
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        log.warning(
+            "journal %s is not a readable training state (%s): moved to %s",
+            path,
+            str(err).splitlines()[0][:200],
+            move_aside(path),
+        )
+        return None
 
 
 def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[Path]) -> str:
@@ -387,9 +423,9 @@ def train_drafter(
 
     step = 0
     state_path = journal_dir / STATE_FILE
-    if state_path.exists():
-        state = torch.load(state_path, map_location=processes.device, weights_only=False)
-        if state["fingerprint"] == print_:
+    state = load_checkpoint(state_path, processes.device)
+    if state is not None:
+        if state.get("fingerprint") == print_:
             model.load_state_dict(state["model"], strict=False)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -397,12 +433,10 @@ def train_drafter(
             step = state["step"]
             log.info("resuming from %s at step %d of %d", state_path, step, total_steps)
         else:
-            stale = state_path.with_name(f"{STATE_FILE}.stale")
-            os.replace(state_path, stale)
             log.warning(
                 "journal %s was written for other inputs or settings: moved to %s",
                 state_path,
-                stale.name,
+                move_aside(state_path),
             )
     metrics = MetricsLog(journal_dir / METRICS_FILE, step) if processes.is_main else None
 
