@@ -782,11 +782,10 @@ def write_prompt_shard(
     config: Mapping[str, Any],
     shard: str,
     out: str | Path,
-    report: str | Path | None = None,
     prepared: str | Path | None = None,
 ) -> dict[str, Any]:
     """Write rows [start, stop) of the ordered list (see shard_bounds) to `out`, validated;
-    return (and write to `report`) what the shard holds.
+    return (and log) what the shard holds.
 
     With `prepared` (all.parquet from prepare_prompts) the shard is sliced from it; without, the
     list is built here up to max_samples, giving the same rows. When the list is shorter than
@@ -829,6 +828,4 @@ def write_prompt_shard(
         "sources": dict(sorted(Counter(frame["source"].to_list()).items())),
     }
     log.info("prompt shard %s: %s", shard, json.dumps(summary, sort_keys=True))
-    if report is not None:
-        write_json(report, summary)
     return summary
