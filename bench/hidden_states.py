@@ -62,7 +62,7 @@ def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, see
 def demo_target(directory: Path) -> Path:
     from eaglenest.demo_target import build_demo_target
 
-    build_demo_target(directory, train_steps=0, heldout_prompts=1)
+    build_demo_target(directory, train_steps=0, heldout_prompts=1, min_reasoning_share=0.0)
     return directory
 
 

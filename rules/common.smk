@@ -1,5 +1,6 @@
 # Shared by every stage: config validation, paths of the run, code versions, params as JSON.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ onstart:
     resume_full_collections(_GC_THRESHOLDS)
 
 
-from eaglenest.code_version import code_version as _code_version
+from eaglenest.code_version import stage_code_version as _stage_code_version
 from eaglenest.config import ConfigError, validate_config
 from eaglenest.prompts import (
     PromptOptions,
@@ -48,72 +49,29 @@ wildcard_constraints:
 if DEMO and not config["target"]["path"]:
     config["target"]["path"] = f"results/{RUN}/target"
 
-# The embedded server shapes the data only when it is the endpoint.
-SERVER_MODULES = (
-    ["server.py", "engine.py", "faults.py", "server_process.py"]
-    if config["server"]["enabled"]
-    else []
-)
-
-# Library files each stage runs: a change to any of them reruns the stage (see code_version.py).
-STAGE_MODULES = {
-    "prompts": ["prompts.py", "schemas.py", "demo_tasks.py", "config.py", "io.py"],
-    "demo_target": [
-        "demo_target.py",
-        "demo_tasks.py",
-        "demo_chat_template.jinja",
-        "io.py",
-    ],
-    "generate": [
-        "generate.py",
-        "reasoning.py",
-        "responses.py",
-        "endpoints.py",
-        "credentials.py",
-        "io.py",
-        *SERVER_MODULES,
-    ],
+# Library modules each stage's script calls (scripts/*.py). A stage's code version hashes these,
+# every eaglenest module they import (lazily or not) and the package files those read: a new
+# import needs no edit here (see eaglenest.code_version). Logging (logs.py) and GPU claims
+# (gpus.py), which the scripts also call, shape no output and rerun nothing.
+STAGE_ENTRIES = {
+    "prompts": ["prompts"],
+    "demo_target": ["demo_target"],
+    "generate": ["generate", "prompts"],
     # validate then tokenize, one job per shard (rules/samples.smk)
-    "samples": [
-        "validate.py",
-        "tokenize.py",
-        "lengths.py",
-        "vocab.py",
-        "schemas.py",
-        "probe.py",
-        "reasoning.py",
-        "io.py",
-    ],
-    "vocab": ["vocab.py", "io.py"],
-    "hidden": ["hidden_states.py", "hidden_reader.py", "tokenize.py", "io.py"],
-    "train": [
-        "train.py",
-        "train_data.py",
-        "drafter.py",
-        "export.py",
-        "hidden_reader.py",
-        "io.py",
-    ],
-    "evaluate": [
-        "evaluate.py",
-        "speculative.py",
-        "train_data.py",
-        "drafter.py",
-        "export.py",
-        "hidden_reader.py",
-        "io.py",
-    ],
-    "report": ["report.py", "lengths.py", "io.py"],
-    "probe": [
-        "probe.py",
-        "responses.py",
-        "reasoning.py",
-        "endpoints.py",
-        "credentials.py",
-        "io.py",
-        *SERVER_MODULES,
-    ],
+    "samples": ["validate", "tokenize", "lengths"],
+    "vocab": ["vocab"],
+    "hidden": ["hidden_states"],
+    "train": ["train"],
+    "evaluate": ["evaluate"],
+    "report": ["report"],
+    "probe": ["probe"],
 }
+# The embedded demo server shapes the data only where it is the endpoint: in the stages that send
+# requests, when server.enabled. Elsewhere the import that starts it (endpoints.py imports
+# server_process inside a function) is cut, and with it the server, its engine and its faults.
+ENDPOINT_STAGES = ("generate", "probe")
+EMBEDDED_SERVER_ENTRY = "server_process"
+_CODE_VERSIONS = {}
 
 
 def run_path(relative):
@@ -126,8 +84,13 @@ def log_path(relative):
 
 
 def code_version(stage):
-    # Hash the package that scripts will import, wherever it is installed.
-    return _code_version(STAGE_MODULES[stage])
+    """The stage's code version, computed once per parse (rules share stages)."""
+    if stage not in _CODE_VERSIONS:
+        server_shapes_data = config["server"]["enabled"] and stage in ENDPOINT_STAGES
+        exclude = [] if server_shapes_data else [EMBEDDED_SERVER_ENTRY]
+        # Hashes the package that scripts will import, wherever it is installed.
+        _CODE_VERSIONS[stage] = _stage_code_version(STAGE_ENTRIES[stage], exclude)
+    return _CODE_VERSIONS[stage]
 
 
 def as_json(*sections):

@@ -7,7 +7,9 @@ rule build_demo_target:
         bench_path("build_demo_target.tsv")
     conda:
         "../envs/cpu.yaml"
-    threads: workflow.cores
+    # Every core of this machine: Snakemake lowers it to --cores when the job runs. Unlike
+    # workflow.cores it needs no --cores to parse (`snakemake --unlock`, -n, --list-rules).
+    threads: os.cpu_count() or 1
     params:
         settings=as_json("demo_target"),
         code_version=code_version("demo_target"),

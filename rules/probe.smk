@@ -1,6 +1,8 @@
 rule probe_endpoints:
     input:
         target=get_target_dir(),
+        # The probe asks the run's own first prompts: what the target will be asked in the run.
+        prompts=run_path("prompts/all.parquet"),
     output:
         probe=run_path("probe.json"),
     log:
@@ -10,6 +12,7 @@ rule probe_endpoints:
     threads: 1
     params:
         settings=as_json("target", "server", "endpoints", "probe"),
+        extra_body=json.dumps(config["generation"]["extra_body"], sort_keys=True),
         code_version=code_version("probe"),
     script:
         "../scripts/probe.py"

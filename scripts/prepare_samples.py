@@ -4,7 +4,7 @@
 from eaglenest.lengths import write_shard_lengths
 from eaglenest.logs import log_to
 from eaglenest.tokenize import tokenize_shard
-from eaglenest.validate import validate_shard
+from eaglenest.validate import target_vocab_size_of, validate_shard
 
 shard = snakemake.wildcards.shard
 with log_to(snakemake.log[0]):
@@ -16,6 +16,7 @@ with log_to(snakemake.log[0]):
         report_out=snakemake.output.samples_report,
         settings=snakemake.config["validation"],
         shard=shard,
+        vocab_size=target_vocab_size_of(snakemake.config["target"]),
     )
     tokenize_shard(
         samples=snakemake.output.samples,

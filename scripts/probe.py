@@ -7,4 +7,5 @@ with log_to(snakemake.log.probe):
         config=snakemake.config,
         out=snakemake.output.probe,
         server_log=snakemake.log.get("server"),
+        prompt_list=snakemake.input.prompts,
     )

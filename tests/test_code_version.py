@@ -1,10 +1,17 @@
-"""Code versions change with behaviour, not with comments or docstrings."""
+"""Code versions change with behaviour, not with comments or docstrings, and cover every module of
+the package a stage imports (and the data files those read), derived from its entry modules."""
 
-from pathlib import Path
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 
 import pytest
 
-from eaglenest.code_version import code_version
+from eaglenest.code_version import code_version, module_closure, stage_code_version
 
 
 def write(dir_: Path, name: str, text: str) -> None:
@@ -41,3 +48,323 @@ def test_non_python_files_hash_by_bytes_and_order_does_not_matter(tmp_path):
 def test_missing_module_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.py"):
         code_version(["nope.py"], tmp_path)
+
+
+# ---- Closures: a stage names its entry modules, the version covers what they import -----------
+
+
+def package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A package `pkg` in tmp_path with the given files (relative paths), for module_closure."""
+    root = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_lazy_imports_inside_functions_count(tmp_path):
+    pkg = package(
+        tmp_path,
+        {
+            "entry.py": "def run():\n    from pkg.helper import f\n    return f()\n",
+            "helper.py": "def f():\n    import pkg.deep\n    return 1\n",
+            "deep.py": "X = 1\n",
+            "unused.py": "Y = 2\n",
+        },
+    )
+    assert module_closure(["entry"], package_dir=pkg) == ["deep.py", "entry.py", "helper.py"]
+
+
+def test_every_import_form_counts(tmp_path):
+    pkg = package(
+        tmp_path,
+        {
+            "entry.py": (
+                "import pkg.a\nimport pkg.a as alias\nfrom pkg import b\nfrom pkg.c import name\n"
+                "from . import d\nfrom .e import other\nfrom .sub import f\n"
+            ),
+            **{f"{m}.py": "" for m in "abcde"},
+            "sub/__init__.py": "from ..g import h\n",
+            "sub/f.py": "from .. import i\nfrom ...outside import j\n",
+            "g.py": "",
+            "i.py": "",
+        },
+    )
+    assert module_closure(["entry"], package_dir=pkg) == [
+        "a.py",
+        "b.py",
+        "c.py",
+        "d.py",
+        "e.py",
+        "entry.py",
+        "g.py",
+        "i.py",
+        "sub/__init__.py",
+        "sub/f.py",
+    ]
+
+
+def test_the_package_init_counts_only_where_the_package_itself_is_imported(tmp_path):
+    pkg = package(tmp_path, {"a.py": "from pkg import b\n", "b.py": "", "c.py": "import pkg\n"})
+    pkg.joinpath("d.py").write_text("from pkg import __version__\n")
+    assert "__init__.py" not in module_closure(["a"], package_dir=pkg)
+    assert "__init__.py" in module_closure(["c"], package_dir=pkg)
+    assert "__init__.py" in module_closure(["d"], package_dir=pkg)
+
+
+def test_an_import_cycle_ends(tmp_path):
+    pkg = package(
+        tmp_path,
+        {"a.py": "from pkg import b\n", "b.py": "def f():\n    from .a import g\n", "c.py": ""},
+    )
+    assert module_closure(["a"], package_dir=pkg) == ["a.py", "b.py"]
+    assert module_closure(["b"], package_dir=pkg) == ["a.py", "b.py"]
+
+
+def test_an_edit_to_a_module_imported_through_another_changes_the_version(tmp_path):
+    pkg = package(
+        tmp_path,
+        {
+            "entry.py": "from pkg.middle import f\n",
+            "middle.py": "def f():\n    from pkg import leaf\n    return leaf.g()\n",
+            "leaf.py": '"""Leaf."""\n\ndef g():\n    return 1\n',
+        },
+    )
+    before = stage_code_version(["entry"], package_dir=pkg)
+    leaf = pkg / "leaf.py"
+    leaf.write_text('"""Leaf, edited."""\n# why\n\ndef g():\n    """Doc."""\n    return 1  # one\n')
+    assert stage_code_version(["entry"], package_dir=pkg) == before
+    leaf.write_text('"""Leaf."""\n\ndef g():\n    return 2\n')
+    assert stage_code_version(["entry"], package_dir=pkg) != before
+
+
+def test_data_files_a_module_names_count(tmp_path):
+    pkg = package(
+        tmp_path,
+        {
+            "entry.py": '"""Mentions other.jinja only here."""\nTEMPLATE = "template.jinja"\n',
+            "template.jinja": "{{ x }}",
+            "other.jinja": "{{ y }}",
+            "sub/__init__.py": 'NEAR = "near.json"\nFAR = "far/data.txt"\n',
+            "sub/near.json": "{}",
+            "far/data.txt": "x",
+        },
+    )
+    assert module_closure(["entry", "sub"], package_dir=pkg) == [
+        "entry.py",
+        "far/data.txt",
+        "sub/__init__.py",
+        "sub/near.json",
+        "template.jinja",
+    ]
+    before = stage_code_version(["entry"], package_dir=pkg)
+    (pkg / "template.jinja").write_text("{{ x }}\n")
+    assert stage_code_version(["entry"], package_dir=pkg) != before
+
+
+def test_an_excluded_module_cuts_what_only_it_reaches(tmp_path):
+    pkg = package(
+        tmp_path,
+        {
+            "entry.py": "import pkg.shared\ndef serve():\n    from pkg.server import run\n",
+            "server.py": "from pkg import engine, shared\n",
+            "engine.py": "",
+            "shared.py": "",
+        },
+    )
+    assert module_closure(["entry"], package_dir=pkg) == [
+        "engine.py",
+        "entry.py",
+        "server.py",
+        "shared.py",
+    ]
+    assert module_closure(["entry"], ["server"], package_dir=pkg) == ["entry.py", "shared.py"]
+    with pytest.raises(ValueError, match="excluded"):
+        module_closure(["server"], ["server"], package_dir=pkg)
+
+
+def test_an_unknown_entry_module_is_an_error(tmp_path):
+    pkg = package(tmp_path, {"a.py": ""})
+    with pytest.raises(FileNotFoundError, match="'nope'"):
+        module_closure(["nope"], package_dir=pkg)
+
+
+# ---- Completeness on the real package and workflow -------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "eaglenest"
+# What scripts call that shapes no output (logging, GPU claims): no stage hashes it.
+SHAPES_NO_OUTPUT = {"logs", "gpus"}
+
+
+def stage_entries() -> dict[str, list[str]]:
+    """STAGE_ENTRIES as rules/common.smk defines it (a literal dict)."""
+    text = (REPO / "rules" / "common.smk").read_text()
+    match = re.search(r"^STAGE_ENTRIES = (\{.*?^\})$", text, re.MULTILINE | re.DOTALL)
+    assert match, "rules/common.smk defines STAGE_ENTRIES as a literal dict"
+    return ast.literal_eval(match.group(1))
+
+
+def script_imports(script: Path) -> set[str]:
+    """The eaglenest modules a script imports, relative to the package."""
+    names = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest."):
+            names.add(node.module.removeprefix("eaglenest."))
+        elif isinstance(node, ast.Import):
+            names.update(
+                a.name.removeprefix("eaglenest.")
+                for a in node.names
+                if a.name.startswith("eaglenest.")
+            )
+    return names
+
+
+def test_every_rule_with_a_script_hashes_what_the_script_imports():
+    entries = stage_entries()
+    rules = 0
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        for block in re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)[1:]:
+            name = block.split(":", 1)[0]
+            script = re.search(r'script:\s*"\.\./(scripts/[\w.]+)"', block)
+            if not script:
+                continue
+            rules += 1
+            stage = re.search(r'code_version=code_version\("(\w+)"\)', block)
+            assert stage, f"rule {name} ({smk.name}) has no code_version param"
+            hashed = {f.removesuffix(".py") for f in module_closure(entries[stage.group(1)])}
+            missing = script_imports(REPO / script.group(1)) - hashed - SHAPES_NO_OUTPUT
+            assert not missing, (
+                f"rule {name}: {script.group(1)} imports {sorted(missing)}, which stage "
+                f"{stage.group(1)!r} does not hash: add them to STAGE_ENTRIES in rules/common.smk"
+            )
+    assert rules >= 10
+
+
+# Run in a fresh interpreter: imports every module of the package once (so the third-party
+# libraries are loaded once), then per stage a forked child forgets the package, imports the
+# stage's entry modules and, until nothing new appears, every package module that a loaded
+# module imports on an indented line (inside a function), found by a regular expression.
+# Prints {stage: [files of the loaded package modules]} as JSON.
+OBSERVE_IMPORTS = r"""
+import importlib, importlib.util, json, os, pkgutil, re, sys
+import eaglenest
+
+entries = json.loads(sys.argv[1])
+for info in pkgutil.iter_modules(eaglenest.__path__):
+    importlib.import_module("eaglenest." + info.name)
+LAZY = re.compile(
+    r"^[ \t]+from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
+    r"|^[ \t]+import[ \t]+([^\n#]*)",
+    re.M,
+)
+
+def lazy_imports(module):
+    text = open(module.__file__).read()
+    for match in LAZY.finditer(text):
+        if match.group(1):
+            base = importlib.util.resolve_name(match.group(1), module.__package__)
+            names = match.group(2).strip("()").replace("\n", " ").split(",")
+            yield base
+            yield from (base + "." + n.split(" as ")[0].strip() for n in names if n.strip())
+        else:
+            yield from (n.split(" as ")[0].strip() for n in match.group(3).split(","))
+
+def observe(stage_entries):
+    for name in [m for m in sys.modules if m == "eaglenest" or m.startswith("eaglenest.")]:
+        del sys.modules[name]
+    for entry in stage_entries:
+        importlib.import_module("eaglenest." + entry)
+    seen = set()
+    while True:
+        new = [m for m in sys.modules if m.startswith("eaglenest") and m not in seen]
+        if not new:
+            break
+        for name in new:
+            seen.add(name)
+            for candidate in lazy_imports(sys.modules[name]):
+                if candidate == "eaglenest" or candidate.startswith("eaglenest."):
+                    try:
+                        importlib.import_module(candidate)
+                    except ModuleNotFoundError as error:
+                        if not (error.name or "").startswith("eaglenest"):
+                            raise
+    root = os.path.dirname(eaglenest.__file__)
+    return sorted(os.path.relpath(sys.modules[m].__file__, root) for m in seen)
+
+result = {}
+for stage, names in entries.items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        with os.fdopen(write, "w") as out:
+            json.dump(observe(names), out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        result[stage] = json.loads(stream.read() or "null")
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and result[stage] is not None, f"stage {stage}: child failed"
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def observed_imports() -> dict[str, set[str]]:
+    """Per stage, the package files its entry modules import when run (see OBSERVE_IMPORTS)."""
+    result = subprocess.run(
+        [sys.executable, "-c", OBSERVE_IMPORTS, json.dumps(stage_entries())],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {stage: set(files) for stage, files in json.loads(result.stdout).items()}
+
+
+@pytest.mark.parametrize("stage", sorted(stage_entries()))
+def test_a_stage_hashes_every_module_it_imports(observed_imports, stage):
+    closure = set(module_closure(stage_entries()[stage], package_dir=PACKAGE))
+    # Every import runs the package's __init__; it counts only where imported by name.
+    observed = observed_imports[stage] - {"__init__.py"}
+    assert observed <= closure, f"imported but not hashed: {sorted(observed - closure)}"
+    python = {f for f in closure if f.endswith(".py")} - {"__init__.py"}
+    assert python <= observed, f"hashed but never imported: {sorted(python - observed)}"
+    # Non-Python package files: hashed wherever a hashed module's source names them.
+    for data in [f for f in _package_files() if not f.endswith(".py")]:
+        readers = [m for m in python if PurePosixPath(data).name in (PACKAGE / m).read_text()]
+        if readers:
+            assert data in closure, f"{data} (named in {readers}) is not hashed"
+
+
+def _package_files() -> list[str]:
+    return [
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
+
+
+def test_the_package_init_holds_only_constants():
+    """The package's __init__ runs with every import but is hashed only where imported by name:
+    that holds while it only sets constants (a version string)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body[1:] if ast.get_docstring(tree) else tree.body:
+        assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant), (
+            "src/eaglenest/__init__.py now does more than set constants: make module_closure "
+            "count it for every stage"
+        )
+
+
+def test_the_demo_server_is_cut_where_excluded():
+    server = {"server_process.py", "server.py", "engine.py", "faults.py"}
+    for entries in (["generate"], ["probe"]):
+        assert server <= set(module_closure(entries))
+        assert not server & set(module_closure(entries, ["server_process"]))
+
+
+def test_the_demo_target_hashes_its_chat_template():
+    assert "demo_chat_template.jinja" in module_closure(["demo_target"])

@@ -176,6 +176,7 @@ def test_quick_build_through_the_cli_loads_with_auto_classes(tmp_path):
 
     out = tmp_path / "target"
     args = ["build-demo-target", "--out", str(out), "--train-steps", "30", "--threads", "1"]
+    args += ["--min-reasoning-share", "0"]  # 30 steps is not enough to reason
     for key, value in TINY_BUILD.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     assert main(args) == 0
@@ -214,8 +215,9 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 
     threads_before = torch.get_num_threads()
     # One thread: tiny models gain nothing from more, and the numbers are then reproducible.
-    first = build_demo_target(tmp_path / "a", train_steps=3, threads=1, **TINY_BUILD)
-    second = build_demo_target(tmp_path / "b", train_steps=3, threads=1, **TINY_BUILD)
+    untrained = {"train_steps": 3, "threads": 1, "min_reasoning_share": 0.0, **TINY_BUILD}
+    first = build_demo_target(tmp_path / "a", **untrained)
+    second = build_demo_target(tmp_path / "b", **untrained)
     assert first["threads"] == 1 and torch.get_num_threads() == threads_before  # restored
     assert first["final_loss"] == second["final_loss"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
@@ -227,11 +229,22 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 
     monkeypatch.setattr(demo_target, "_save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        build_demo_target(tmp_path / "c", train_steps=0, threads=1, **TINY_BUILD)
+        build_demo_target(tmp_path / "c", **untrained)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_demo_target_that_does_not_reason_fails_its_build(tmp_path):
+    """Three training steps: the model cannot open a think block yet. The build says so and
+    writes nothing, instead of letting the probe stop the run minutes later."""
+    from eaglenest.demo_target import DemoTargetError
+
+    with pytest.raises(DemoTargetError, match=r"min_reasoning_share 0\.9.*train_steps \(now 3\)"):
+        build_demo_target(tmp_path / "t", train_steps=3, threads=1, **TINY_BUILD)
+    assert not (tmp_path / "t").exists()
 
 
 @pytest.mark.slow
 def test_demo_target_fixture_emits_think_blocks(demo_target_dir: Path):
     metrics = json.loads((demo_target_dir / METRICS_FILE).read_text())
     assert metrics["well_formed_share"] >= 0.8, metrics["sample_completions"]
+    assert metrics["reasoning_share"] >= 0.9, metrics["sample_completions"]

@@ -2,6 +2,7 @@
 not the model): faults, kills, dialects, secrets."""
 
 import asyncio
+import email.utils
 import hashlib
 import json
 import os
@@ -18,12 +19,15 @@ import pytest
 from eaglenest.config import validate_config
 from eaglenest.endpoints import Endpoint
 from eaglenest.generate import (
+    RAW_SCHEMA,
     GenerationError,
     GenerationSettings,
     generate_records,
     generate_shard,
     read_journal,
+    record_from_response,
     sample_seed,
+    write_raw,
 )
 from eaglenest.io import write_json
 from eaglenest.schemas import RawSchema
@@ -227,3 +231,141 @@ def test_api_key_reaches_no_file(tmp_path, monkeypatch):
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_short_api_key_never_changes_the_models_text(tmp_path, monkeypatch):
+    # vLLM's usual dummy key: redacting it from answers would corrupt every "EMPTY" the model says.
+    monkeypatch.setenv("EAGLENEST_TEST_API_KEY", "EMPTY")
+    frame = pl.DataFrame(
+        [{"id": "e" * 16, "messages": [{"role": "user", "content": "Is the box EMPTY?"}]}]
+    )
+    with running_server(model_name=MODEL, echo=True) as url:
+        endpoint = Endpoint(url, api_key_env="EAGLENEST_TEST_API_KEY")
+        records = asyncio.run(
+            generate_records(frame.to_dicts(), [endpoint], fast_settings(), tmp_path / "j.jsonl")
+        )
+    record = records["e" * 16]
+    assert record["content"].endswith("Is the box EMPTY?")
+    assert "Is the box EMPTY?" in json.loads(record["response"])["choices"][0]["message"]["content"]
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    from eaglenest.generate import retry_after_s
+
+    now = 1_700_000_000.0
+    assert retry_after_s("7", now) == 7.0
+    assert retry_after_s("1.5", now) == 1.5
+    assert retry_after_s(None, now) is None
+    assert retry_after_s("soon", now) is None
+    date = email.utils.formatdate(now + 42, usegmt=True)  # e.g. "Tue, 14 Nov 2023 22:14:02 GMT"
+    assert retry_after_s(date, now) == pytest.approx(42, abs=1)
+    assert retry_after_s(email.utils.formatdate(now - 60, usegmt=True), now) == 0.0
+
+
+def test_retry_after_is_honoured_up_to_the_cap():
+    from eaglenest.generate import _backoff_s
+
+    settings = fast_settings(retry_after_max_s=5.0)
+    assert _backoff_s(1, settings, 3.0) == 3.0
+    assert _backoff_s(1, settings, 86_400.0) == 5.0
+
+
+def test_an_answer_from_another_model_is_a_terminal_failure(tmp_path):
+    """A router that answers with another model than the one asked for: an independent server on
+    127.0.0.1 that always says it is `other-model`."""
+    from aiohttp import web
+
+    from eaglenest.server import EchoBackend, build_response, parse_chat_request
+
+    async def chat(request):
+        completion = await EchoBackend().complete(parse_chat_request(await request.json()))
+        return web.json_response(
+            build_response(
+                completion, model_name="other-model", dialect="vllm", return_token_ids=True
+            )
+        )
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await generate_records(
+                prompt_frame(3).to_dicts(),
+                [Endpoint(f"http://127.0.0.1:{port}")],
+                fast_settings(),
+                tmp_path / "j.jsonl",
+            )
+        finally:
+            await runner.cleanup()
+
+    records = asyncio.run(scenario())
+    assert {r["error_kind"] for r in records.values()} == {"model_mismatch"}
+    assert all("other-model" in r["error"] for r in records.values())
+    assert {r["attempts"] for r in records.values()} == {1}
+
+
+# -- token ids that are not ids -------------------------------------------------------------
+
+
+def vllm_answer(completion_ids: list, prompt_ids: list | None = None) -> dict:
+    return {
+        "prompt_token_ids": [1, 2] if prompt_ids is None else prompt_ids,
+        "choices": [
+            {
+                "message": {"content": "\n\n4", "reasoning": "\nthink\n"},
+                "finish_reason": "stop",
+                "token_ids": completion_ids,
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("completion_ids", "prompt_ids", "problem"),
+    [
+        (["12", 7.5, None, -1, 999999], None, 'completion_token_ids[0] is "12", not an integer'),
+        ([3, 7.5], None, "completion_token_ids[1] is 7.5, not an integer"),  # not truncated to 7
+        ([3, None], None, "completion_token_ids[1] is null, not an integer"),
+        ([3, True], None, "completion_token_ids[1] is true, not an integer"),
+        ([3, 4], [1, 2**64], f"prompt_token_ids[1] is {2**64}, beyond a 64-bit integer"),
+    ],
+)
+def test_ids_that_are_not_integers_are_marked_not_coerced(
+    tmp_path, completion_ids, prompt_ids, problem
+):
+    answer = vllm_answer(completion_ids, prompt_ids)
+    text = json.dumps(answer)
+    record = record_from_response("a" * 16, "http://e", {}, answer, text, 0.1, 1)
+    assert record["token_ids_error"] == problem
+    assert record["prompt_token_ids"] is None and record["completion_token_ids"] is None
+    assert record["token_layout"] == "vllm" and record["response"] == text
+    write_raw([record], tmp_path / "raw.parquet")  # no TypeError, nothing coerced
+    raw = RawSchema.validate(pl.read_parquet(tmp_path / "raw.parquet"))
+    assert raw.row(0, named=True) == dict.fromkeys(RAW_SCHEMA) | record
+
+
+def test_integer_ids_out_of_range_are_kept_for_validation_to_judge():
+    answer = vllm_answer([-1, 999999])
+    record = record_from_response("a" * 16, "http://e", {}, answer, "{}", 0.1, 1)
+    assert record["token_ids_error"] is None
+    assert record["completion_token_ids"] == [-1, 999999]
+
+
+def test_a_journal_written_before_the_check_still_makes_a_raw_file(tmp_path):
+    """Records journaled by a version without the check hold the server's ids as sent, and no
+    token_ids_error key; write_raw marks them instead of crashing on them."""
+    good = record_from_response("a" * 16, "http://e", {}, vllm_answer([3, 4]), "{}", 0.1, 1)
+    old = dict(good, id="b" * 16, completion_token_ids=["12", 7.5, None, -1, 999999])
+    del good["token_ids_error"], old["token_ids_error"]
+    write_raw([good, old], tmp_path / "raw.parquet")
+    raw = RawSchema.validate(pl.read_parquet(tmp_path / "raw.parquet"))
+    assert raw["token_ids_error"].to_list() == [
+        None,
+        'completion_token_ids[0] is "12", not an integer',
+    ]
+    assert raw["completion_token_ids"].to_list() == [[3, 4], None]

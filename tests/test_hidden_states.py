@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,10 +18,12 @@ from safetensors import safe_open
 from eaglenest.hidden_reader import open_hidden_shard
 from eaglenest.hidden_states import (
     HiddenSettings,
+    ShardWriter,
     default_aux_layer_ids,
     extract_hidden_states,
     load_target,
     pack_batches,
+    pwrite_all,
     save_target_head,
 )
 from eaglenest.tokenize import loss_mask
@@ -121,6 +124,53 @@ def test_batched_equals_one_at_a_time(tokens, demo_target_dir, target, tmp_path)
     for i in range(len(a)):
         for name, value in a.sample(i).items():
             torch.testing.assert_close(value, b.sample(i)[name], atol=1e-5, rtol=1e-4)
+
+
+def short_pwrites(monkeypatch, max_bytes: int) -> list[int]:
+    """Make every os.pwrite write at most `max_bytes` (as Linux does past 0x7ffff000 bytes);
+    return the list of byte counts written, one per call."""
+    real_pwrite, calls = os.pwrite, []
+
+    def pwrite(fd: int, data, offset: int) -> int:
+        written = real_pwrite(fd, memoryview(data)[:max_bytes], offset)
+        calls.append(written)
+        return written
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    return calls
+
+
+def test_short_pwrites_are_continued_until_every_byte_is_written(tmp_path, monkeypatch):
+    data = np.random.default_rng(0).integers(0, 256, size=10_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"\0" * 20_000)
+    calls = short_pwrites(monkeypatch, 999)
+    with open(path, "r+b") as f:
+        pwrite_all(f.fileno(), data, 5_000)
+    assert len(calls) == 11 and sum(calls) == len(data)
+    assert path.read_bytes() == b"\0" * 5_000 + data + b"\0" * 5_000
+
+
+def test_shard_writer_rows_survive_short_writes(tmp_path, monkeypatch):
+    values = torch.randn(6, 5, dtype=torch.float32)  # 120 bytes, written 7 bytes a call
+    specs = [("header", "I64", [2]), ("aux", "F32", [10, 5])]
+    positions = {"header": 0, "aux": 16}
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"\0" * (16 + 10 * 5 * 4))
+    calls = short_pwrites(monkeypatch, 7)
+    with open(path, "r+b") as f:
+        writer = ShardWriter(f.fileno(), specs, positions, HiddenSettings())
+        writer.write_states("aux", 3, values, 1)
+    assert len(calls) == -(-values.numel() * 4 // 7)
+    stored = np.frombuffer(path.read_bytes()[16:], dtype=np.float32).reshape(10, 5)
+    assert np.array_equal(stored[3:9], values.numpy())
+    assert not stored[:3].any() and not stored[9:].any()
+
+
+def test_a_pwrite_that_makes_no_progress_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
+    with open(tmp_path / "x", "wb") as f, pytest.raises(OSError, match="wrote 0 bytes"):
+        pwrite_all(f.fileno(), b"abc", 0)
 
 
 def test_pack_batches_respects_padded_budget():
@@ -232,11 +282,10 @@ def test_killed_write_leaves_nothing_and_rerun_is_identical(
     assert out.read_bytes() == first
 
 
-@pytest.mark.parametrize("from_model", [True, False])
-def test_target_head(demo_target_dir, target, tmp_path, from_model):
+def test_target_head(demo_target_dir, target, tmp_path):
+    """Read from the checkpoint (tests/test_target_files.py compares it byte for byte)."""
     out = tmp_path / "target_head.safetensors"
-    model = target if from_model else None
-    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings(), model=model)
+    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings())
     with safe_open(str(out), framework="pt") as f:
         meta = f.metadata()
         torch.testing.assert_close(
@@ -245,7 +294,7 @@ def test_target_head(demo_target_dir, target, tmp_path, from_model):
         torch.testing.assert_close(f.get_tensor("norm.weight"), target.model.norm.weight)
         assert ("lm_head.weight" in set(f.keys())) != json.loads(meta["tied_word_embeddings"])
     assert json.loads(meta["aux_layer_ids"]) == [2, 4, 5] and meta["hidden_size"] == "64"
-    assert meta["source"] == ("model" if from_model else "checkpoint")
+    assert meta["source"] == "checkpoint"
 
 
 MEMORY_PROBE = textwrap.dedent(

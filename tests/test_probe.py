@@ -134,3 +134,122 @@ def test_cli_probe_exits_nonzero_with_the_message():
         )
     assert code.returncode == 1
     assert "not served" in code.stdout
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_one_answer_without_reasoning_is_a_warning_not_a_failure(caplog):
+    """A real target may skip thinking on one prompt (here Qwen3's /no_think switch, which the
+    echo server honours): the probe goes on and says how many answers had no reasoning."""
+    prompts = [user("What is 2 + 2? /no_think"), user("Sort 3, 1, 2."), user("Count to 3.")]
+    with running_server(model_name=MODEL, echo=True) as url, caplog.at_level("WARNING"):
+        result = probe_endpoint(Endpoint(url=url), MODEL, prompts=prompts)
+    assert result["reasoning_field"] == "reasoning"
+    assert result["answers_without_reasoning"] == 1
+    assert [a["reasoning_field"] for a in result["answers"]] == ["none", "reasoning", "reasoning"]
+    assert result["reasoning_preview"].strip()  # shows an answer that has reasoning
+    assert "1 of 3 answers have no reasoning" in caplog.text
+
+
+def test_every_answer_without_reasoning_fails():
+    prompts = [user("What is 2 + 2? /no_think"), user("Sort 3, 1, 2. /no_think")]
+    with (
+        running_server(model_name=MODEL, echo=True) as url,
+        pytest.raises(ProbeError, match="reasoning is empty in every field of all 2 probe answers"),
+    ):
+        probe_endpoint(Endpoint(url=url), MODEL, prompts=prompts)
+
+
+def test_probe_sends_the_runs_own_first_prompts(tmp_path):
+    import polars as pl
+
+    from eaglenest.probe import probe_prompts
+
+    frame = pl.DataFrame({"messages": [user(f"q{i}") for i in range(5)]})
+    frame.write_parquet(tmp_path / "all.parquet")
+    assert probe_prompts(tmp_path / "all.parquet", 2, None) == [user("q0"), user("q1")]
+    assert probe_prompts(tmp_path / "all.parquet", 1, "fixed?") == [user("q0"), user("fixed?")]
+    with pytest.raises(ProbeError, match="nothing to send"):
+        probe_prompts(tmp_path / "all.parquet", 0, None)
+
+
+def serve_once(handler):
+    """An independent aiohttp server on 127.0.0.1 in a thread: (url, stop)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    ready, box = threading.Event(), {}
+
+    def main():
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        box["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        box["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    ready.wait(10)
+
+    def stop():
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+        thread.join(10)
+
+    return box["url"], stop
+
+
+def test_a_non_json_model_list_is_a_clear_error():
+    from aiohttp import web
+
+    async def html(request):
+        return web.Response(text="<html>login</html>", content_type="text/html")
+
+    url, stop = serve_once(html)
+    try:
+        with pytest.raises(ProbeError, match=r"/v1/models did not answer an OpenAI model list"):
+            probe_endpoint(Endpoint(url=url), MODEL)
+    finally:
+        stop()
+
+
+def test_an_answer_from_another_model_fails_the_probe():
+    from aiohttp import web
+
+    from eaglenest.server import EchoBackend, build_response, parse_chat_request
+
+    async def handler(request):
+        if request.path.endswith("/models"):
+            return web.json_response({"data": [{"id": MODEL}]})
+        completion = await EchoBackend().complete(parse_chat_request(await request.json()))
+        return web.json_response(
+            build_response(completion, model_name="other", dialect="vllm", return_token_ids=True)
+        )
+
+    url, stop = serve_once(handler)
+    try:
+        with pytest.raises(ProbeError, match="with model 'other'"):
+            probe_endpoint(Endpoint(url=url), MODEL)
+    finally:
+        stop()
+
+
+def test_malformed_token_ids_are_no_support():
+    """A server whose ids are not integers (the `bad_token_ids` fault): the probe says so, and
+    fails when ids are required, instead of validation dropping every row later."""
+    with running_server(model_name=MODEL, echo=True, faults={"bad_token_ids": 1.0}) as url:
+        result = probe_endpoint(Endpoint(url=url), MODEL)
+        assert not result["token_ids"]["supported"]
+        assert "not an integer" in result["answers"][0]["token_ids"]["problem"]
+        with pytest.raises(ProbeError, match="malformed token ids"):
+            probe_endpoint(Endpoint(url=url), MODEL, require_token_ids=True)

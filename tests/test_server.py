@@ -24,6 +24,7 @@ from eaglenest.reasoning import split_think
 from eaglenest.server import (
     ECHO_REASONING,
     ECHO_STOP_TOKEN,
+    MALFORMED_TOKEN_IDS,
     echo_decode,
     render_echo_prompt,
 )
@@ -327,9 +328,14 @@ def classify(outcome: httpx.Response | Exception) -> str:
         return "rate_limit_429"
     assert outcome.status_code == 200, outcome.text
     try:
-        message = outcome.json()["choices"][0]["message"]
+        choice = outcome.json()["choices"][0]
     except json.JSONDecodeError:
         return "malformed"
+    message = choice["message"]
+    if "token_ids" in choice:  # these requests do not ask for ids: only the fault sends them
+        assert choice["token_ids"] == MALFORMED_TOKEN_IDS
+        assert message["reasoning"] == ECHO_REASONING
+        return "bad_token_ids"
     if message["reasoning"] is None:
         assert "<think>" not in message["content"] and message["content"] == "\n\nhello"
         return "drop_reasoning"

@@ -2,6 +2,8 @@
 
 import json
 
+import httpx
+import pandera.errors
 import polars as pl
 import pytest
 from test_generate import MODEL, prompt_frame
@@ -10,7 +12,12 @@ from eaglenest.config import validate_config
 from eaglenest.generate import RAW_SCHEMA, generate_shard
 from eaglenest.io import read_json, write_json
 from eaglenest.server_process import running_server
-from eaglenest.validate import ShardValidationError, validate_frame, validate_shard
+from eaglenest.validate import (
+    ShardValidationError,
+    target_vocab_size_of,
+    validate_frame,
+    validate_shard,
+)
 
 SETTINGS = {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.1}
 PROBE = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
@@ -143,3 +150,123 @@ def test_a_server_that_drops_reasoning_stops_validation(tmp_path):
     )
     assert report["dropped"]["empty_reasoning"] == 30 - report["kept"] > 0
     assert read_json(tmp_path / "r.json") == json.loads(json.dumps(report))
+
+
+# -- token ids: integers in [0, vocab) --------------------------------------------------------
+
+VOCAB = 1000
+NOT_INTEGER = 'completion_token_ids[0] is "12", not an integer'
+
+
+def bad_id_rows() -> dict[int, dict]:
+    """Rows 0-3 each with one kind of bad id, as they arrive in a raw file."""
+    return {
+        # what generate stores for ids that are not integers: no ids, and why
+        0: {"prompt_token_ids": None, "completion_token_ids": None, "token_ids_error": NOT_INTEGER},
+        1: {"completion_token_ids": [3, VOCAB]},  # out of range
+        2: {"completion_token_ids": [3, None, 4]},  # null inside
+        3: {"prompt_token_ids": [-1, 2]},  # negative
+    }
+
+
+def test_bad_token_ids_are_dropped_and_counted():
+    raw, prompts = frames(10, bad_id_rows())
+    settings = dict(SETTINGS, max_bad_token_ids_fraction=0.5)
+    samples, report = validate_frame(raw, prompts, PROBE, settings, "00005", vocab_size=VOCAB)
+    assert report["dropped"] == {"bad_token_ids": 4}
+    assert samples.height == report["kept"] == 6
+    ids = raw["id"].to_list()
+    assert report["bad_token_ids"] == [
+        {"id": ids[0], "problem": NOT_INTEGER},
+        {"id": ids[1], "problem": f"completion_token_ids[1] is {VOCAB}, outside [0, {VOCAB})"},
+        {"id": ids[2], "problem": "completion_token_ids[1] is null, not an integer"},
+        {"id": ids[3], "problem": f"prompt_token_ids[0] is -1, outside [0, {VOCAB})"},
+    ]
+    assert report["vocab_size"] == VOCAB
+
+
+def test_without_a_vocabulary_only_negative_and_null_ids_are_bad():
+    raw, prompts = frames(10, bad_id_rows())
+    settings = dict(SETTINGS, max_bad_token_ids_fraction=0.5)
+    _, report = validate_frame(raw, prompts, PROBE, settings, "00005")
+    assert report["dropped"] == {"bad_token_ids": 3}  # id 1000 is fine with no bound known
+
+
+@pytest.mark.parametrize("row", [0, 1, 2])
+def test_one_bad_token_id_stops_the_shard_by_default_naming_row_and_value(row):
+    raw, prompts = frames(10, {row: bad_id_rows()[row]})
+    with pytest.raises(ShardValidationError) as err:
+        validate_frame(raw, prompts, PROBE, SETTINGS, "00006", vocab_size=VOCAB)
+    message = str(err.value)
+    first_bad = {0: '"12"', 1: str(VOCAB), 2: "null"}[row]
+    assert message.startswith("shard 00006: 1 of 10 answered rows have bad token ids")
+    assert "validation.max_bad_token_ids_fraction 0" in message
+    assert f"row {raw['id'][row]}: " in message and f" is {first_bad}, " in message
+
+
+def test_samples_schema_bounds_ids_by_the_vocabulary():
+    from eaglenest.schemas import samples_schema
+
+    raw, prompts = frames(2, {})
+    samples, _ = validate_frame(raw, prompts, PROBE, SETTINGS, "00000", vocab_size=VOCAB)
+    samples_schema(VOCAB).validate(samples)
+    too_big = samples.with_columns(pl.lit([1, VOCAB]).alias("completion_token_ids"))
+    with pytest.raises(pandera.errors.SchemaError, match="below the target's vocabulary"):
+        samples_schema(VOCAB).validate(too_big)
+    with_null = samples.with_columns(
+        pl.Series("prompt_token_ids", [[1, None], [2]], dtype=pl.List(pl.Int64))
+    )
+    with pytest.raises(pandera.errors.SchemaError, match="non-null and non-negative"):
+        samples_schema(None).validate(with_null)
+
+
+def test_vocab_size_comes_from_the_targets_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 163840}}))
+    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == 163840
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == 151936
+    assert target_vocab_size_of({"model": "m"}) is None
+
+
+def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
+    from eaglenest.demo_target import build_demo_tokenizer
+
+    tokenizer = build_demo_tokenizer(["one two three", "four five"], vocab_size=300)
+    tokenizer.save_pretrained(tmp_path)
+    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == len(tokenizer)
+
+
+def test_a_server_sending_malformed_token_ids_is_caught_by_validation(tmp_path):
+    """End to end on the real server: ["12", 7.5, null, -1, 999999] as completion ids neither
+    crash generation nor get coerced; validation drops those rows and, by default, stops."""
+    prompts_path = tmp_path / "prompts.parquet"
+    prompt_frame(30).write_parquet(prompts_path)
+    probe = tmp_path / "probe.json"
+    write_json(probe, PROBE)
+    raw = tmp_path / "raw.parquet"
+    with running_server(
+        model_name=MODEL, echo=True, faults={"bad_token_ids": 0.2}, fault_seed=1
+    ) as url:
+        config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
+        generate_shard(prompts_path, probe, raw, config, tmp_path / "j.jsonl", shard="00008")
+        n_faults = httpx.get(f"{url}/stats").json()["faults"]["bad_token_ids"]
+    assert n_faults > 0
+    frame = pl.read_parquet(raw)
+    marked = frame.filter(pl.col("token_ids_error").is_not_null())
+    assert marked.height == n_faults
+    assert marked["token_ids_error"].unique().to_list() == [NOT_INTEGER]
+    assert marked["completion_token_ids"].is_null().all()
+    sent = json.loads(marked["response"][0])["choices"][0]["token_ids"]
+    assert sent == ["12", 7.5, None, -1, 999999]  # kept for review exactly as sent
+
+    args = (raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json")
+    with pytest.raises(ShardValidationError) as err:
+        validate_shard(*args, config["validation"], "00008", vocab_size=VOCAB)
+    assert f"shard 00008: {n_faults} of 30 answered rows have bad token ids" in str(err.value)
+    assert f"row {marked['id'][0]}: {NOT_INTEGER}" in str(err.value)
+    assert not (tmp_path / "s.parquet").exists()
+
+    relaxed = dict(config["validation"], max_bad_token_ids_fraction=0.5)
+    report = validate_shard(*args, relaxed, "00008", vocab_size=VOCAB)
+    assert report["dropped"] == {"bad_token_ids": n_faults}
+    assert report["kept"] == 30 - n_faults

@@ -95,3 +95,61 @@ def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Pat
     logs = workdir / "logs" / "ext"
     assert "prompt shard 00000" in (logs / "generate" / "00000.log").read_text()
     assert not list(logs.rglob("*.server.log"))
+
+
+def test_a_sampling_change_regenerates_and_a_client_change_asks_nothing(tmp_path: Path):
+    """Through Snakemake against a server it does not start: raising the temperature reruns the
+    shard and every prompt reaches the server again (the journal's answers were for another
+    request); the raw rows carry the new temperature. Changing only concurrency asks nothing,
+    even when the job is forced to rerun."""
+    import httpx
+    from workflow_helpers import copy_workflow, job_logs
+
+    from eaglenest.server_process import running_server
+
+    workdir = copy_workflow(tmp_path / "workflow")
+    target = "results/jr/raw/00000.parquet"
+
+    def requests_total(url: str) -> int:
+        return httpx.get(f"{url}/stats", timeout=5).json()["requests_total"]
+
+    def raw_temperatures() -> set[float]:
+        raw = pl.read_parquet(workdir / "results" / "jr" / "raw" / "00000.parquet")
+        return {json.loads(r)["temperature"] for r in raw["request"].to_list()}
+
+    with running_server(model_name="echo-model", echo=True) as url:
+        config = {
+            "run": "jr",
+            "demo_target": {"enabled": False},
+            "server": {"enabled": False},
+            "target": {"model": "echo-model", "path": None},
+            "endpoints": [{"url": url}],
+            "prompts": {"source": "demo", "max_samples": 8, "shard_size": 8},
+            "generation": {"temperature": 0.7},
+            "probe": {"prompts": 2},
+            "train": {"eval_shards": 0},
+        }
+        first = snakemake(workdir, target, config=config)
+        assert first.returncode == 0, first.stderr[-3000:] + job_logs(workdir)
+        assert requests_total(url) == 2 + 8  # the probe's two, then the shard's eight
+        assert raw_temperatures() == {0.7}
+
+        hotter = merged(config, {"generation": {"temperature": 0.9}})
+        assert planned_jobs(snakemake(workdir, target, "-n", config=hotter)) == {
+            "generate_responses": 1
+        }
+        second = snakemake(workdir, target, config=hotter)
+        assert second.returncode == 0, second.stderr[-3000:] + job_logs(workdir)
+        assert requests_total(url) == 10 + 8
+        assert raw_temperatures() == {0.9}
+        log = (workdir / "logs" / "jr" / "generate" / "00000.log").read_text()
+        assert "0 answers reused" in log and "8 re-asked because the request changed" in log
+
+        faster = merged(hotter, {"generation": {"concurrency": 3}})
+        assert planned_jobs(snakemake(workdir, target, "-n", config=faster)) == {}
+        forced = snakemake(workdir, target, "--forcerun", "generate_responses", config=faster)
+        assert forced.returncode == 0, forced.stderr[-3000:] + job_logs(workdir)
+        assert requests_total(url) == 18
+        assert raw_temperatures() == {0.9}
+    raw = pl.read_parquet(workdir / "results" / "jr" / "raw" / "00000.parquet")
+    assert raw["origin"].unique().to_list() == ["journal"]

@@ -1,7 +1,8 @@
 """API keys: read from the environment variable named in config, never stored anywhere.
 
-Config holds only the variable's *name*; `redact` scrubs the value from anything that is about to
-be written (raw responses echo headers on some proxies, error messages can quote requests)."""
+Config holds only the variable's *name*; the key travels only in request headers. `redact` scrubs
+it from error texts, which can quote what a proxy echoed of the request. Never from the model's
+text: a short key such as vLLM's dummy `EMPTY` would corrupt every answer that says the word."""
 
 from __future__ import annotations
 

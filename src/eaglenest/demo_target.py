@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
@@ -35,7 +34,7 @@ from eaglenest.demo_tasks import (
     is_well_formed,
     training_examples,
 )
-from eaglenest.io import write_json
+from eaglenest.io import temp_beside, write_json
 from eaglenest.reasoning import THINK_END, THINK_START, split_think
 
 logger = logging.getLogger(__name__)
@@ -344,11 +343,12 @@ def generate_completions(
 def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> dict[str, Any]:
     """Share of well-formed think blocks and of correct answers, overall and per family."""
     completions = generate_completions(model, tokenizer, [e.prompt for e in examples])
-    well_formed, correct = [], []
+    well_formed, correct, reasoned = [], [], []
     per_family: dict[str, list[bool]] = {family: [] for family in TASK_FAMILIES}
     for example, completion in zip(examples, completions):
         ok_form = is_well_formed(completion)
-        _, content = split_think(completion)
+        reasoning, content = split_think(completion)
+        reasoned.append(bool(reasoning and reasoning.strip()))
         if content is not None:
             content = content.split(END_OF_TURN)[0]
         ok_answer = ok_form and check_answer(example, content)
@@ -359,6 +359,7 @@ def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> d
     return {
         "heldout_prompts": len(examples),
         "well_formed_share": sum(well_formed) / n,
+        "reasoning_share": sum(reasoned) / n,
         "correct_share": sum(correct) / n,
         "correct_share_per_family": {
             family: (sum(v) / len(v) if v else None) for family, v in per_family.items()
@@ -367,6 +368,26 @@ def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> d
             {"prompt": e.prompt, "completion": c} for e, c in list(zip(examples, completions))[:5]
         ],
     }
+
+
+class DemoTargetError(RuntimeError):
+    """The demo target was built but cannot stand in for a reasoning model."""
+
+
+def check_reasoning_share(metrics: dict[str, Any], minimum: float, train_steps: int) -> None:
+    """Fail the build when too few held-out prompts get reasoning: every later stage (and the
+    probe first) would stop on such a target, after minutes of work instead of now."""
+    share = metrics["reasoning_share"]
+    if share >= minimum:
+        return
+    n = metrics["heldout_prompts"]
+    examples = "; ".join(repr(s["completion"][:120]) for s in metrics["sample_completions"][:2])
+    raise DemoTargetError(
+        f"the demo target answered {round(share * n)} of {n} held-out prompts with a non-empty "
+        f"think block (share {share:.2f} < demo_target.min_reasoning_share {minimum}); it does "
+        f"not reason reliably yet. Raise demo_target.train_steps (now {train_steps}) or change "
+        f"demo_target.seed. First completions: {examples}"
+    )
 
 
 def _save(model: Any, tokenizer: Any, directory: Path) -> None:
@@ -407,16 +428,9 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds,
     so a killed or failed build never leaves a directory that looks complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = temp_beside(path, directory=True)  # made like mkdir makes it (mkdtemp: 0700)
     try:
         yield tmp
-        # mkdtemp and the atomic file writes create private (0700/0600) entries; give the
-        # directory the permissions a plain mkdir/open would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        for child in tmp.iterdir():
-            child.chmod(0o666 & ~umask)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
@@ -439,6 +453,7 @@ def build_demo_target(
     batch_size: int = 16,
     learning_rate: float = 3e-3,
     heldout_prompts: int = 60,
+    min_reasoning_share: float = 0.9,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -498,8 +513,10 @@ def build_demo_target(
     )
     say(
         f"held-out: well-formed {metrics['well_formed_share']:.2f}, "
+        f"reasoning {metrics['reasoning_share']:.2f}, "
         f"correct {metrics['correct_share']:.2f}, final loss {final_loss:.3f}"
     )
+    check_reasoning_share(metrics, min_reasoning_share, train_steps)
     with atomic_directory(Path(out_dir)) as tmp_dir:
         _save(model, tokenizer, tmp_dir)
         metrics["total_seconds"] = time.perf_counter() - started
@@ -522,6 +539,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=1024)
     parser.add_argument("--heldout-prompts", type=int, default=60)
     parser.add_argument(
+        "--min-reasoning-share",
+        type=float,
+        default=0.9,
+        help="fail when fewer held-out answers than this reason (0 turns the check off)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -543,6 +566,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         heldout_prompts=args.heldout_prompts,
+        min_reasoning_share=args.min_reasoning_share,
         threads=args.threads,
     )
     return 0

@@ -345,6 +345,8 @@ def eos_token_ids(target_path: str | Path, target) -> set[int]:
     if eos is None:
         eos = target.config.eos_token_id
     if eos is None:
-        config = json.loads((Path(target_path) / "config.json").read_text())
+        from eaglenest.target_files import resolve_target_dir
+
+        config = json.loads((resolve_target_dir(target_path) / "config.json").read_text())
         eos = config.get("eos_token_id")
     return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -1,11 +1,12 @@
 """Seeded fault injection for `eaglenest serve`.
 
 Real endpoints fail in a handful of ways (errors, rate limits, hangs, broken bodies, dropped
-connections, and, worst, a normal-looking answer that lost the reasoning). The server reproduces
-them at configured per-request rates so clients can be tested against all of them. One uniform
-draw per chat-completion request, in arrival order, from `random.Random(seed)`: the same seed
-gives the same sequence of faults, and over N requests the count of each mode is fixed whatever
-the concurrency (only which request gets which fault depends on arrival order).
+connections, and, worst, normal-looking answers that lost the reasoning or carry token ids that
+are not ids). The server reproduces them at configured per-request rates so clients can be
+tested against all of them. One uniform draw per chat-completion request, in arrival order,
+from `random.Random(seed)`: the same seed gives the same sequence of faults, and over N requests
+the count of each mode is fixed whatever the concurrency (only which request gets which fault
+depends on arrival order).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ FAULT_MODES = (
     "malformed",
     "drop_connection",
     "drop_reasoning",
+    "bad_token_ids",
 )
+# Modes served as a normal-looking 200 answer, altered (the others replace the answer).
+ANSWER_FAULTS = ("drop_reasoning", "bad_token_ids")
 
 
 @dataclass(frozen=True)

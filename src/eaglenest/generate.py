@@ -16,13 +16,15 @@ bottleneck (see bench/generate.py).
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import hashlib
 import json
 import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from eaglenest.credentials import api_key_from_env, auth_headers, redact
 from eaglenest.endpoints import Endpoint, open_endpoints
 from eaglenest.io import atomic_path, read_json
 from eaglenest.reasoning import extract_reasoning
-from eaglenest.responses import extract_token_ids
+from eaglenest.responses import TokenIds, extract_token_ids, token_ids_problem
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +55,18 @@ RAW_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64),
     "completion_token_ids": pl.List(pl.Int64),
     "token_layout": pl.String,
+    "token_ids_error": pl.String,  # why the server's ids were unusable (then both ids are null)
     "prompt_tokens": pl.Int64,
     "completion_tokens": pl.Int64,
     "latency_s": pl.Float64,
     "attempts": pl.Int64,
     "error_kind": pl.String,
     "error": pl.String,
+    "origin": pl.String,  # see schemas.ROW_ORIGINS
 }
+# Fields that change how an answer travels, not what is asked: a journaled answer to a body that
+# differs only in these is the answer to the current request.
+TRANSPORT_FIELDS = frozenset({"stream", "stream_options"})
 
 
 class GenerationError(RuntimeError):
@@ -77,6 +84,7 @@ class GenerationSettings:
     max_attempts: int = 6
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    retry_after_max_s: float = 300.0
     max_error_fraction: float = 0.02
     bench_after_failures: int = 5
     bench_s: float = 30.0
@@ -136,12 +144,22 @@ class TerminalError(Exception):
         self.kind = kind
 
 
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110);
+    None when absent or unreadable. Capping is the caller's (see `_backoff_s`)."""
+    if value is None:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 async def post_once(
@@ -156,7 +174,9 @@ async def post_once(
             text = await response.text()
             if response.status in RETRYABLE_STATUS:
                 raise RetryableError(
-                    f"http_{response.status}", text[:300], _retry_after(response.headers)
+                    f"http_{response.status}",
+                    text[:300],
+                    retry_after_s(response.headers.get("Retry-After")),
                 )
             if response.status != 200:
                 raise TerminalError(f"http_{response.status}", text[:500])
@@ -170,6 +190,12 @@ async def post_once(
         raise RetryableError("malformed_json", f"{err}: {text[:200]!r}") from err
     if not isinstance(parsed, dict) or not parsed.get("choices"):
         raise RetryableError("malformed_json", f"no choices in body: {text[:200]!r}")
+    answered_by = parsed.get("model")
+    if answered_by is not None and answered_by != body["model"]:
+        # A router or proxy sent the request to another model: its answer is not the target's.
+        raise TerminalError(
+            "model_mismatch", f"asked model {body['model']!r}, answered by {answered_by!r}"
+        )
     return parsed, text
 
 
@@ -187,7 +213,7 @@ def record_from_response(
     parts = extract_reasoning(message)
     ids = extract_token_ids(response)
     usage = response.get("usage") or {}
-    return {
+    record = {
         "id": sample_id,
         "endpoint": endpoint,
         "request": json.dumps(body, sort_keys=True),
@@ -199,12 +225,35 @@ def record_from_response(
         "prompt_token_ids": ids.prompt,
         "completion_token_ids": ids.completion,
         "token_layout": ids.layout,
+        "token_ids_error": None,
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "latency_s": round(latency_s, 4),
         "attempts": attempts,
         "error_kind": None,
         "error": None,
+    }
+    return checked_token_ids(record)
+
+
+def checked_token_ids(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with its ids nulled and `token_ids_error` set when an id is not an integer.
+
+    The raw file's id columns are Int64 lists, which would crash on a string id and silently
+    coerce a float or huge one; the ids the server sent stay readable in `response`, and
+    validation drops the row as `bad_token_ids`.
+    """
+    ids = TokenIds(
+        record["token_layout"], record["prompt_token_ids"], record["completion_token_ids"]
+    )
+    problem = token_ids_problem(ids)
+    if problem is None:
+        return record
+    log.warning("%s: unusable token ids from %s: %s", record["id"], record["endpoint"], problem)
+    return record | {
+        "prompt_token_ids": None,
+        "completion_token_ids": None,
+        "token_ids_error": problem,
     }
 
 
@@ -303,10 +352,11 @@ class Progress:
         )
 
 
-def _backoff_s(attempt: int, settings: GenerationSettings, retry_after_s: float | None) -> float:
+def _backoff_s(attempt: int, settings: GenerationSettings, server_wait_s: float | None) -> float:
     backoff = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (attempt - 1))
     backoff *= random.uniform(0.5, 1.5)  # jitter: retries of a burst do not arrive together
-    return max(backoff, retry_after_s or 0.0)
+    # A server's wait is honoured up to a cap: one odd header must not park a worker for hours.
+    return max(backoff, min(server_wait_s or 0.0, settings.retry_after_max_s))
 
 
 async def request_with_retries(
@@ -357,21 +407,78 @@ async def request_with_retries(
     )
 
 
-def read_journal(journal: Path) -> dict[str, dict[str, Any]]:
-    """Records of earlier runs by id; answers win over failures; a torn last line is ignored."""
-    records: dict[str, dict[str, Any]] = {}
+def request_key(body: dict[str, Any]) -> str:
+    """What was asked, as one string: the body less transport-only fields, sorted."""
+    return json.dumps({k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}, sort_keys=True)
+
+
+def iter_journal(journal: Path) -> Iterator[dict[str, Any]]:
+    """Every record of the journal in order; a torn line (a kill mid-write) is skipped."""
     if not journal.exists():
-        return records
+        return
     with journal.open() as lines:
         for line in lines:
             try:
-                record = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
-                continue  # the line being written when the process was killed
-            previous = records.get(record["id"])
-            if previous is None or previous["error_kind"] is not None:
-                records[record["id"]] = record
+                continue
+
+
+def read_journal(journal: Path) -> dict[str, dict[str, Any]]:
+    """The latest-asked records by id, whatever they asked; answers win over failures."""
+    records: dict[str, dict[str, Any]] = {}
+    for record in iter_journal(journal):
+        previous = records.get(record["id"])
+        if previous is None or previous["error_kind"] is not None:
+            records[record["id"]] = record
     return records
+
+
+@dataclass
+class JournalMatch:
+    """What the journal holds for the requests the current settings send."""
+
+    reused: dict[str, dict[str, Any]]  # id -> an answer to exactly this request
+    origins: dict[str, str]  # id -> why it is asked again: new, retry or settings_changed
+
+    def counts(self) -> dict[str, int]:
+        counted = Counter(self.origins.values())
+        return {"journal": len(self.reused)} | {k: counted[k] for k in REASK_ORIGINS}
+
+
+REASK_ORIGINS = ("new", "retry", "settings_changed")
+
+
+def match_journal(journal: Path, bodies: dict[str, dict[str, Any]]) -> JournalMatch:
+    """Match the journal against the request body each prompt id would be sent now.
+
+    An answer is reused only when it answered this very request; an answer to a request that the
+    settings have since changed (temperature, max_tokens, model, ...) stays in the journal but is
+    asked again. A matching failure means the request is retried.
+    """
+    keys = {sample_id: request_key(body) for sample_id, body in bodies.items()}
+    reused: dict[str, dict[str, Any]] = {}
+    failed, answered_otherwise = set(), set()
+    for record in iter_journal(journal):
+        sample_id = record["id"]
+        if sample_id not in keys or sample_id in reused:
+            continue
+        same_request = request_key(json.loads(record["request"])) == keys[sample_id]
+        if same_request and record["error_kind"] is None:
+            reused[sample_id] = record
+        elif same_request:
+            failed.add(sample_id)
+        elif record["error_kind"] is None:
+            answered_otherwise.add(sample_id)
+    origins = {}
+    for sample_id in keys.keys() - reused.keys():
+        if sample_id in failed:
+            origins[sample_id] = "retry"
+        elif sample_id in answered_otherwise:
+            origins[sample_id] = "settings_changed"
+        else:
+            origins[sample_id] = "new"
+    return JournalMatch(reused, origins)
 
 
 async def generate_records(
@@ -381,16 +488,24 @@ async def generate_records(
     journal: Path,
     shard: str = "",
 ) -> dict[str, dict[str, Any]]:
-    """Answer every prompt not already answered in the journal; return all records by id."""
-    done = read_journal(journal)
-    todo = [p for p in prompts if done.get(p["id"], {}).get("error_kind", "x") is not None]
+    """Answer every prompt whose current request the journal has not answered; return all
+    records by id, each with its `origin` (journal, new, retry or settings_changed)."""
+    bodies = {p["id"]: request_body(p["id"], p["messages"], settings) for p in prompts}
+    matched = match_journal(journal, bodies)
+    done = {k: v | {"origin": "journal"} for k, v in matched.reused.items()}
+    todo = [p for p in prompts if p["id"] in matched.origins]
+    counts = matched.counts()
     log.info(
-        "shard %s: %d prompts, %d already answered in %s, %d to request",
+        "shard %s: %d prompts; %d answers reused from %s; asking %d: %d new, %d failed before, "
+        "%d re-asked because the request changed (temperature, max_tokens, model, ...)",
         shard,
         len(prompts),
-        len(prompts) - len(todo),
+        counts["journal"],
         journal,
         len(todo),
+        counts["new"],
+        counts["retry"],
+        counts["settings_changed"],
     )
     secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
     headers_by_url = {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)}
@@ -416,11 +531,19 @@ async def generate_records(
         async def worker(session: aiohttp.ClientSession) -> None:
             while not queue.empty():
                 prompt = queue.get_nowait()
-                body = request_body(prompt["id"], prompt["messages"], settings)
                 record = await request_with_retries(
-                    prompt["id"], body, pool, session, headers_by_url, settings, progress
+                    prompt["id"],
+                    bodies[prompt["id"]],
+                    pool,
+                    session,
+                    headers_by_url,
+                    settings,
+                    progress,
                 )
-                record = redact(record, secrets)
+                record["origin"] = matched.origins[prompt["id"]]
+                # Only the error can quote a secret (a proxy echoing headers); the model's text is
+                # never touched, whatever the key happens to spell.
+                record["error"] = redact(record["error"], secrets)
                 journal_file.write(json.dumps(record, sort_keys=True) + "\n")
                 journal_file.flush()  # on disk for the next run even if this one is killed
                 done[prompt["id"]] = record
@@ -447,7 +570,8 @@ def load_prompts(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_raw(records: Iterable[dict[str, Any]], out: str | Path) -> None:
-    frame = pl.DataFrame(list(records), schema=RAW_SCHEMA)
+    # Checked again: journals written before the check hold ids exactly as the server sent them.
+    frame = pl.DataFrame([checked_token_ids(r) for r in records], schema=RAW_SCHEMA)
     with atomic_path(out) as tmp:
         frame.write_parquet(tmp)
 

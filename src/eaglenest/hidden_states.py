@@ -39,6 +39,7 @@ import polars as pl
 import torch
 
 from eaglenest.io import atomic_path, write_json
+from eaglenest.target_files import resolve_target_dir
 from eaglenest.tokenize import loss_mask
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def target_config_hash(target_path: str | Path) -> str:
-    return sha256_file(Path(target_path) / "config.json")
+    return sha256_file(resolve_target_dir(target_path) / "config.json")
 
 
 def library_versions() -> dict[str, str]:
@@ -132,7 +133,7 @@ def load_target(path: str | Path, settings: HiddenSettings, trust_remote_code: b
     several_gpus = device == "cuda" and torch.cuda.device_count() > 1
     if several_gpus:
         kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_target_dir(path)), **kwargs)
     if not several_gpus:
         model.to(device)
     model.eval()
@@ -295,6 +296,17 @@ def _as_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """`os.pwrite` until every byte is written: one call may write less (Linux stops at
+    0x7ffff000 bytes, ~2 GiB, and one 32K-token sample of fp32 aux at H=7168 is 2.8 GB)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:  # no progress: a retry would loop forever
+            raise OSError(f"pwrite wrote {written} bytes at offset {offset} ({len(view)} left)")
+        view, offset = view[written:], offset + written
+
+
 class ShardWriter:
     """Positioned writes of one sample's rows into the laid-out file."""
 
@@ -310,7 +322,7 @@ class ShardWriter:
 
     def write(self, name: str, first_row: int, values: torch.Tensor) -> None:
         data = _as_bytes(values)
-        os.pwrite(self.fd, data, self.positions[name] + first_row * self.row_bytes[name])
+        pwrite_all(self.fd, data, self.positions[name] + first_row * self.row_bytes[name])
 
     def write_states(self, name: str, first_row: int, values: torch.Tensor, blocks: int) -> None:
         """aux / final_hidden rows in the storage dtype (with their scales for fp8)."""
@@ -406,7 +418,7 @@ def extract_hidden_states(
         with atomic_path(out) as tmp, open(tmp, "r+b") as f:
             f.truncate(positions["__end__"])
             fd = f.fileno()
-            os.pwrite(fd, header, 0)
+            pwrite_all(fd, header, 0)
             writer = ShardWriter(fd, specs, positions, settings)
             writer.write("offsets", 0, torch.from_numpy(offsets))
             input_ids = frame["input_ids"].to_list()
@@ -471,41 +483,126 @@ def check_readable(path: str | Path) -> None:
 # --- the target head (once per run) -----------------------------------------------------------
 
 
-HEAD_KEY_PATTERNS = {
-    "embed_tokens.weight": re.compile(r"^(?:.+\.)?model\.embed_tokens\.weight$"),
-    "norm.weight": re.compile(r"^(?:.+\.)?model\.norm\.weight$"),
-    "lm_head.weight": re.compile(r"^(?:.+\.)?lm_head\.weight$"),
+class TargetHeadError(RuntimeError):
+    """The target's checkpoint does not hold the head as expected; the message names the file."""
+
+
+# The head's tensors in the checkpoint, by name with any prefix (multimodal wrappers such as
+# Kimi-K2.5 put the language model under `language_model.`; transformers' own ones use
+# `model.language_model.`), and how an error describes them.
+HEAD_TENSORS = {
+    "embed_tokens.weight": (
+        re.compile(r"^(?:.+\.)?(?:model|language_model)\.embed_tokens\.weight$"),
+        "model.embed_tokens.weight or language_model.embed_tokens.weight",
+    ),
+    "norm.weight": (
+        re.compile(r"^(?:.+\.)?(?:model|language_model)\.norm\.weight$"),
+        "model.norm.weight or language_model.norm.weight",
+    ),
+    "lm_head.weight": (re.compile(r"^(?:.+\.)?lm_head\.weight$"), "lm_head.weight"),
 }
+# Towers of multimodal targets, whose tensors may end like the language model's.
+_TOWER_TENSOR = re.compile(
+    r"(?:^|\.)(?:vision|visual|audio|speech|mm_projector|multi_modal_projector)[^.]*\."
+)
 
 
-def checkpoint_head_tensors(target_path: str | Path) -> dict[str, torch.Tensor] | None:
-    """Embedding, final norm and LM head read straight from the target's safetensors files
-    (a large target need not be loaded whole); None when the names are not the usual ones."""
+def checkpoint_weight_map(target_dir: Path) -> tuple[dict[str, str], Path]:
+    """(tensor name -> safetensors file, the file that says so): the index of a sharded
+    checkpoint, else the single `model.safetensors`."""
     from safetensors import safe_open
 
-    target_path = Path(target_path)
-    index = target_path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    elif (target_path / "model.safetensors").exists():
-        with safe_open(str(target_path / "model.safetensors"), framework="pt") as f:
-            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    else:
-        return None
-    found: dict[str, str] = {}
-    for name, pattern in HEAD_KEY_PATTERNS.items():
-        matches = [key for key in weight_map if pattern.match(key) and "vision" not in key]
+    index = target_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return json.loads(index.read_text())["weight_map"], index
+    single = target_dir / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return dict.fromkeys(f.keys(), single.name), single
+    raise TargetHeadError(
+        f"{target_dir}: neither model.safetensors.index.json nor model.safetensors; the target "
+        "head is read from the checkpoint's safetensors files"
+    )
+
+
+def find_head_tensors(weight_map: dict[str, str], listing: Path) -> dict[str, str | None]:
+    """Checkpoint name of each head tensor (None when absent); several candidates are an error."""
+    found: dict[str, str | None] = {}
+    for name, (pattern, _) in HEAD_TENSORS.items():
+        matches = sorted(k for k in weight_map if pattern.match(k) and not _TOWER_TENSOR.search(k))
         if len(matches) > 1:
-            return None
-        if matches:
-            found[name] = matches[0]
-    if "embed_tokens.weight" not in found or "norm.weight" not in found:
-        return None
+            raise TargetHeadError(
+                f"{listing}: several tensors could be the target's {name}: {matches}"
+            )
+        found[name] = matches[0] if matches else None
+    return found
+
+
+def read_checkpoint_tensors(
+    target_dir: Path, weight_map: dict[str, str], listing: Path, names: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """{our name: tensor} read by checkpoint name, opening each safetensors file once."""
+    from safetensors import safe_open
+
+    by_file: dict[str, dict[str, str]] = {}
+    for ours, key in names.items():
+        by_file.setdefault(weight_map[key], {})[ours] = key
     tensors = {}
-    for name, key in found.items():
-        with safe_open(str(target_path / weight_map[key]), framework="pt") as f:
-            tensors[name] = f.get_tensor(key).contiguous()
+    for file_name, wanted in by_file.items():
+        path = target_dir / file_name
+        if not path.is_file():
+            raise TargetHeadError(
+                f"{listing} puts {sorted(wanted.values())} in {path}: no such file"
+            )
+        with safe_open(str(path), framework="pt") as f:
+            for ours, key in wanted.items():
+                tensor = f.get_tensor(key)
+                if not tensor.is_floating_point() or tensor.element_size() < 2:
+                    raise TargetHeadError(
+                        f"{path}: {key} is {tensor.dtype}; the target head needs unquantized "
+                        "weights (bf16, fp16 or fp32)"
+                    )
+                tensors[ours] = tensor.contiguous()
     return tensors
+
+
+def checkpoint_head_tensors(
+    target_dir: str | Path, tied_config: bool
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """(embedding, final norm and LM head unless tied, whether tied), read by name from the
+    target's safetensors files: only these tensors are read, the model is never built.
+
+    Tying follows transformers: with `tie_word_embeddings` the LM head is the embedding, unless
+    the checkpoint holds both with different values (then they stay apart, as transformers
+    leaves them); without it the checkpoint must hold the LM head."""
+    target_dir = Path(target_dir)
+    weight_map, listing = checkpoint_weight_map(target_dir)
+    names = find_head_tensors(weight_map, listing)
+    if tied_config and names["embed_tokens.weight"] is None:
+        names["embed_tokens.weight"] = names["lm_head.weight"]  # transformers ties either way
+    wanted = ["embed_tokens.weight", "norm.weight"] + ([] if tied_config else ["lm_head.weight"])
+    missing = [name for name in wanted if names[name] is None]
+    if missing:
+        looked_for = "; ".join(f"{name}: {HEAD_TENSORS[name][1]}" for name in missing)
+        tie = "" if tied_config else " (config.json: tie_word_embeddings is false)"
+        raise TargetHeadError(
+            f"{listing}: no tensor for the target's {', '.join(missing)}{tie}; looked for "
+            f"{looked_for} (with any prefix, e.g. language_model.)"
+        )
+    present = {name: key for name, key in names.items() if key is not None}
+    tensors = read_checkpoint_tensors(target_dir, weight_map, listing, present)
+    head = tensors.get("lm_head.weight")
+    tied = tied_config and (head is None or torch.equal(head, tensors["embed_tokens.weight"]))
+    if tied_config and not tied:
+        log.warning(
+            "%s: config.json ties the LM head to the embedding, but the checkpoint holds both "
+            "with different values; as transformers does, they stay apart",
+            listing,
+        )
+    if tied:
+        tensors.pop("lm_head.weight", None)
+    log.info("target head from %s: %s", listing, {n: present[n] for n in sorted(tensors)})
+    return tensors, tied
 
 
 def save_target_head(
@@ -514,47 +611,32 @@ def save_target_head(
     out: str | Path,
     settings: HiddenSettings,
     trust_remote_code: bool = False,
-    model=None,
 ) -> dict[str, str]:
-    """Input embedding, LM head (unless tied to the embedding) and final norm of the target,
-    read from its checkpoint files when their names are the usual ones, else from the model."""
+    """Input embedding, LM head (unless tied to the embedding) and final norm of the target, read
+    from its checkpoint files without loading the model (Kimi-K2.5 is hundreds of GB)."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(target_path), trust_remote_code=trust_remote_code)
+    target_dir = resolve_target_dir(target_path)
+    config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    tensors = None if model is not None else checkpoint_head_tensors(target_path)
-    if tensors is not None:
-        tied = "lm_head.weight" not in tensors
-        source = "checkpoint"
-    else:
-        if model is None:
-            cpu = HiddenSettings(**{**settings.__dict__, "device": "cpu"})
-            model = load_target(target_path, cpu, trust_remote_code)
-        embed = model.get_input_embeddings().weight
-        head = model.get_output_embeddings().weight
-        tied = head.data_ptr() == embed.data_ptr()
-        tensors = {
-            "embed_tokens.weight": embed.detach().cpu().contiguous(),
-            "norm.weight": model.model.norm.weight.detach().cpu().contiguous(),
-        }
-        if not tied:
-            tensors["lm_head.weight"] = head.detach().cpu().contiguous()
-        source = "model"
+    tensors, tied = checkpoint_head_tensors(
+        target_dir, bool(getattr(config, "tie_word_embeddings", False))
+    )
     layer_ids = settings.aux_layer_ids or default_aux_layer_ids(config.num_hidden_layers)
     metadata = {
         "format": FORMAT,
         "target_path": str(target_path),
-        "target_config_sha256": target_config_hash(target_path),
+        "target_config_sha256": target_config_hash(target_dir),
         "aux_layer_ids": json.dumps(list(layer_ids)),
         "hidden_size": str(config.hidden_size),
         "vocab_size": str(config.vocab_size),
         "tied_word_embeddings": json.dumps(tied),
         "rms_norm_eps": str(getattr(config, "rms_norm_eps", "")),
-        "source": source,
+        "source": "checkpoint",
         "versions": json.dumps(library_versions(), sort_keys=True),
     }
     with atomic_path(out) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-    log.info("target head from the %s: %s (tied embeddings: %s)", source, sorted(tensors), tied)
+    log.info("target head: %s (tied embeddings: %s)", sorted(tensors), tied)
     return metadata

@@ -1180,7 +1180,6 @@ def render_html(
 def _write_bytes(path: Path, content: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(content)
-        tmp.chmod(0o644)  # a page to share: readable like any file, not 0600 like a temp file
 
 
 def build_report(

@@ -6,6 +6,7 @@ SGLang: `choices[i].prompt_token_ids` and `choices[i].response_token_ids`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +39,41 @@ def extract_token_ids(response: dict[str, Any]) -> TokenIds:
     return TokenIds(layout=None, prompt=None, completion=None)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def token_ids_problem(ids: TokenIds) -> str | None:
+    """What is wrong with the ids' elements as the server sent them (None when every id is a JSON
+    integer that fits the raw file's Int64 lists), naming the first bad value and where it is.
+
+    Written into a typed list column, a string or bool id fails the whole shard with a TypeError,
+    a float is truncated (7.5 becomes 7) and an int beyond Int64 becomes null, silently; so a row
+    with such an id is marked instead. Values are shown as JSON, as the server sent them. The
+    range (`[0, vocab)`) is validation's business: it needs the target's vocabulary.
+    """
+    for name, values in (
+        ("prompt_token_ids", ids.prompt),
+        ("completion_token_ids", ids.completion),
+    ):
+        for index, value in enumerate(values or []):
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{name}[{index}] is {json.dumps(value)}, not an integer"
+            if not INT64_MIN <= value <= INT64_MAX:
+                return f"{name}[{index}] is {value!r}, beyond a 64-bit integer"
+    return None
+
+
 def describe_token_ids(response: dict[str, Any]) -> dict[str, Any]:
     """The probe's summary of token-id support in one response."""
     ids = extract_token_ids(response)
     if ids.layout is None:
         return {"supported": False, "layout": None, "prompt_key": None, "completion_key": None}
     prompt_key, completion_key = TOKEN_ID_LAYOUTS[ids.layout]
+    problem = token_ids_problem(ids)
     return {
-        "supported": True,
+        # Ids that are not integers are no support: every row would be dropped at validation.
+        "supported": problem is None,
+        "problem": problem,
         "layout": ids.layout,
         "prompt_key": prompt_key,
         "completion_key": completion_key,

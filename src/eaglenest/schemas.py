@@ -82,6 +82,22 @@ def empty_prompts_frame() -> pl.DataFrame:
 # ---------------------------------------------------------------------------------------------
 
 IDS_DTYPE = pl.List(pl.Int64)
+TOKEN_ID_COLUMNS = ("prompt_token_ids", "completion_token_ids")
+
+
+def bad_token_ids(column: str, vocab_size: int | None = None) -> pl.Expr:
+    """Per row: does the id list hold a null or an id outside `[0, vocab_size)` (only `>= 0` when
+    the vocabulary is unknown)? False for a null list: a missing list is not a bad id."""
+    bad = pl.element().is_null() | (pl.element() < 0)
+    if vocab_size is not None:
+        bad = bad | (pl.element() >= vocab_size)
+    return pl.col(column).list.eval(bad).list.any().fill_null(False)
+
+
+# journal: an answer to the same request, reused; the others were asked in the run that wrote the
+# file: new (never asked), retry (only failures before), settings_changed (answered before, but
+# for a request the current settings no longer send).
+ROW_ORIGINS = ("journal", "new", "retry", "settings_changed")
 
 
 class RawSchema(pa.DataFrameModel):
@@ -104,12 +120,15 @@ class RawSchema(pa.DataFrameModel):
     prompt_token_ids: IDS_DTYPE = pa.Field(nullable=True)
     completion_token_ids: IDS_DTYPE = pa.Field(nullable=True)
     token_layout: str = pa.Field(nullable=True)
+    token_ids_error: str = pa.Field(nullable=True)
     prompt_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     completion_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     latency_s: pl.Float64 = pa.Field(nullable=False, ge=0)
     attempts: pl.Int64 = pa.Field(nullable=False, ge=1)
     error_kind: str = pa.Field(nullable=True)
     error: str = pa.Field(nullable=True)
+    # Where the row came from: reused from the journal, or asked in this run and why.
+    origin: str = pa.Field(isin=list(ROW_ORIGINS), nullable=True)
 
     class Config:
         strict = True
@@ -120,6 +139,12 @@ class RawSchema(pa.DataFrameModel):
         return data.lazyframe.select(
             pl.col("response").is_null() == pl.col("error_kind").is_not_null()
         )
+
+    @pa.dataframe_check(error="a row whose token ids are unusable (token_ids_error) has no ids")
+    @classmethod
+    def unusable_ids_are_null(cls, data: PolarsData) -> pl.LazyFrame:
+        ids_null = pl.col("prompt_token_ids").is_null() & pl.col("completion_token_ids").is_null()
+        return data.lazyframe.select(pl.col("token_ids_error").is_null() | ids_null)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +189,25 @@ class SamplesSchema(pa.DataFrameModel):
             data.key
         ).str.contains("</think>", literal=True)
         return data.lazyframe.select(tags.not_())
+
+    @pa.check(*TOKEN_ID_COLUMNS, error="token ids must be non-null and non-negative")
+    @classmethod
+    def token_ids_valid(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(bad_token_ids(data.key).not_())
+
+
+def samples_schema(vocab_size: int | None) -> pa.DataFrameSchema:
+    """`SamplesSchema`, with every token id also below the target's `vocab_size` when known."""
+    schema = SamplesSchema.to_schema()
+    if vocab_size is None:
+        return schema
+    in_vocab = pa.Check(
+        lambda data: data.lazyframe.select(bad_token_ids(data.key, vocab_size).not_()),
+        error=f"token ids must be below the target's vocabulary size {vocab_size}",
+    )
+    return schema.update_columns(
+        {c: {"checks": [*schema.columns[c].checks, in_vocab]} for c in TOKEN_ID_COLUMNS}
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ shapes they meet in production:
 Completion token ids include the stop token (as vLLM returns them), so prompt ids + completion
 ids decode to the rendered prompt followed by exactly what the model generated.
 
-Faults (errors, 429, hangs, broken bodies, dropped connections, answers that lost the reasoning)
-are injected at seeded per-request rates (see faults.py) and counted at `GET /stats`.
+Faults (errors, 429, hangs, broken bodies, dropped connections, answers that lost the reasoning
+or carry malformed token ids) are injected at seeded per-request rates (see faults.py) and
+counted at `GET /stats`.
 Generation runs in batches on an engine thread (see engine.py).
 """
 
@@ -35,7 +36,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from eaglenest.faults import FAULT_MODES, FaultConfig, FaultInjector, parse_fault_specs
+from eaglenest.faults import (
+    ANSWER_FAULTS,
+    FAULT_MODES,
+    FaultConfig,
+    FaultInjector,
+    parse_fault_specs,
+)
 from eaglenest.reasoning import THINK_END, THINK_START, split_think
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,9 @@ MALFORMED_BODY = (
     '{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": '
     '[{"index": 0, "message": {"role": "assistant", "content": "\\n\\nThe ans'
 )
+# Completion "ids" of the bad_token_ids fault: a string, a float, a null, a negative and an id
+# beyond any small vocabulary, as a broken server or proxy might send them.
+MALFORMED_TOKEN_IDS = ["12", 7.5, None, -1, 999999]
 
 
 class RequestError(Exception):
@@ -187,6 +197,7 @@ def build_response(
     dialect: str,
     return_token_ids: bool,
     drop_reasoning: bool = False,
+    bad_token_ids: bool = False,
 ) -> dict[str, Any]:
     """The chat.completion body for `completion` in `dialect` (whitespace kept as generated)."""
     reasoning, content = split_think(completion.text)
@@ -219,19 +230,21 @@ def build_response(
             "total_tokens": len(completion.prompt_token_ids) + len(completion.completion_token_ids),
         },
     }
-    if return_token_ids:
+    if return_token_ids or bad_token_ids:  # a broken server sends its bad ids unasked too
+        completion_ids = MALFORMED_TOKEN_IDS if bad_token_ids else completion.completion_token_ids
         if dialect == "sglang":
             choice["prompt_token_ids"] = completion.prompt_token_ids
-            choice["response_token_ids"] = completion.completion_token_ids
+            choice["response_token_ids"] = completion_ids
         else:
             response["prompt_token_ids"] = completion.prompt_token_ids
-            choice["token_ids"] = completion.completion_token_ids
+            choice["token_ids"] = completion_ids
     return response
 
 
 # -- echo backend -------------------------------------------------------------------------------
 
 ECHO_REASONING = "\nLet me think about this.\n"
+NO_THINK_SWITCH = "/no_think"
 ECHO_STOP_TOKEN = "<|im_end|>"
 # Echo mode has no tokenizer: ids 0-255 are UTF-8 bytes and these tokens follow, one id each,
 # so ids stay consistent with the text (echo_decode(prompt ids + ids) is prompt + completion).
@@ -291,7 +304,10 @@ class EchoBackend:
         thinking = request.chat_template_kwargs.get("enable_thinking", True) is not False
         prompt = render_echo_prompt(request.messages, thinking)
         answer = "\n\n" + last_user
-        text = f"{THINK_START}{ECHO_REASONING}{THINK_END}{answer}" if thinking else answer
+        # Qwen3's soft switch: a user turn ending in /no_think gets an empty think block, which is
+        # how a real reasoning model skips thinking on one prompt.
+        reasoning = "\n\n" if last_user.rstrip().endswith(NO_THINK_SWITCH) else ECHO_REASONING
+        text = f"{THINK_START}{reasoning}{THINK_END}{answer}" if thinking else answer
         completion_ids = echo_encode(text + ECHO_STOP_TOKEN)
         finish_reason = "stop"
         if request.max_tokens is not None and len(completion_ids) > request.max_tokens:
@@ -327,16 +343,24 @@ class ModelBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from eaglenest.engine import BatchingEngine
+        from eaglenest.target_files import resolve_target_dir
 
+        # Local directories, or hub names resolved in the local cache (never downloaded here).
+        model_dir = str(resolve_target_dir(model_path, "target.path"))
+        tokenizer_dir = (
+            str(resolve_target_dir(tokenizer_path, "target.tokenizer"))
+            if tokenizer_path
+            else model_dir
+        )
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto" and device == "cpu":
             dtype = "float32"  # half precision matmuls are slow (or missing) on many CPUs
         self.tokenizer = AutoTokenizer.from_pretrained(
-            tokenizer_path or model_path, trust_remote_code=trust_remote_code
+            tokenizer_dir, trust_remote_code=trust_remote_code
         )
         model = AutoModelForCausalLM.from_pretrained(
-            model_path,
+            model_dir,
             dtype=dtype if dtype == "auto" else getattr(torch, dtype),
             trust_remote_code=trust_remote_code,
         )
@@ -504,7 +528,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raw_body = await request.read()
     except ConnectionError:
         return _nobody_to_answer()
-    if fault is not None and fault != "drop_reasoning":
+    if fault is not None and fault not in ANSWER_FAULTS:
         early = await _serve_fault(request, fault, state.faults.config)
         if early is not None:
             return early
@@ -532,6 +556,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         dialect=state.dialect,
         return_token_ids=chat.return_token_ids and state.token_ids,
         drop_reasoning=fault == "drop_reasoning",
+        bad_token_ids=fault == "bad_token_ids",
     )
     state.responses_ok += 1
     return web.json_response(response)

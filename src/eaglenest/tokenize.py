@@ -40,6 +40,7 @@ from tqdm import tqdm
 from eaglenest.io import atomic_path, write_json
 from eaglenest.reasoning import THINK_END, THINK_START
 from eaglenest.schemas import TOKEN_SOURCES, TokensSchema, empty_tokens_frame
+from eaglenest.target_files import resolve_target_dir, tokenizer_dir
 from eaglenest.vocab import TokenCounts, write_token_counts
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,18 @@ def loss_mask(prompt_len: int, n_tokens: int) -> np.ndarray:
 
 
 def tokenizer_path(target: dict[str, Any]) -> str:
-    path = target.get("tokenizer") or target.get("path")
-    if not path:
+    """The local directory of the target's tokenizer (a hub name resolved in the local cache)."""
+    path = tokenizer_dir(target)
+    if path is None:
         raise TokenizeError(
             "tokenizing needs the target's tokenizer: set target.tokenizer or target.path"
         )
     return str(path)
+
+
+def model_dir(target: dict[str, Any]) -> Path | None:
+    """The local directory of target.path (a hub name resolved in the local cache), if set."""
+    return resolve_target_dir(target["path"], "target.path") if target.get("path") else None
 
 
 def load_tokenizer(target: dict[str, Any]) -> Any:
@@ -131,19 +138,22 @@ def _single_token_id(tokenizer: Any, token: str) -> int | None:
     return int(token_id)
 
 
-def _generation_eos_id(model_path: str | None) -> int | None:
-    """The first eos id of the model's generation_config.json: what servers stop on."""
+def _generation_eos_id(model_path: str | Path | None) -> tuple[int | None, str]:
+    """The first eos id of the model's generation_config.json (what servers stop on), or None
+    with the reason there is none."""
     if not model_path:
-        return None
+        return None, "target.path is not set"
     path = Path(model_path) / "generation_config.json"
     if not path.is_file():
-        return None
+        return None, f"{path} does not exist"
     eos = json.loads(path.read_text()).get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
-    return int(eos) if isinstance(eos, int) else None
+    if not isinstance(eos, int):
+        return None, f"{path} has no eos_token_id"
+    return int(eos), str(path)
 
 
-def target_vocab_size(tokenizer: Any, model_path: str | None) -> int:
+def target_vocab_size(tokenizer: Any, model_path: str | Path | None) -> int:
     """Rows of the target's embedding (config.json `vocab_size`, also under `text_config`), which
     may exceed the tokenizer's length; the tokenizer's length when there is no model config."""
     size = len(tokenizer)
@@ -153,11 +163,13 @@ def target_vocab_size(tokenizer: Any, model_path: str | None) -> int:
         for section in (config, config.get("text_config") or {}):
             if isinstance(section.get("vocab_size"), int):
                 return max(size, int(section["vocab_size"]))
+    elif path is not None:
+        log.warning("%s does not exist: the target vocabulary is the tokenizer's (%d)", path, size)
     return size
 
 
 def end_of_turn(
-    tokenizer: Any, configured: str | None, model_path: str | None
+    tokenizer: Any, configured: str | None, model_path: str | Path | None
 ) -> tuple[str, int, str]:
     """(token, id, where it came from): tokenize.end_of_turn_token, else the model's
     generation_config eos, else the tokenizer's eos."""
@@ -169,14 +181,24 @@ def end_of_turn(
                 "tokenizer; set it to the token the model ends its turn with (e.g. <|im_end|>)"
             )
         return configured, token_id, "config"
-    generation_eos = _generation_eos_id(model_path)
+    generation_eos, where = _generation_eos_id(model_path)
     if generation_eos is not None:
+        log.info("end of turn: id %d, the first eos of %s", generation_eos, where)
         return tokenizer.convert_ids_to_tokens(generation_eos), generation_eos, "generation_config"
     if tokenizer.eos_token_id is None:
         raise TokenizeError(
-            "the target's tokenizer has no eos token and the model no generation_config eos: set "
-            "tokenize.end_of_turn_token (e.g. <|im_end|>)"
+            f"no end-of-turn token: the model's generation config gives none ({where}) and the "
+            "target's tokenizer has no eos token; set tokenize.end_of_turn_token (e.g. <|im_end|>)"
         )
+    # Servers stop on generation_config's eos, which can differ from the tokenizer's (base
+    # tokenizers often say <|endoftext|>): say which one the samples end with.
+    log.warning(
+        "end of turn: the tokenizer's eos %r (id %d), since the model's generation config gives "
+        "none (%s); set tokenize.end_of_turn_token if the model ends its turn with another token",
+        tokenizer.eos_token,
+        tokenizer.eos_token_id,
+        where,
+    )
     return tokenizer.eos_token, int(tokenizer.eos_token_id), "tokenizer"
 
 
@@ -213,7 +235,8 @@ def resolve_target_tokens(
                 decoded,
                 ids[name],
             )
-    eot, eot_id, eot_source = end_of_turn(tokenizer, settings.end_of_turn_token, target.get("path"))
+    model_path = model_dir(target)
+    eot, eot_id, eot_source = end_of_turn(tokenizer, settings.end_of_turn_token, model_path)
     return TargetTokens(
         think_start_id=int(ids["start_id"]),
         think_end_id=int(ids["end_id"]),
@@ -223,7 +246,7 @@ def resolve_target_tokens(
         end_of_turn=eot,
         end_of_turn_source=eot_source,
         think_source=ids["source"],
-        vocab_size=target_vocab_size(tokenizer, target.get("path")),
+        vocab_size=target_vocab_size(tokenizer, model_path),
         special_ids=special_token_ids(tokenizer, ids["start_id"], ids["end_id"], eot_id),
     )
 

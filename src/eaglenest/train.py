@@ -386,6 +386,7 @@ def train_drafter(
     from transformers import AutoConfig
 
     from eaglenest.export import export_drafter
+    from eaglenest.target_files import resolve_target_dir
 
     processes = setup_processes(settings.device)
     out_dir, journal_dir = Path(out_dir), Path(journal_dir)
@@ -396,7 +397,7 @@ def train_drafter(
     heldout = open_shards(eval_shards, head, vocab) if eval_shards else []
     signal = TargetSignal(head, vocab, processes.device)
     target_config = AutoConfig.from_pretrained(
-        str(target_path), trust_remote_code=trust_remote_code
+        str(resolve_target_dir(target_path)), trust_remote_code=trust_remote_code
     )
     model = build_drafter(target_config, head, vocab, settings).to(processes.device)
     parameters = [p for p in model.parameters() if p.requires_grad]

@@ -8,6 +8,7 @@ values seen and what the probe found, so the fix is obvious without opening a fi
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,14 @@ import polars as pl
 from eaglenest.generate import RAW_SCHEMA
 from eaglenest.io import atomic_path, read_json, write_json
 from eaglenest.reasoning import THINK_END, THINK_START
-from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema
+from eaglenest.schemas import (
+    MESSAGE_DTYPE,
+    TOKEN_ID_COLUMNS,
+    RawSchema,
+    bad_token_ids,
+    samples_schema,
+)
+from eaglenest.target_files import resolve_target_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,9 @@ class ShardValidationError(RuntimeError):
     """The shard is unusable as a whole; the message says why and what the probe saw."""
 
 
-def drop_reasons(raw: pl.DataFrame, token_ids_expected: bool) -> pl.Series:
+def drop_reasons(
+    raw: pl.DataFrame, token_ids_expected: bool, vocab_size: int | None = None
+) -> pl.Series:
     """The first reason each row is dropped (null when kept), checked in order of severity."""
     has_think_tag = pl.lit(False)
     for column in ("reasoning", "content"):
@@ -69,6 +79,8 @@ def drop_reasons(raw: pl.DataFrame, token_ids_expected: bool) -> pl.Series:
         .then(pl.lit("empty_content"))
         .when(has_think_tag)
         .then(pl.lit("think_tag_in_text"))
+        .when(has_bad_token_ids(vocab_size))
+        .then(pl.lit("bad_token_ids"))
         .when(pl.lit(token_ids_expected) & pl.col("completion_token_ids").is_null())
         .then(pl.lit("missing_token_ids"))
         .when(pl.col("id").is_duplicated() & (pl.int_range(pl.len()).over("id") > 0))
@@ -76,6 +88,51 @@ def drop_reasons(raw: pl.DataFrame, token_ids_expected: bool) -> pl.Series:
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     return raw.select(reason.alias("drop_reason")).to_series()
+
+
+def has_bad_token_ids(vocab_size: int | None) -> pl.Expr:
+    """Per raw row: ids generate could not store (`token_ids_error`), or a null id or one outside
+    `[0, vocab_size)` in either list."""
+    bad = pl.col("token_ids_error").is_not_null()
+    for column in TOKEN_ID_COLUMNS:
+        bad = bad | bad_token_ids(column, vocab_size)
+    return bad
+
+
+def first_bad_token_id(row: dict[str, Any], vocab_size: int | None) -> str:
+    """Where a `bad_token_ids` row goes wrong first, and the value found there."""
+    if row["token_ids_error"] is not None:
+        return row["token_ids_error"]
+    upper = vocab_size if vocab_size is not None else float("inf")
+    for column in TOKEN_ID_COLUMNS:
+        for index, value in enumerate(row[column] or []):
+            if value is None:
+                return f"{column}[{index}] is null, not an integer"
+            if not 0 <= value < upper:
+                valid = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
+                return f"{column}[{index}] is {value}, outside {valid}"
+    raise ValueError(f"row {row['id']} has no bad token id")
+
+
+def target_vocab_size_of(target: dict[str, Any]) -> int | None:
+    """Rows of the target's embedding, the bound of every token id: config.json `vocab_size`
+    (also under `text_config`) of `target.path`, else the tokenizer's length; None when the
+    config names neither a path nor a tokenizer (ids are then only checked to be >= 0).
+
+    Read without loading the tokenizer when config.json says it (the embedding, not the
+    tokenizer, is what an id must fit: hidden-state extraction looks every id up in it)."""
+    model_dir = resolve_target_dir(target["path"], "target.path") if target.get("path") else None
+    config_json = model_dir / "config.json" if model_dir is not None else None
+    if config_json is not None and config_json.is_file():
+        config = json.loads(config_json.read_text())
+        for section in (config, config.get("text_config") or {}):
+            if isinstance(section.get("vocab_size"), int):
+                return int(section["vocab_size"])
+    if not (target.get("tokenizer") or target.get("path")):
+        return None
+    from eaglenest.tokenize import load_tokenizer  # transformers: only when needed
+
+    return len(load_tokenizer(target))
 
 
 def _empty_reasoning_message(
@@ -102,12 +159,24 @@ def check_schema(schema: Any, frame: pl.DataFrame, what: str) -> None:
 
 
 def validate_frame(
-    raw: pl.DataFrame, prompts: pl.DataFrame, probe: dict[str, Any], settings: dict, shard: str
+    raw: pl.DataFrame,
+    prompts: pl.DataFrame,
+    probe: dict[str, Any],
+    settings: dict,
+    shard: str,
+    vocab_size: int | None = None,
 ) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Check a raw shard; return (samples, report) or raise ShardValidationError."""
+    """Check a raw shard; return (samples, report) or raise ShardValidationError.
+
+    `vocab_size` bounds the token ids (`target_vocab_size_of`); None checks only that they are
+    non-negative."""
     check_schema(RawSchema, raw, f"shard {shard}: raw file")
     token_ids_expected = bool(probe.get("token_ids", {}).get("supported"))
-    reasons = drop_reasons(raw, token_ids_expected)
+    reasons = drop_reasons(raw, token_ids_expected, vocab_size)
+    bad_ids = [
+        {"id": row["id"], "problem": first_bad_token_id(row, vocab_size)}
+        for row in raw.filter(reasons == "bad_token_ids").head(5).to_dicts()
+    ]
     counts = Counter(r for r in reasons.to_list() if r is not None)
     n_answered = raw.height - sum(v for k, v in counts.items() if k.startswith("request_failed"))
     report = {
@@ -118,8 +187,13 @@ def validate_frame(
         "dropped": dict(sorted(counts.items())),
         "reasoning_fields": dict(Counter(raw["reasoning_field"].to_list())),
         "token_layouts": dict(Counter(str(v) for v in raw["token_layout"].to_list())),
+        # How generation got each row: reused from the journal, or asked (new, retry, or because
+        # the request changed); see schemas.ROW_ORIGINS.
+        "origins": dict(Counter(str(v) for v in raw["origin"].to_list())),
         "thresholds": settings,
         "probe_reasoning_field": probe.get("reasoning_field"),
+        "vocab_size": vocab_size,
+        "bad_token_ids": bad_ids,  # the first few rows dropped for them, and why
     }
     share = lambda n: n / n_answered if n_answered else 0.0
     if n_answered and share(counts["empty_reasoning"]) > settings["max_empty_reasoning_fraction"]:
@@ -139,6 +213,15 @@ def validate_frame(
             f"(finish_reason 'length', > validation.max_truncated_fraction "
             f"{settings['max_truncated_fraction']}); raise generation.max_tokens"
         )
+    max_bad_ids = settings.get("max_bad_token_ids_fraction", 0.0)
+    if n_answered and share(counts["bad_token_ids"]) > max_bad_ids:
+        raise ShardValidationError(
+            f"shard {shard}: {counts['bad_token_ids']} of {n_answered} answered rows have bad "
+            f"token ids (> validation.max_bad_token_ids_fraction {max_bad_ids}); first: row "
+            f"{bad_ids[0]['id']}: {bad_ids[0]['problem']}. The server's answer is kept in the "
+            "raw file's `response` column; check that the server returns integer ids of the "
+            "model at target.path (same tokenizer and vocabulary)."
+        )
     kept = raw.with_columns(reasons).filter(pl.col("drop_reason").is_null())
     samples = kept.join(prompts.select("id", "messages"), on="id", how="left").select(
         SAMPLE_COLUMNS
@@ -146,7 +229,7 @@ def validate_frame(
     missing = samples.filter(pl.col("messages").is_null())["id"].to_list()
     if missing:
         raise ShardValidationError(f"shard {shard}: ids not in the prompts shard: {missing[:5]}")
-    check_schema(SamplesSchema, samples, f"shard {shard}: samples")
+    check_schema(samples_schema(vocab_size), samples, f"shard {shard}: samples")
     return samples, report
 
 
@@ -158,10 +241,16 @@ def validate_shard(
     report_out: str | Path,
     settings: dict[str, Any],
     shard: str,
+    vocab_size: int | None = None,
 ) -> dict[str, Any]:
     """The validate stage for one shard: samples/{shard}.parquet and its report."""
     samples, report = validate_frame(
-        pl.read_parquet(raw), pl.read_parquet(prompts), read_json(probe), settings, shard
+        pl.read_parquet(raw),
+        pl.read_parquet(prompts),
+        read_json(probe),
+        settings,
+        shard,
+        vocab_size,
     )
     log.info(
         "shard %s: kept %d of %d; dropped %s",
