@@ -20,9 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eaglenest.endpoints import Endpoint
-from eaglenest.generate import GenerationSettings, generate_records
-from eaglenest.server_process import running_server
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.demo.server_process import running_server
+from eaglenest.stages.generate import GenerationSettings, generate_records
 
 MODEL = "echo-model"
 CONCURRENCY = 128

@@ -31,13 +31,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from eaglenest.hidden_states import (
-    HiddenSettings,
-    default_aux_layer_ids,
-    extract_hidden_states,
-    load_target,
-    pack_batches,
-)
+from eaglenest.common.batching import pack_batches
+from eaglenest.formats.hidden_shard import HiddenSettings
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.target.loading import default_aux_layer_ids, load_target
 
 
 def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, seed: int = 0):
@@ -60,7 +57,7 @@ def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, see
 
 
 def demo_target(directory: Path) -> Path:
-    from eaglenest.demo_target import build_demo_target
+    from eaglenest.demo.target import build_demo_target
 
     build_demo_target(directory, train_steps=0, heldout_prompts=1, min_reasoning_share=0.0)
     return directory
@@ -103,7 +100,7 @@ def main() -> None:
             "model_dtype": "float32",
             "max_batch_tokens": args.max_batch_tokens,
         }
-        model = load_target(target, HiddenSettings(**base))
+        model = load_target(target, base["device"], base["model_dtype"])
         hidden = model.config.hidden_size
         frame = write_tokens(tmp / "tokens.parquet", args.samples, args.min_len, args.max_len,
                              model.config.vocab_size)  # fmt: skip

@@ -33,15 +33,11 @@ from pathlib import Path
 
 import polars as pl
 
-from eaglenest.demo_target import _tokenizer_corpus, build_demo_tokenizer
-from eaglenest.demo_tasks import heldout_examples, training_examples
-from eaglenest.tokenize import (
-    TokenizeSettings,
-    load_tokenizer,
-    resolve_target_tokens,
-    tokenize_frame,
-)
-from eaglenest.validate import SAMPLE_SCHEMA
+from eaglenest.demo.target import _tokenizer_corpus, build_demo_tokenizer
+from eaglenest.demo.tasks import heldout_examples, training_examples
+from eaglenest.formats.samples import SAMPLE_SCHEMA
+from eaglenest.stages.tokenize import TokenizeSettings, resolve_target_tokens, tokenize_frame
+from eaglenest.target.tokenizer import load_tokenizer
 
 KWARGS = {"enable_thinking": True}
 

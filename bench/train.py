@@ -32,16 +32,11 @@ import torch
 from safetensors.torch import save_file
 
 from eaglenest.drafter import ttt_forward
-from eaglenest.hidden_states import FORMAT
-from eaglenest.train import TrainSettings, build_drafter, train_drafter, ttt_loss
-from eaglenest.train_data import (
-    BatchPlan,
-    DraftVocab,
-    TargetHead,
-    TargetSignal,
-    build_batch,
-    open_shards,
-)
+from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.hidden_shard import FORMAT
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.train.train import TrainSettings, build_drafter, train_drafter, ttt_loss
 
 SIZES = {
     "demo": {

@@ -7,10 +7,13 @@ from pathlib import Path
 # The library is importable without installing it (e.g. a cluster node with only the repo).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eaglenest.planning_gc import postpone_full_collections, resume_full_collections
+from eaglenest.common.planning_gc import (
+    postpone_full_collections,
+    resume_full_collections,
+)
 
 # Full garbage collections rescan the whole DAG as it grows and free nothing: postponed while
-# Snakemake plans, back to normal once the run starts (see eaglenest.planning_gc).
+# Snakemake plans, back to normal once the run starts (see eaglenest.common.planning_gc).
 _GC_THRESHOLDS = postpone_full_collections()
 
 
@@ -18,9 +21,9 @@ onstart:
     resume_full_collections(_GC_THRESHOLDS)
 
 
-from eaglenest.code_version import stage_code_version as _stage_code_version
-from eaglenest.config import ConfigError, validate_config
-from eaglenest.prompts import (
+from eaglenest.common.code_version import stage_code_version as _stage_code_version
+from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.stages.prompts import (
     PromptOptions,
     local_source_files,
     prepared_params_json,
@@ -51,26 +54,27 @@ if DEMO and not config["target"]["path"]:
 
 # Library modules each stage's script calls (scripts/*.py). A stage's code version hashes these,
 # every eaglenest module they import (lazily or not) and the package files those read: a new
-# import needs no edit here (see eaglenest.code_version). Logging (logs.py) and GPU claims
+# import needs no edit here (see eaglenest.common.code_version). Logging (logs.py) and GPU claims
 # (gpus.py), which the scripts also call, shape no output and rerun nothing.
 STAGE_ENTRIES = {
-    "prompts": ["prompts"],
-    "demo_target": ["demo_target"],
-    "generate": ["generate", "prompts"],
+    "prompts": ["stages.prompts"],
+    "demo_target": ["demo.target"],
+    "generate": ["stages.generate", "stages.prompts"],
     # validate then tokenize, one job per shard (rules/samples.smk)
-    "samples": ["validate", "tokenize", "lengths"],
-    "vocab": ["vocab"],
-    "hidden": ["hidden_states"],
-    "train": ["train"],
-    "evaluate": ["evaluate"],
-    "report": ["report"],
-    "probe": ["probe"],
+    "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
+    "vocab": ["stages.vocab"],
+    "hidden": ["stages.hidden_states.extract"],
+    "target_head": ["formats.target_head"],
+    "train": ["stages.train.train"],
+    "evaluate": ["stages.evaluate.evaluate"],
+    "report": ["stages.report.report"],
+    "probe": ["stages.probe"],
 }
 # The embedded demo server shapes the data only where it is the endpoint: in the stages that send
 # requests, when server.enabled. Elsewhere the import that starts it (endpoints.py imports
 # server_process inside a function) is cut, and with it the server, its engine and its faults.
 ENDPOINT_STAGES = ("generate", "probe")
-EMBEDDED_SERVER_ENTRY = "server_process"
+EMBEDDED_SERVER_ENTRY = "demo.server_process"
 _CODE_VERSIONS = {}
 
 

@@ -35,6 +35,6 @@ rule save_target_head:
     params:
         settings=as_json("hidden"),
         target=get_hidden_target_json(),
-        code_version=code_version("hidden"),
+        code_version=code_version("target_head"),
     script:
         "../scripts/save_target_head.py"

@@ -1,6 +1,6 @@
 # The run report: results/{run}/report/index.html (self-contained) and one PNG per plot, each in
 # `snakemake --report` with its caption from report/. Reads every stage's files; see
-# eaglenest.report.
+# eaglenest.stages.report.report.
 
 
 rule build_report:

@@ -1,8 +1,8 @@
-# Snakemake adapter for the demo target: see eaglenest.demo_target.
+# Snakemake adapter for the demo target: see eaglenest.demo.target.
 import torch
 
-from eaglenest.demo_target import build_demo_target
-from eaglenest.logs import log_to
+from eaglenest.common.logs import log_to
+from eaglenest.demo.target import build_demo_target
 
 with log_to(snakemake.log[0]):
     torch.set_num_threads(max(1, snakemake.threads))

@@ -1,6 +1,6 @@
-# Snakemake adapter for the draft vocabulary: see eaglenest.vocab.
-from eaglenest.logs import log_to
-from eaglenest.vocab import build_draft_vocab
+# Snakemake adapter for the draft vocabulary: see eaglenest.stages.vocab.
+from eaglenest.common.logs import log_to
+from eaglenest.stages.vocab import build_draft_vocab
 
 with log_to(snakemake.log[0]):
     build_draft_vocab(

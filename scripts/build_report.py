@@ -1,6 +1,6 @@
-# Snakemake adapter for the run report: see eaglenest.report.
-from eaglenest.logs import log_to
-from eaglenest.report import PLOT_NAMES, RunFiles, build_report
+# Snakemake adapter for the run report: see eaglenest.stages.report.report.
+from eaglenest.common.logs import log_to
+from eaglenest.stages.report.report import PLOT_NAMES, RunFiles, build_report
 
 with log_to(snakemake.log[0]):
     build_report(

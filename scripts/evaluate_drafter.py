@@ -1,9 +1,9 @@
-# Snakemake adapter for the evaluate stage: see eaglenest.evaluate.
+# Snakemake adapter for the evaluate stage: see eaglenest.stages.evaluate.evaluate.
 import torch
 
-from eaglenest.evaluate import EvaluateSettings, evaluate_drafter
-from eaglenest.gpus import claim_gpus
-from eaglenest.logs import log_to
+from eaglenest.common.gpus import claim_gpus
+from eaglenest.common.logs import log_to
+from eaglenest.stages.evaluate.evaluate import EvaluateSettings, evaluate_drafter
 
 target = snakemake.config["target"]
 with log_to(snakemake.log[0]):

@@ -1,8 +1,8 @@
 # Snakemake adapter for the generate stage (the shard's prompts, then their answers): see
-# eaglenest.prompts.write_prompt_shard and eaglenest.generate.
-from eaglenest.generate import generate_shard
-from eaglenest.logs import log_to
-from eaglenest.prompts import write_prompt_shard
+# eaglenest.stages.prompts.write_prompt_shard and eaglenest.stages.generate.
+from eaglenest.common.logs import log_to
+from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.prompts import write_prompt_shard
 
 with log_to(snakemake.log.generate):
     write_prompt_shard(

@@ -1,9 +1,10 @@
-# Snakemake adapter for the hidden-states stage: see eaglenest.hidden_states.
+# Snakemake adapter for the hidden-states stage: see eaglenest.stages.hidden_states.extract.
 import torch
 
-from eaglenest.gpus import claim_gpus
-from eaglenest.hidden_states import HiddenSettings, extract_hidden_states
-from eaglenest.logs import log_to
+from eaglenest.common.gpus import claim_gpus
+from eaglenest.common.logs import log_to
+from eaglenest.formats.hidden_shard import HiddenSettings
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
 
 target = snakemake.config["target"]
 with log_to(snakemake.log[0]):

@@ -1,10 +1,11 @@
-# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.validate),
-# then tokenize the samples that passed (eaglenest.tokenize), last the lengths the report plots
-# (eaglenest.lengths); one log for the job, each step's lines named by its module.
-from eaglenest.lengths import write_shard_lengths
-from eaglenest.logs import log_to
-from eaglenest.tokenize import tokenize_shard
-from eaglenest.validate import target_vocab_size_of, validate_shard
+# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.stages.validate),
+# then tokenize the samples that passed (eaglenest.stages.tokenize), last the lengths the report plots
+# (eaglenest.formats.lengths); one log for the job, each step's lines named by its module.
+from eaglenest.common.logs import log_to
+from eaglenest.formats.lengths import write_shard_lengths
+from eaglenest.stages.tokenize import tokenize_shard
+from eaglenest.stages.validate import validate_shard
+from eaglenest.target.tokenizer import target_vocab_size_of
 
 shard = snakemake.wildcards.shard
 with log_to(snakemake.log[0]):

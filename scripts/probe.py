@@ -1,6 +1,6 @@
-# Snakemake adapter for the probe stage: see eaglenest.probe.
-from eaglenest.logs import log_to
-from eaglenest.probe import probe_run
+# Snakemake adapter for the probe stage: see eaglenest.stages.probe.
+from eaglenest.common.logs import log_to
+from eaglenest.stages.probe import probe_run
 
 with log_to(snakemake.log.probe):
     probe_run(

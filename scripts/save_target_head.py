@@ -1,6 +1,7 @@
 # Snakemake adapter: the target's embedding, LM head and final norm, once per run.
-from eaglenest.hidden_states import HiddenSettings, save_target_head
-from eaglenest.logs import log_to
+from eaglenest.common.logs import log_to
+from eaglenest.formats.hidden_shard import HiddenSettings
+from eaglenest.formats.target_head import save_target_head
 
 target = snakemake.config["target"]
 with log_to(snakemake.log[0]):

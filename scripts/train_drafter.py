@@ -1,10 +1,10 @@
-# Snakemake adapter for the train stage: see eaglenest.train. With train.gpus > 1 it runs the same
+# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it runs the same
 # function under torchrun, one process per GPU.
 import torch
 
-from eaglenest.gpus import claim_gpus
-from eaglenest.logs import log_to
-from eaglenest.train import TrainSettings, run_under_torchrun, train_drafter
+from eaglenest.common.gpus import claim_gpus
+from eaglenest.common.logs import log_to
+from eaglenest.stages.train.train import TrainSettings, run_under_torchrun, train_drafter
 
 section = snakemake.config["train"]
 target = snakemake.config["target"]

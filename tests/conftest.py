@@ -27,7 +27,7 @@ DEMO_TARGET_TEST_SETTINGS = {
 @pytest.fixture(scope="session")
 def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained demo target in Hugging Face layout (with `demo_metrics.json`)."""
-    from eaglenest.demo_target import build_demo_target
+    from eaglenest.demo.target import build_demo_target
 
     out_dir = tmp_path_factory.mktemp("demo-target") / "target"
     build_demo_target(out_dir, **DEMO_TARGET_TEST_SETTINGS)

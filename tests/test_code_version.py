@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from eaglenest.code_version import code_version, module_closure, stage_code_version
+from eaglenest.common.code_version import code_version, module_closure, stage_code_version
 
 
 def write(dir_: Path, name: str, text: str) -> None:
@@ -194,7 +194,7 @@ def test_an_unknown_entry_module_is_an_error(tmp_path):
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "eaglenest"
 # What scripts call that shapes no output (logging, GPU claims): no stage hashes it.
-SHAPES_NO_OUTPUT = {"logs", "gpus"}
+SHAPES_NO_OUTPUT = {"common.logs", "common.gpus"}
 
 
 def stage_entries() -> dict[str, list[str]]:
@@ -232,7 +232,10 @@ def test_every_rule_with_a_script_hashes_what_the_script_imports():
             rules += 1
             stage = re.search(r'code_version=code_version\("(\w+)"\)', block)
             assert stage, f"rule {name} ({smk.name}) has no code_version param"
-            hashed = {f.removesuffix(".py") for f in module_closure(entries[stage.group(1)])}
+            hashed = {
+                f.removesuffix(".py").replace("/", ".")
+                for f in module_closure(entries[stage.group(1)])
+            }
             missing = script_imports(REPO / script.group(1)) - hashed - SHAPES_NO_OUTPUT
             assert not missing, (
                 f"rule {name}: {script.group(1)} imports {sorted(missing)}, which stage "
@@ -251,8 +254,8 @@ import importlib, importlib.util, json, os, pkgutil, re, sys
 import eaglenest
 
 entries = json.loads(sys.argv[1])
-for info in pkgutil.iter_modules(eaglenest.__path__):
-    importlib.import_module("eaglenest." + info.name)
+for info in pkgutil.walk_packages(eaglenest.__path__, "eaglenest."):
+    importlib.import_module(info.name)
 LAZY = re.compile(
     r"^[ \t]+from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
     r"|^[ \t]+import[ \t]+([^\n#]*)",
@@ -360,11 +363,11 @@ def test_the_package_init_holds_only_constants():
 
 
 def test_the_demo_server_is_cut_where_excluded():
-    server = {"server_process.py", "server.py", "engine.py", "faults.py"}
-    for entries in (["generate"], ["probe"]):
+    server = {"demo/server_process.py", "demo/server.py", "demo/engine.py", "demo/faults.py"}
+    for entries in (["stages.generate"], ["stages.probe"]):
         assert server <= set(module_closure(entries))
-        assert not server & set(module_closure(entries, ["server_process"]))
+        assert not server & set(module_closure(entries, ["demo.server_process"]))
 
 
 def test_the_demo_target_hashes_its_chat_template():
-    assert "demo_chat_template.jinja" in module_closure(["demo_target"])
+    assert "demo/chat_template.jinja" in module_closure(["demo.target"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.config import ConfigError, load_config, validate_config
+from eaglenest.common.config import ConfigError, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglenest.evaluate import AcceptanceCounts, heldout_prompts, untrained_like
-from eaglenest.export import load_drafter
-from eaglenest.hidden_states import HiddenSettings, load_target
-from eaglenest.speculative import (
+from eaglenest.formats.drafter_export import load_drafter
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.evaluate.evaluate import AcceptanceCounts, heldout_prompts, untrained_like
+from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     PromptLookupProposer,
     greedy_generate,
     prompt_lookup,
     speculative_generate,
 )
-from eaglenest.train_data import TargetHead
+from eaglenest.target.loading import load_target
 
 
 def test_acceptance_counts_follow_the_serving_definition():
@@ -56,7 +56,7 @@ def test_prompt_lookup_drafts_what_followed_the_last_ngram():
 def live_setup(finished_run: Path):
     results = finished_run / "results" / "demo"
     torch.manual_seed(0)
-    target = load_target(results / "target", HiddenSettings(device="cpu", model_dtype="float32"))
+    target = load_target(results / "target", device="cpu", model_dtype="float32")
     head = TargetHead.load(results / "hidden" / "target_head.safetensors")
     drafter = load_drafter(results / "drafter", head.embed, head.aux_layer_ids).eval()
     prompts = heldout_prompts([results / "tokens" / "00001.parquet"], 4)

@@ -16,10 +16,12 @@ import httpx
 import polars as pl
 import pytest
 
-from eaglenest.config import validate_config
-from eaglenest.endpoints import Endpoint
-from eaglenest.generate import (
-    RAW_SCHEMA,
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.common.config import validate_config
+from eaglenest.common.io import write_json
+from eaglenest.demo.server_process import running_server
+from eaglenest.formats.raw import RAW_SCHEMA, RawSchema, write_raw
+from eaglenest.stages.generate import (
     GenerationError,
     GenerationSettings,
     generate_records,
@@ -27,11 +29,7 @@ from eaglenest.generate import (
     read_journal,
     record_from_response,
     sample_seed,
-    write_raw,
 )
-from eaglenest.io import write_json
-from eaglenest.schemas import RawSchema
-from eaglenest.server_process import running_server
 
 MODEL = "echo-model"
 
@@ -163,8 +161,8 @@ def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout)
 KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, polars as pl
-    from eaglenest.endpoints import Endpoint
-    from eaglenest.generate import GenerationSettings, generate_records
+    from eaglenest.client.endpoints import Endpoint
+    from eaglenest.stages.generate import GenerationSettings, generate_records
     prompts = pl.read_parquet(sys.argv[1]).to_dicts()
     settings = GenerationSettings(model="echo-model", concurrency=4)
     asyncio.run(generate_records(prompts, [Endpoint(sys.argv[2])], settings, __import__("pathlib").Path(sys.argv[3])))
@@ -250,7 +248,7 @@ def test_a_short_api_key_never_changes_the_models_text(tmp_path, monkeypatch):
 
 
 def test_retry_after_reads_seconds_and_http_dates():
-    from eaglenest.generate import retry_after_s
+    from eaglenest.stages.generate import retry_after_s
 
     now = 1_700_000_000.0
     assert retry_after_s("7", now) == 7.0
@@ -263,7 +261,7 @@ def test_retry_after_reads_seconds_and_http_dates():
 
 
 def test_retry_after_is_honoured_up_to_the_cap():
-    from eaglenest.generate import _backoff_s
+    from eaglenest.stages.generate import _backoff_s
 
     settings = fast_settings(retry_after_max_s=5.0)
     assert _backoff_s(1, settings, 3.0) == 3.0
@@ -275,7 +273,7 @@ def test_an_answer_from_another_model_is_a_terminal_failure(tmp_path):
     127.0.0.1 that always says it is `other-model`."""
     from aiohttp import web
 
-    from eaglenest.server import EchoBackend, build_response, parse_chat_request
+    from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
 
     async def chat(request):
         completion = await EchoBackend().complete(parse_chat_request(await request.json()))

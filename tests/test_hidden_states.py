@@ -15,18 +15,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.hidden_reader import open_hidden_shard
-from eaglenest.hidden_states import (
+from eaglenest.common.batching import pack_batches
+from eaglenest.formats.hidden_shard import (
     HiddenSettings,
     ShardWriter,
-    default_aux_layer_ids,
-    extract_hidden_states,
-    load_target,
-    pack_batches,
+    open_hidden_shard,
     pwrite_all,
-    save_target_head,
 )
-from eaglenest.tokenize import loss_mask
+from eaglenest.formats.target_head import save_target_head
+from eaglenest.formats.tokens import loss_mask
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.target.loading import default_aux_layer_ids, load_target
 
 torch.set_num_threads(1)
 
@@ -55,7 +54,7 @@ def write_tokens(path: Path, n_samples: int, seed: int = 0, vocab: int = 500) ->
 
 @pytest.fixture(scope="module")
 def target(demo_target_dir):
-    return load_target(demo_target_dir, HiddenSettings(device="cpu", model_dtype="float32"))
+    return load_target(demo_target_dir, device="cpu", model_dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +181,7 @@ def test_pack_batches_respects_padded_budget():
 
 
 def test_topk_matches_logits(tokens, demo_target_dir, target, tmp_path, monkeypatch):
-    import eaglenest.hidden_states as hs
+    import eaglenest.stages.hidden_states.extract as hs
 
     monkeypatch.setattr(hs, "TOPK_CHUNK_ROWS", 7)  # logits in chunks that cut across samples
     run(tokens, demo_target_dir, target, tmp_path / "t.safetensors", target_signal="topk",
@@ -260,7 +259,7 @@ def test_metadata(tokens, demo_target_dir, target, tmp_path):
 def test_killed_write_leaves_nothing_and_rerun_is_identical(
     tokens, demo_target_dir, target, tmp_path, monkeypatch
 ):
-    import eaglenest.hidden_states as hs
+    import eaglenest.stages.hidden_states.extract as hs
 
     out = tmp_path / "h.safetensors"
     real_forward, calls = hs.forward_batch, []
@@ -301,10 +300,12 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import resource, sys, torch
     torch.set_num_threads(1)
-    from eaglenest.hidden_states import HiddenSettings, extract_hidden_states, load_target
+    from eaglenest.formats.hidden_shard import HiddenSettings
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+    from eaglenest.target.loading import load_target
     settings = HiddenSettings(device="cpu", model_dtype="float32", dtype="fp32",
                               max_batch_tokens=256)
-    model = load_target(sys.argv[1], settings)
+    model = load_target(sys.argv[1], settings.device, settings.model_dtype)
     extract_hidden_states(tokens=sys.argv[2], target_path=sys.argv[1], out=sys.argv[3],
                           settings=settings, model=model)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

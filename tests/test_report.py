@@ -15,11 +15,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eaglenest.generate import RAW_SCHEMA
-from eaglenest.lengths import read_shard_lengths, write_shard_lengths
-from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report, load_run
-from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema, TokensSchema
-from eaglenest.validate import SAMPLE_COLUMNS
+from eaglenest.formats.lengths import read_shard_lengths, write_shard_lengths
+from eaglenest.formats.prompts import MESSAGE_DTYPE
+from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
+from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
+from eaglenest.formats.tokens import TokensSchema
+from eaglenest.stages.report.report import (
+    PLOT_NAMES,
+    ReportInputError,
+    RunFiles,
+    build_report,
+    load_run,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = ("00000", "00001")

@@ -18,17 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eaglenest.demo_tasks import heldout_examples
-from eaglenest.faults import FAULT_MODES, FaultConfig, expected_faults
-from eaglenest.reasoning import split_think
-from eaglenest.server import (
+from eaglenest.client.reasoning import split_think
+from eaglenest.demo.faults import FAULT_MODES, FaultConfig, expected_faults
+from eaglenest.demo.server import (
     ECHO_REASONING,
     ECHO_STOP_TOKEN,
     MALFORMED_TOKEN_IDS,
     echo_decode,
     render_echo_prompt,
 )
-from eaglenest.server_process import embedded_server, running_server
+from eaglenest.demo.server_process import embedded_server, running_server
+from eaglenest.demo.tasks import heldout_examples
 
 MODEL_NAME = "demo-target"
 PROMPTS = [example.prompt for example in heldout_examples(seed=0, n=32)]

@@ -15,19 +15,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import eaglenest.hidden_states as hs
-from eaglenest.evaluate import eos_token_ids
-from eaglenest.hidden_states import (
-    HiddenSettings,
-    TargetHeadError,
-    load_target,
-    save_target_head,
-    sha256_file,
-    target_config_hash,
-)
-from eaglenest.probe import think_token_ids
-from eaglenest.target_files import TargetNotFoundError, resolve_target_dir
-from eaglenest.tokenize import TokenizeSettings, load_tokenizer, resolve_target_tokens
+import eaglenest.stages.hidden_states.extract as hs
+from eaglenest.common.io import sha256_file
+from eaglenest.formats.hidden_shard import HiddenSettings
+from eaglenest.formats.target_head import TargetHeadError, save_target_head
+from eaglenest.stages.evaluate.evaluate import eos_token_ids
+from eaglenest.stages.tokenize import TokenizeSettings, resolve_target_tokens
+from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
+from eaglenest.target.loading import load_target, target_config_hash
+from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
 
 torch.set_num_threads(1)
 
@@ -120,7 +116,7 @@ def test_end_of_turn_without_a_generation_config_says_where_it_came_from(
     shutil.copytree(demo_target_dir, target_dir, ignore=shutil.ignore_patterns("*.safetensors"))
     (target_dir / "generation_config.json").unlink()
     target = {"path": str(target_dir), "trust_remote_code": False}
-    with caplog.at_level(logging.WARNING, logger="eaglenest.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="eaglenest.stages.tokenize"):
         tokens = resolve_target_tokens(load_tokenizer(target), target, TokenizeSettings())
     assert tokens.end_of_turn_source == "tokenizer"
     warning = caplog.text
@@ -129,8 +125,8 @@ def test_end_of_turn_without_a_generation_config_says_where_it_came_from(
 
 
 def test_every_reader_of_the_target_takes_a_hub_name(offline_cache, demo_target_dir):
-    settings = HiddenSettings(device="cpu", model_dtype="float32")
-    by_name, by_dir = load_target(HUB_NAME, settings), load_target(demo_target_dir, settings)
+    on_cpu = {"device": "cpu", "model_dtype": "float32"}
+    by_name, by_dir = load_target(HUB_NAME, **on_cpu), load_target(demo_target_dir, **on_cpu)
     for (name, a), (_, b) in zip(by_name.state_dict().items(), by_dir.state_dict().items()):
         assert torch.equal(a, b), name
     assert target_config_hash(HUB_NAME) == sha256_file(demo_target_dir / "config.json")

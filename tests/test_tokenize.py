@@ -16,18 +16,17 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eaglenest.config import validate_config
-from eaglenest.io import read_json
-from eaglenest.schemas import SamplesSchema, TokensSchema
-from eaglenest.tokenize import (
+from eaglenest.common.config import validate_config
+from eaglenest.common.io import read_json
+from eaglenest.formats.samples import SAMPLE_SCHEMA, SamplesSchema
+from eaglenest.formats.token_counts import read_token_counts
+from eaglenest.formats.tokens import TokensSchema, loss_mask
+from eaglenest.stages.tokenize import (
     MISMATCH_WINDOW,
     TokenizeError,
-    loss_mask,
     tokenize_samples,
     tokenize_shard,
 )
-from eaglenest.validate import SAMPLE_SCHEMA
-from eaglenest.vocab import read_token_counts
 
 THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
@@ -497,11 +496,11 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
     equal the server's ids, sample for sample, and the server's ids are what is written."""
     import torch
 
-    from eaglenest.demo_tasks import heldout_examples
-    from eaglenest.generate import generate_shard
-    from eaglenest.io import write_json
-    from eaglenest.server_process import running_server
-    from eaglenest.validate import validate_frame
+    from eaglenest.common.io import write_json
+    from eaglenest.demo.server_process import running_server
+    from eaglenest.demo.tasks import heldout_examples
+    from eaglenest.stages.generate import generate_shard
+    from eaglenest.stages.validate import validate_frame
 
     torch.set_num_threads(1)
     examples = heldout_examples(seed=3, n=12)

@@ -17,21 +17,16 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from eaglenest.drafter import ttt_forward
-from eaglenest.export import ExportError, export_drafter, load_drafter
-from eaglenest.train import (
+from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
+from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.train.train import (
     TrainingDiverged,
     TrainSettings,
     build_drafter,
     train_drafter,
     ttt_loss,
-)
-from eaglenest.train_data import (
-    BatchPlan,
-    DraftVocab,
-    TargetHead,
-    TargetSignal,
-    build_batch,
-    open_shards,
 )
 
 pytestmark = pytest.mark.slow
@@ -106,7 +101,7 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
         )
         return path
 
-    command = [sys.executable, "-m", "eaglenest.train"]
+    command = [sys.executable, "-m", "eaglenest.stages.train.train"]
     straight = subprocess.run(
         [*command, str(spec("straight"))], env=env, capture_output=True, check=False
     )
@@ -272,7 +267,7 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
 
 def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
     """train.gpus > 1 runs DDP under torchrun; on CPU the processes talk over gloo."""
-    from eaglenest.train import run_under_torchrun
+    from eaglenest.stages.train.train import run_under_torchrun
 
     section = {
         "gpus": 2,
@@ -310,7 +305,7 @@ class _Payload:
 def test_a_journal_that_is_not_plain_training_state_is_moved_aside_unrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content
 ):
-    from eaglenest.train import load_checkpoint
+    from eaglenest.stages.train.train import load_checkpoint
 
     monkeypatch.chdir(tmp_path)
     state = tmp_path / "journal" / "state.pt"
@@ -335,7 +330,7 @@ def test_the_random_state_round_trips_through_a_safe_checkpoint(tmp_path: Path):
 
     import numpy as np
 
-    from eaglenest.train import load_checkpoint, rng_state, set_rng_state
+    from eaglenest.stages.train.train import load_checkpoint, rng_state, set_rng_state
 
     path = tmp_path / "state.pt"
     torch.save({"rng": [rng_state()]}, path)

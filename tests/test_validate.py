@@ -8,16 +8,13 @@ import polars as pl
 import pytest
 from test_generate import MODEL, prompt_frame
 
-from eaglenest.config import validate_config
-from eaglenest.generate import RAW_SCHEMA, generate_shard
-from eaglenest.io import read_json, write_json
-from eaglenest.server_process import running_server
-from eaglenest.validate import (
-    ShardValidationError,
-    target_vocab_size_of,
-    validate_frame,
-    validate_shard,
-)
+from eaglenest.common.config import validate_config
+from eaglenest.common.io import read_json, write_json
+from eaglenest.demo.server_process import running_server
+from eaglenest.formats.raw import RAW_SCHEMA
+from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.validate import ShardValidationError, validate_frame, validate_shard
+from eaglenest.target.tokenizer import target_vocab_size_of
 
 SETTINGS = {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.1}
 PROBE = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
@@ -205,7 +202,7 @@ def test_one_bad_token_id_stops_the_shard_by_default_naming_row_and_value(row):
 
 
 def test_samples_schema_bounds_ids_by_the_vocabulary():
-    from eaglenest.schemas import samples_schema
+    from eaglenest.formats.samples import samples_schema
 
     raw, prompts = frames(2, {})
     samples, _ = validate_frame(raw, prompts, PROBE, SETTINGS, "00000", vocab_size=VOCAB)
@@ -229,7 +226,7 @@ def test_vocab_size_comes_from_the_targets_config(tmp_path):
 
 
 def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
-    from eaglenest.demo_target import build_demo_tokenizer
+    from eaglenest.demo.target import build_demo_tokenizer
 
     tokenizer = build_demo_tokenizer(["one two three", "four five"], vocab_size=300)
     tokenizer.save_pretrained(tmp_path)

@@ -19,18 +19,20 @@ from test_tokenize import make_tokenizer
 from test_validate import raw_row
 from test_workflow import planned_jobs
 
-from eaglenest.generate import RAW_SCHEMA
-from eaglenest.io import read_json, write_json
-from eaglenest.vocab import (
+from eaglenest.common.io import read_json, write_json
+from eaglenest.formats.raw import RAW_SCHEMA
+from eaglenest.formats.token_counts import (
     TokenCounts,
+    merge_token_counts,
+    read_token_counts,
+    write_token_counts,
+)
+from eaglenest.stages.vocab import (
     VocabError,
     build_draft_vocab,
     coverage,
     draft_mapping,
-    merge_token_counts,
-    read_token_counts,
     select_draft_vocab,
-    write_token_counts,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +178,7 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
     # One log per job, each step's lines named by its module.
     log = (tmp_path / "logs/t/samples/00000.log").read_text()
-    assert "eaglenest.validate" in log and "eaglenest.tokenize" in log
+    assert "eaglenest.stages.validate" in log and "eaglenest.stages.tokenize" in log
     assert log.count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32

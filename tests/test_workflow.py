@@ -62,7 +62,7 @@ def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Pat
     one shard run through Snakemake, and no embedded-server log is planned or written."""
     from workflow_helpers import copy_workflow, job_logs
 
-    from eaglenest.server_process import running_server
+    from eaglenest.demo.server_process import running_server
 
     workdir = copy_workflow(tmp_path / "workflow")
     target = "results/ext/tokens/00000.parquet"
@@ -105,7 +105,7 @@ def test_a_sampling_change_regenerates_and_a_client_change_asks_nothing(tmp_path
     import httpx
     from workflow_helpers import copy_workflow, job_logs
 
-    from eaglenest.server_process import running_server
+    from eaglenest.demo.server_process import running_server
 
     workdir = copy_workflow(tmp_path / "workflow")
     target = "results/jr/raw/00000.parquet"
