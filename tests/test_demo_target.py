@@ -211,7 +211,7 @@ def test_quick_build_through_the_cli_loads_with_auto_classes(tmp_path):
 def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkeypatch):
     import torch
 
-    from eaglenest import demo_target
+    from eaglenest.demo import target as demo_target
 
     threads_before = torch.get_num_threads()
     # One thread: tiny models gain nothing from more, and the numbers are then reproducible.

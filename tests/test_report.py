@@ -14,19 +14,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from workflow_helpers import SMALL_RUN
 
 from eaglenest.formats.lengths import read_shard_lengths, write_shard_lengths
 from eaglenest.formats.prompts import MESSAGE_DTYPE
 from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
 from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
 from eaglenest.formats.tokens import TokensSchema
-from eaglenest.stages.report.report import (
-    PLOT_NAMES,
-    ReportInputError,
-    RunFiles,
-    build_report,
-    load_run,
-)
+from eaglenest.stages.report.inputs import ReportInputError, RunFiles, load_run
+from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = ("00000", "00001")
@@ -536,7 +532,7 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
     page = tmp_path / target
     assert missing_references(page) == []
     assert "2.41" in page.read_text()
-    log = (tmp_path / "logs/synthetic/report/build_report.log").read_text()
+    log = (tmp_path / "logs/synthetic/build_report.log").read_text()
     assert "report of run synthetic" in log
 
     result = subprocess.run(
@@ -561,14 +557,15 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
 def test_the_pipelines_report_of_the_demo_run(finished_run: Path):
     """The report `snakemake` built at the end of the small demo run: every plot is there and
     non-empty, the page references no missing file and shows the run's acceptance figures."""
-    report = finished_run / "results" / "demo" / "report"
+    results = finished_run / "results" / SMALL_RUN
+    report = results / "report"
     for name in PLOT_NAMES:
         png = report / f"{name}.png"
         assert png.stat().st_size > 1000, name
         assert png.read_bytes().startswith(PNG_MAGIC)
     page = report / "index.html"
     assert missing_references(page) == []
-    metrics = json.loads((finished_run / "results" / "demo" / "eval" / "metrics.json").read_text())
+    metrics = json.loads((results / "eval" / "metrics.json").read_text())
     text = page.read_text()
     for k in metrics["ks"]:
         assert f"{metrics['simulated'][str(k)]['acceptance_length']:.2f}" in text

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig
+from workflow_helpers import SMALL_RUN
 
 from eaglenest.drafter import ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(finished_run: Path) -> dict[str, Path]:
-    results = finished_run / "results" / "demo"
+    results = finished_run / "results" / SMALL_RUN
     return {
         "train": results / "hidden" / "00000.safetensors",
         "heldout": results / "hidden" / "00001.safetensors",
@@ -62,7 +63,7 @@ def test_overfits_a_handful_of_samples(run):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
     shards = open_shards([run["train"]], head, vocab)
     signal = TargetSignal(head, vocab)
-    settings = TrainSettings(ttt_steps=2)
+    settings = TrainSettings.from_sections(train={"ttt_steps": 2})
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
     plan = BatchPlan(shards, max_batch_tokens=4096, seed=0, limit=6)
     batch = signal.fill(build_batch(plan.epoch_order(0)[0], shards))
@@ -153,7 +154,9 @@ def test_a_nan_loss_stops_naming_step_and_batch(run, tmp_path: Path):
     broken = tmp_path / "broken" / "00000.safetensors"
     broken.parent.mkdir()
     save_file(tensors, str(broken), metadata=metadata)
-    settings = TrainSettings(max_steps=40, max_batch_tokens=256, ttt_steps=2)
+    settings = TrainSettings.from_sections(
+        train={"max_steps": 40, "max_batch_tokens": 256, "ttt_steps": 2}
+    )
     with pytest.raises(
         TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*'00000.safetensors', 3\)"
     ):
@@ -234,7 +237,7 @@ def test_the_pipelines_export_has_the_layout_both_servers_load(run):
 
 def test_reloading_the_export_reproduces_the_logits(run, tmp_path: Path):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
-    settings = TrainSettings()
+    settings = TrainSettings.from_sections()
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings).eval()
     shards = open_shards([run["heldout"]], head, vocab)
     batch = build_batch(BatchPlan(shards, 2048, 0).epoch_order(0)[0], shards)
@@ -261,7 +264,8 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     save_file(tensors, str(other), metadata=metadata)
     with pytest.raises(ValueError, match=r"00000\.safetensors: field aux_layer_ids"):
         train_drafter(
-            **{**arguments(run, tmp_path), "target_head": str(other)}, settings=TrainSettings()
+            **{**arguments(run, tmp_path), "target_head": str(other)},
+            settings=TrainSettings.from_sections(),
         )
 
 
@@ -279,7 +283,8 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
         "export_dtype": "float32",
     }
     log = tmp_path / "torchrun.log"
-    run_under_torchrun(section, arguments(run, tmp_path), str(log))
+    settings = TrainSettings.from_sections(train=section)
+    run_under_torchrun(settings, arguments(run, tmp_path), str(log))
     report = json.loads((tmp_path / "drafter" / "train_report.json").read_text())
     assert report["world_size"] == 2 and report["steps"] == 4
     assert (tmp_path / "drafter" / "model.safetensors").exists()
@@ -305,7 +310,7 @@ class _Payload:
 def test_a_journal_that_is_not_plain_training_state_is_moved_aside_unrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content
 ):
-    from eaglenest.stages.train.train import load_checkpoint
+    from eaglenest.stages.train.checkpoint import load_checkpoint
 
     monkeypatch.chdir(tmp_path)
     state = tmp_path / "journal" / "state.pt"
@@ -330,7 +335,7 @@ def test_the_random_state_round_trips_through_a_safe_checkpoint(tmp_path: Path):
 
     import numpy as np
 
-    from eaglenest.stages.train.train import load_checkpoint, rng_state, set_rng_state
+    from eaglenest.stages.train.checkpoint import load_checkpoint, rng_state, set_rng_state
 
     path = tmp_path / "state.pt"
     torch.save({"rng": [rng_state()]}, path)

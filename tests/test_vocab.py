@@ -34,6 +34,7 @@ from eaglenest.stages.vocab import (
     draft_mapping,
     select_draft_vocab,
 )
+from eaglenest.target.tokenizer import think_token_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,12 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     run_dir = tmp_path / "results" / "t"
     # A server without token ids: validation keeps the rows and tokenize rebuilds the ids.
     write_json(
-        run_dir / "probe.json", {"reasoning_field": "reasoning", "token_ids": {"supported": False}}
+        run_dir / "probe.json",
+        {
+            "reasoning_field": "reasoning",
+            "token_ids": {"supported": False},
+            "think_token_ids": think_token_ids(str(tokenizer_dir)),  # what the probe writes
+        },
     )
     for shard in ("00000", "00001"):
         prompts = prompt_frame(2, tag=shard)
@@ -177,7 +183,7 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     assert summary["draft_vocab_size"] == 64 and summary["shards"] == 2
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
     # One log per job, each step's lines named by its module.
-    log = (tmp_path / "logs/t/samples/00000.log").read_text()
+    log = (tmp_path / "logs/t/prepare_samples/00000.log").read_text()
     assert "eaglenest.stages.validate" in log and "eaglenest.stages.tokenize" in log
     assert log.count("tokens/s") == 1
 

@@ -7,7 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from eaglenest.settings.endpoints import EndpointSettings
 
 
 @dataclass(frozen=True)
@@ -25,17 +26,17 @@ def api_base(url: str) -> str:
 
 @contextlib.contextmanager
 def open_endpoints(
-    config: dict[str, Any], server_log: str | Path | None
+    settings: EndpointSettings, server_log: str | Path | None
 ) -> Iterator[list[Endpoint]]:
     """Yield the endpoints of the run; with `server.enabled` the embedded server is running inside
     the block and is stopped when it ends, also on failure."""
-    if config["server"]["enabled"]:
+    if settings.server["enabled"]:
         from eaglenest.demo.server_process import embedded_server
 
-        with embedded_server(config, log_path=server_log) as url:
-            yield [Endpoint(url=api_base(url), max_concurrency=config["server"]["max_batch_size"])]
+        with embedded_server(settings.embedded_server_config(), log_path=server_log) as url:
+            yield [Endpoint(url=api_base(url), max_concurrency=settings.server["max_batch_size"])]
         return
-    if not config["endpoints"]:
+    if not settings.endpoints:
         raise ValueError(
             "config key 'endpoints' is empty and 'server.enabled' is false: "
             "list at least one endpoint URL (e.g. endpoints: [{url: http://host:8000}])"
@@ -43,8 +44,8 @@ def open_endpoints(
     yield [
         Endpoint(
             url=api_base(e["url"]),
-            api_key_env=e.get("api_key_env"),
-            max_concurrency=e.get("max_concurrency", 128),
+            api_key_env=e["api_key_env"],
+            max_concurrency=e["max_concurrency"],
         )
-        for e in config["endpoints"]
+        for e in settings.endpoints
     ]

@@ -112,7 +112,7 @@ def source_fingerprint(path: Path, package_dir: Path | None = None) -> bytes:
 
 
 def code_version(modules: Iterable[str], package_dir: Path = PACKAGE_DIR) -> str:
-    """Hash of the named files of the package (e.g. ["probe.py", "reasoning.py"]), 16 hex chars."""
+    """Hash of the named files of the package (e.g. ["stages/probe.py"]), 16 hex chars."""
     digest = hashlib.sha256()
     for name in sorted(set(modules)):
         path = package_dir / name

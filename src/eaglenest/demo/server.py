@@ -342,6 +342,7 @@ class ModelBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from eaglenest.common.devices import resolve_device
         from eaglenest.demo.engine import BatchingEngine
         from eaglenest.target.files import resolve_target_dir
 
@@ -352,8 +353,7 @@ class ModelBackend:
             if tokenizer_path
             else model_dir
         )
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         if dtype == "auto" and device == "cpu":
             dtype = "float32"  # half precision matmuls are slow (or missing) on many CPUs
         self.tokenizer = AutoTokenizer.from_pretrained(

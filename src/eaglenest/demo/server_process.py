@@ -178,5 +178,6 @@ def embedded_server(
         trust_remote_code=bool(target.get("trust_remote_code", False)),
         tokenizer_path=target.get("tokenizer"),
         log_path=log_path,
+        extra_args=() if server.get("token_ids", True) else ("--no-token-ids",),
         threads=threads,
     )

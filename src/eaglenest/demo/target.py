@@ -4,9 +4,9 @@ The demo pipeline needs a target that behaves like a real reasoning model where 
 eaglenest: its own byte-level BPE tokenizer with Qwen's pre-tokenizer, `<think>`/`</think>` as
 single added tokens, a Qwen3-style chat template, and completions of the form
 `<think>\\n...\\n</think>\\n\\nanswer<|im_end|>`. It is trained here from scratch on the synthetic
-tasks of `demo_tasks` for a fixed number of steps (deterministic for a seed), evaluated on
-held-out prompts, and saved in Hugging Face layout so the server, the tokenizer-based stages and
-the hidden-state stage load it like any other checkpoint.
+tasks of `eaglenest.demo.tasks` for a fixed number of steps (deterministic for a seed), evaluated
+on held-out prompts, and saved in Hugging Face layout so the server, the tokenizer-based stages
+and the hidden-state stage load it like any other checkpoint.
 """
 
 from __future__ import annotations
@@ -439,6 +439,51 @@ def atomic_directory(path: Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
+def _parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _train_and_evaluate(
+    model: Any,
+    tokenizer: Any,
+    examples: list[DemoExample],
+    *,
+    seed: int,
+    train_steps: int,
+    batch_size: int,
+    learning_rate: float,
+    heldout_prompts: int,
+    threads: int,
+) -> dict[str, Any]:
+    """Train `model` on `examples`, evaluate it on `heldout_prompts` held-out prompts; return the
+    evaluation's metrics and how the target was made (seed, steps, parameters, final loss,
+    seconds, threads, think token ids)."""
+    train_started = time.perf_counter()
+    final_loss = train_model(
+        model,
+        tokenizer,
+        examples,
+        train_steps=train_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+    )
+    train_seconds = time.perf_counter() - train_started
+    eval_started = time.perf_counter()
+    metrics = evaluate_model(model, tokenizer, heldout_examples(seed, heldout_prompts))
+    metrics.update(
+        seed=seed,
+        train_steps=train_steps,
+        batch_size=batch_size,
+        n_params=_parameter_count(model),
+        final_loss=final_loss,
+        train_seconds=train_seconds,
+        eval_seconds=time.perf_counter() - eval_started,
+        threads=threads,
+        think_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in THINK_TOKENS],
+    )
+    return metrics
+
+
 def build_demo_target(
     out_dir: str | Path,
     *,
@@ -483,38 +528,25 @@ def build_demo_target(
             num_kv_heads=num_kv_heads,
             intermediate_size=intermediate_size,
         )
-        n_params = sum(p.numel() for p in model.parameters())
         say(
-            f"demo target: {len(tokenizer)} tokens, {n_params} parameters; "
+            f"demo target: {len(tokenizer)} tokens, {_parameter_count(model)} parameters; "
             f"{train_steps} steps of {batch_size} examples on {threads_used} threads"
         )
-        train_started = time.perf_counter()
-        final_loss = train_model(
+        metrics = _train_and_evaluate(
             model,
             tokenizer,
             examples,
+            seed=seed,
             train_steps=train_steps,
             batch_size=batch_size,
             learning_rate=learning_rate,
+            heldout_prompts=heldout_prompts,
+            threads=threads_used,
         )
-        train_seconds = time.perf_counter() - train_started
-        eval_started = time.perf_counter()
-        metrics = evaluate_model(model, tokenizer, heldout_examples(seed, heldout_prompts))
-    metrics.update(
-        seed=seed,
-        train_steps=train_steps,
-        batch_size=batch_size,
-        n_params=n_params,
-        final_loss=final_loss,
-        train_seconds=train_seconds,
-        eval_seconds=time.perf_counter() - eval_started,
-        threads=threads_used,
-        think_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in THINK_TOKENS],
-    )
     say(
         f"held-out: well-formed {metrics['well_formed_share']:.2f}, "
         f"reasoning {metrics['reasoning_share']:.2f}, "
-        f"correct {metrics['correct_share']:.2f}, final loss {final_loss:.3f}"
+        f"correct {metrics['correct_share']:.2f}, final loss {metrics['final_loss']:.3f}"
     )
     check_reasoning_share(metrics, min_reasoning_share, train_steps)
     with atomic_directory(Path(out_dir)) as tmp_dir:

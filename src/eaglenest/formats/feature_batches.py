@@ -2,7 +2,7 @@
 target's distribution over the draft vocabulary at every position.
 
 Nothing is loaded whole: a batch reads its samples' rows from the shard files (safetensors
-`get_slice`, see hidden_reader.py) when it is built. The order is a function of (seed, epoch), so
+`get_slice`, see formats/hidden_shard.py) when it is built. The order is a function of (seed, epoch), so
 a resumed run builds exactly the batches the killed run would have built.
 
 The target signal is either the target's final normed hidden state (logits = head(final), computed

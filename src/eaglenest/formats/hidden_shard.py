@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
+
+from eaglenest.settings.hidden import HiddenSettings
 
 FORMAT = "eaglenest-hidden/1"
 
@@ -47,24 +48,6 @@ _ST_DTYPES = {
 
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-@dataclass(frozen=True)
-class HiddenSettings:
-    aux_layer_ids: tuple[int, ...] | None = None
-    target_signal: str = "final_hidden"
-    top_k: int = 32
-    dtype: str = "bf16"
-    model_dtype: str = "auto"
-    max_batch_tokens: int = 16384
-    device: str = "auto"
-
-    @classmethod
-    def from_config(cls, section: dict[str, Any]) -> HiddenSettings:
-        values = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        if values.get("aux_layer_ids") is not None:
-            values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
-        return cls(**values)
 
 
 def tensor_specs(

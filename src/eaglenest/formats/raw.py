@@ -110,7 +110,7 @@ RAW_SCHEMA = {
     "attempts": pl.Int64,
     "error_kind": pl.String,
     "error": pl.String,
-    "origin": pl.String,  # see schemas.ROW_ORIGINS
+    "origin": pl.String,  # see ROW_ORIGINS
 }
 
 

@@ -3,14 +3,14 @@
 Three promises, each from a lesson of the original run:
 - nothing is lost: every finished request (answer or terminal failure) is appended to the shard's
   journal and flushed as it completes; a rerun skips the ids already answered;
-- reasoning is read from whatever field the server used (`eaglenest.client.reasoning`), and the field is
-  recorded per row;
+- reasoning is read from whatever field the server used (`eaglenest.client.reasoning`), and the
+  field is recorded per row;
 - the API key never reaches the journal, the parquet or the logs.
 
-The client is asyncio + aiohttp. httpx was measured here first (DESIGN.md): one AsyncClient with
-128 connections spends ~22 ms of CPU per request and 16 clients still ~2.6 ms, which caps a
-2-core client near 400 requests/s; aiohttp costs ~0.8 ms, so the client stays far from being the
-bottleneck (see bench/generate.py).
+The client is asyncio + aiohttp. httpx was measured here first: one AsyncClient with 128
+connections spends ~22 ms of CPU per request and 16 clients still ~2.6 ms, which caps a 2-core
+client near 400 requests/s; aiohttp costs ~0.8 ms, so the client stays far from being the
+bottleneck (bench/generate.py compares this client with a bare aiohttp loop).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from eaglenest.client.reasoning import extract_reasoning
 from eaglenest.client.responses import extract_token_ids
 from eaglenest.common.io import read_json
 from eaglenest.formats.raw import RAW_SCHEMA, checked_token_ids, write_raw
+from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 
 log = logging.getLogger(__name__)
 
@@ -55,34 +56,33 @@ class GenerationError(RuntimeError):
 
 @dataclass(frozen=True)
 class GenerationSettings:
+    """What one shard job runs with: the request settings (the rule's rerun trigger), the client
+    settings (no reason to rerun) and whether to ask for token ids (what the probe found)."""
+
     model: str
-    temperature: float = 0.6
-    top_p: float = 0.95
-    max_tokens: int = 2048
-    concurrency: int = 128
-    timeout_s: float = 600.0
-    max_attempts: int = 6
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    retry_after_max_s: float = 300.0
-    max_error_fraction: float = 0.02
-    bench_after_failures: int = 5
-    bench_s: float = 30.0
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    return_token_ids: bool = True
-    seed: int = 0
+    temperature: float
+    top_p: float
+    max_tokens: int
+    concurrency: int
+    timeout_s: float
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retry_after_max_s: float
+    max_error_fraction: float
+    bench_after_failures: int
+    bench_s: float
+    chat_template_kwargs: dict[str, Any]
+    extra_body: dict[str, Any]
+    return_token_ids: bool
+    seed: int
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], return_token_ids: bool) -> GenerationSettings:
-        gen = config["generation"]
-        return cls(
-            model=config["target"]["model"],
-            chat_template_kwargs=config["target"]["chat_template_kwargs"],
-            return_token_ids=return_token_ids,
-            seed=config["seed"],
-            **{k: gen[k] for k in cls.__dataclass_fields__ if k in gen},
-        )
+    def from_parts(
+        cls, request: RequestSettings, client: GenerationClientSettings, return_token_ids: bool
+    ) -> GenerationSettings:
+        client_values = {k: v for k, v in asdict(client).items() if k != "endpoints"}
+        return cls(**asdict(request), **client_values, return_token_ids=return_token_ids)
 
 
 def sample_seed(run_seed: int, sample_id: str) -> int:
@@ -440,6 +440,36 @@ def match_journal(journal: Path, bodies: dict[str, dict[str, Any]]) -> JournalMa
     return JournalMatch(reused, origins)
 
 
+def _log_plan(
+    shard: str, n_prompts: int, n_asked: int, matched: JournalMatch, journal: Path
+) -> None:
+    counts = matched.counts()
+    log.info(
+        "shard %s: %d prompts; %d answers reused from %s; asking %d: %d new, %d failed before, "
+        "%d re-asked because the request changed (temperature, max_tokens, model, ...)",
+        shard,
+        n_prompts,
+        counts["journal"],
+        journal,
+        n_asked,
+        counts["new"],
+        counts["retry"],
+        counts["settings_changed"],
+    )
+
+
+def _progress(shard: str, total: int, already_done: int) -> Progress:
+    bar = tqdm(
+        total=total,
+        initial=already_done,
+        desc=f"generate {shard}",
+        unit="req",
+        mininterval=1.0,
+        smoothing=0.1,
+    )
+    return Progress(bar)
+
+
 async def generate_records(
     prompts: list[dict[str, Any]],
     endpoints: list[Endpoint],
@@ -453,19 +483,7 @@ async def generate_records(
     matched = match_journal(journal, bodies)
     done = {k: v | {"origin": "journal"} for k, v in matched.reused.items()}
     todo = [p for p in prompts if p["id"] in matched.origins]
-    counts = matched.counts()
-    log.info(
-        "shard %s: %d prompts; %d answers reused from %s; asking %d: %d new, %d failed before, "
-        "%d re-asked because the request changed (temperature, max_tokens, model, ...)",
-        shard,
-        len(prompts),
-        counts["journal"],
-        journal,
-        len(todo),
-        counts["new"],
-        counts["retry"],
-        counts["settings_changed"],
-    )
+    _log_plan(shard, len(prompts), len(todo), matched, journal)
     secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
     headers_by_url = {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)}
     pool = EndpointPool(endpoints, settings.bench_after_failures, settings.bench_s)
@@ -474,15 +492,7 @@ async def generate_records(
         queue.put_nowait(prompt)
     journal.parent.mkdir(parents=True, exist_ok=True)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=0)
-    bar = tqdm(
-        total=len(prompts),
-        initial=len(prompts) - len(todo),
-        desc=f"generate {shard}",
-        unit="req",
-        mininterval=1.0,
-        smoothing=0.1,
-    )
-    progress = Progress(bar)
+    progress = _progress(shard, len(prompts), already_done=len(prompts) - len(todo))
     with journal.open("a") as journal_file:
         if journal_file.tell() and not journal.read_bytes().endswith(b"\n"):
             journal_file.write("\n")  # end the line torn by a kill so the next record parses
@@ -508,13 +518,13 @@ async def generate_records(
                 done[prompt["id"]] = record
                 if record["error_kind"] is not None:
                     progress.errors[record["error_kind"]] += 1
-                bar.update(1)
+                progress.bar.update(1)
                 progress.update_postfix()
 
         async with aiohttp.ClientSession(connector=connector) as session:
             workers = min(settings.concurrency, max(1, len(todo)))
             await asyncio.gather(*(worker(session) for _ in range(workers)))
-    bar.close()
+    progress.bar.close()
     log.info(
         "shard %s: retries by kind %s, terminal errors by kind %s",
         shard,
@@ -532,7 +542,8 @@ def generate_shard(
     prompts: str | Path,
     probe: str | Path,
     out: str | Path,
-    config: dict[str, Any],
+    request: RequestSettings,
+    client: GenerationClientSettings,
     journal: str | Path,
     server_log: str | Path | None = None,
     shard: str = "",
@@ -540,8 +551,8 @@ def generate_shard(
     """The generate stage for one shard: request, journal, then write raw/{shard}.parquet."""
     prompt_rows = load_prompts(prompts)
     probed = read_json(probe)
-    settings = GenerationSettings.from_config(config, probed["token_ids"]["supported"])
-    with open_endpoints(config, server_log) as endpoints:
+    settings = GenerationSettings.from_parts(request, client, probed["token_ids"]["supported"])
+    with open_endpoints(client.endpoints, server_log) as endpoints:
         records = asyncio.run(
             generate_records(prompt_rows, endpoints, settings, Path(journal), shard)
         )

@@ -27,6 +27,7 @@ from eaglenest.client.reasoning import (
 )
 from eaglenest.client.responses import describe_token_ids
 from eaglenest.common.io import write_json
+from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.target.tokenizer import think_token_ids
 
 log = logging.getLogger(__name__)
@@ -177,26 +178,14 @@ def _ask(
     return served, responses, answers
 
 
-def probe_endpoint(
-    endpoint: Endpoint,
+def _request_bodies(
     model: str,
-    *,
-    prompts: list[list[dict[str, Any]]] | None = None,
-    max_tokens: int = 256,
-    timeout_s: float = 60.0,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    extra_body: dict[str, Any] | None = None,
-    require_token_ids: bool = False,
-    require_reasoning: bool = True,
-) -> dict[str, Any]:
-    """Probe one endpoint with `prompts` (message lists; default: one fixed question); return
-    what it said, or raise ProbeError saying what is wrong.
-
-    The reasoning check fails only when every answer lacks reasoning: a real target may skip
-    thinking on one trivial prompt, which is a warning, not a broken server.
-    """
-    base = api_base(endpoint.url)
-    api_key = api_key_from_env(endpoint.api_key_env)
+    prompts: list[list[dict[str, Any]]] | None,
+    max_tokens: int,
+    chat_template_kwargs: dict[str, Any] | None,
+    extra_body: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """One chat request per prompt (default: the fixed question), asking for token ids."""
     bodies = []
     for messages in prompts or [[{"role": "user", "content": DEFAULT_PROMPT}]]:
         body: dict[str, Any] = {
@@ -210,13 +199,13 @@ def probe_endpoint(
         if chat_template_kwargs:
             body["chat_template_kwargs"] = chat_template_kwargs
         bodies.append(body)
-    timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
-    try:
-        with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
-            served, responses, answers = _ask(client, base, model, bodies)
-    except ProbeError as err:
-        # Error texts quote what the server said, which a proxy may fill with our headers.
-        raise ProbeError(redact(str(err), [api_key])) from None
+    return bodies
+
+
+def _answers_without_reasoning(
+    base: str, model: str, answers: list[dict[str, Any]], require_reasoning: bool
+) -> list[int]:
+    """Indices of the answers without reasoning; raise when all lack it and it is required."""
     empty = [i for i, a in enumerate(answers) if a["reasoning_field"] == NO_FIELD]
     if require_reasoning and len(empty) == len(answers):
         raise ProbeError(_empty_reasoning_message(base, model, answers))
@@ -229,6 +218,12 @@ def probe_endpoint(
             len(answers),
             empty,
         )
+    return empty
+
+
+def _check_token_ids(base: str, answers: list[dict[str, Any]], require_token_ids: bool) -> bool:
+    """Whether every answer carried token ids; raise when they are required and missing or
+    malformed (malformed ones are a warning otherwise)."""
     token_ids = [a["token_ids"] for a in answers]
     supported = all(t["supported"] for t in token_ids)
     problems = [t["problem"] for t in token_ids if t.get("problem")]
@@ -249,6 +244,39 @@ def probe_endpoint(
             "Upgrade the server, or set probe.require_token_ids: false to rebuild ids with the "
             "tokenizer."
         )
+    return supported
+
+
+def probe_endpoint(
+    endpoint: Endpoint,
+    model: str,
+    *,
+    prompts: list[list[dict[str, Any]]] | None = None,
+    max_tokens: int = 256,
+    timeout_s: float = 60.0,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    extra_body: dict[str, Any] | None = None,
+    require_token_ids: bool = False,
+    require_reasoning: bool = True,
+) -> dict[str, Any]:
+    """Probe one endpoint with `prompts` (message lists; default: one fixed question); return
+    what it said, or raise ProbeError saying what is wrong.
+
+    The reasoning check fails only when every answer lacks reasoning: a real target may skip
+    thinking on one trivial prompt, which is a warning, not a broken server.
+    """
+    base = api_base(endpoint.url)
+    api_key = api_key_from_env(endpoint.api_key_env)
+    bodies = _request_bodies(model, prompts, max_tokens, chat_template_kwargs, extra_body)
+    timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
+    try:
+        with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
+            served, responses, answers = _ask(client, base, model, bodies)
+    except ProbeError as err:
+        # Error texts quote what the server said, which a proxy may fill with our headers.
+        raise ProbeError(redact(str(err), [api_key])) from None
+    empty = _answers_without_reasoning(base, model, answers, require_reasoning)
+    supported = _check_token_ids(base, answers, require_token_ids)
     shown = next((i for i in range(len(answers)) if i not in empty), 0)
     # No redaction here: the key travels only in headers, and the model's text is kept as it is.
     return {
@@ -264,7 +292,7 @@ def probe_endpoint(
         "content_preview": answers[shown]["content_preview"],
         "finish_reason": answers[shown]["finish_reason"],
         "usage": answers[shown]["usage"],
-        "token_ids": token_ids[shown] | {"supported": supported},
+        "token_ids": answers[shown]["token_ids"] | {"supported": supported},
         "answers": answers,
         "answers_without_reasoning": len(empty),
         "raw_response": responses[shown],
@@ -312,36 +340,36 @@ def probe_prompts(
     return prompts
 
 
-def probe_from_config(
-    config: dict[str, Any],
+def probe_think_ids(settings: ProbeSettings) -> dict[str, Any]:
+    """The think token ids probe.json records, which every later stage reads from there:
+    target.think_tokens' ids where given, else the target tokenizer's (one token each)."""
+    return think_token_ids(
+        settings.tokenizer, trust_remote_code=settings.trust_remote_code, **settings.think_tokens
+    )
+
+
+def probe_endpoints(
+    settings: ProbeSettings,
     endpoints: list[Endpoint],
     out: str | Path | None,
+    timeout_s: float,
     prompt_list: str | Path | None = None,
 ) -> dict[str, Any]:
     """Probe every endpoint of the run and write probe.json."""
-    target, probe = config["target"], config["probe"]
-    think = target["think_tokens"]
-    think_ids = think_token_ids(
-        target.get("tokenizer") or target.get("path"),
-        trust_remote_code=target["trust_remote_code"],
-        start=think["start"],
-        end=think["end"],
-        start_id=think["start_id"],
-        end_id=think["end_id"],
-    )
-    prompts = probe_prompts(prompt_list, probe["prompts"], probe["prompt"])
+    think_ids = probe_think_ids(settings)
+    prompts = probe_prompts(prompt_list, settings.prompts, settings.prompt)
     results = []
     for endpoint in endpoints:
         result = probe_endpoint(
             endpoint,
-            target["model"],
+            settings.model,
             prompts=prompts,
-            max_tokens=probe["max_tokens"],
-            timeout_s=probe["timeout_s"],
-            chat_template_kwargs=target["chat_template_kwargs"],
-            extra_body=config["generation"].get("extra_body"),
-            require_token_ids=probe["require_token_ids"],
-            require_reasoning=probe["require_reasoning"],
+            max_tokens=settings.max_tokens,
+            timeout_s=timeout_s,
+            chat_template_kwargs=settings.chat_template_kwargs,
+            extra_body=settings.extra_body,
+            require_token_ids=settings.require_token_ids,
+            require_reasoning=settings.require_reasoning,
         )
         log.info(
             "probe %s: reasoning in '%s' (%d of %d answers without), token ids %s, %.3f s",
@@ -353,21 +381,22 @@ def probe_from_config(
             result["latency_s"],
         )
         results.append(result)
-    summary = summarise(results, think_ids)
+    summary = summarise(results, think_ids) | {"embedded_server": settings.embedded_server}
     if out is not None:
         write_json(out, summary)
     return summary
 
 
 def probe_run(
-    config: dict[str, Any],
+    settings: ProbeSettings,
+    client: ProbeClientSettings,
     out: str | Path,
     server_log: str | Path | None,
     prompt_list: str | Path | None = None,
 ) -> dict:
     """The probe stage: open the run's endpoints (starting the embedded server if configured)."""
-    with open_endpoints(config, server_log) as endpoints:
-        return probe_from_config(config, endpoints, out, prompt_list)
+    with open_endpoints(client.endpoints, server_log) as endpoints:
+        return probe_endpoints(settings, endpoints, out, client.timeout_s, prompt_list)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import atomic_path, write_json
+from eaglenest.settings import Settings
 
 # polars and pandera (with pandas) are imported where frames are made: Snakemake imports this
 # module at parse time for shard_ids(), and every cluster job parses the workflow again.
@@ -98,8 +99,12 @@ class RowSkipped(Exception):
 
 
 @dataclass(frozen=True)
-class PromptOptions:
-    """The `prompts:` config section with its defaults filled in, plus the run seed."""
+class PromptOptions(Settings):
+    """The `prompts:` config section with its defaults filled in, plus the run seed.
+
+    Not a rerun trigger as a whole: max_samples and shard_size decide how many shards exist, and
+    raising them must neither rewrite the list nor rerun its existing shards. What of it shapes
+    each file is `list_settings()` (the list) and `shard_params_json` (a shard's slice)."""
 
     source: str | tuple[str, ...]
     split: str
@@ -123,9 +128,8 @@ class PromptOptions:
         """Read the run config; only `seed` and `prompts` are looked at (validated, defaults
         filled by config/schema.yaml, so a typo in a key fails here with the key's name)."""
         # A deep copy: filling defaults must not change the caller's config.
-        section = validate_config(
-            copy.deepcopy({"seed": config.get("seed", 0), "prompts": config.get("prompts") or {}})
-        )
+        wanted = {k: config[k] for k in ("seed", "prompts") if config.get(k) is not None}
+        section = validate_config(copy.deepcopy(wanted))
         prompts = section["prompts"]
 
         def as_tuple(value: Any) -> Any:
@@ -164,6 +168,10 @@ class PromptOptions:
         return settings
 
 
+def _options(config: Mapping[str, Any] | PromptOptions) -> PromptOptions:
+    return config if isinstance(config, PromptOptions) else PromptOptions.from_config(config)
+
+
 def _jsonable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
@@ -194,18 +202,18 @@ def _bounds(options: PromptOptions, shard: str) -> tuple[int, int]:
     return start, min(start + options.shard_size, options.max_samples)
 
 
-def prepared_params_json(config: Mapping[str, Any]) -> str:
+def prepared_params_json(config: Mapping[str, Any] | PromptOptions) -> str:
     """Sorted JSON of what decides the ordered list: the `params` of the rule that writes
     prompts/all.parquet. It leaves out max_samples and shard_size on purpose, so raising
     max_samples does not rewrite all.parquet (which would rerun every shard downstream)."""
-    return json.dumps(PromptOptions.from_config(config).list_settings(), sort_keys=True)
+    return json.dumps(_options(config).list_settings(), sort_keys=True)
 
 
 def shard_params_json(config: Mapping[str, Any] | PromptOptions, shard: str) -> str:
     """Sorted JSON of the slice a shard holds: the `params` of the shard rule, so a change of
     max_samples reruns only the shard whose slice changed (the last one). Pass the PromptOptions
     read once when calling it per shard: validating the config each time costs ~3 ms a shard."""
-    options = config if isinstance(config, PromptOptions) else PromptOptions.from_config(config)
+    options = _options(config)
     start, stop = _bounds(options, shard)
     return json.dumps({"start": start, "stop": stop}, sort_keys=True)
 
@@ -709,14 +717,14 @@ _PREPARED_KEY = "eaglenest.stages.prompts"  # parquet metadata key of what all.p
 
 
 def prepare_prompts(
-    config: Mapping[str, Any], out: str | Path, report: str | Path | None = None
+    config: Mapping[str, Any] | PromptOptions, out: str | Path, report: str | Path | None = None
 ) -> dict[str, Any]:
     """Write every usable prompt of the source, in list order, to `out` (all.parquet) and the
     counts to `report`; return the report. Fails when no row is usable, or when fewer than
     max_samples are and allow_short is false (early, before any shard job runs)."""
     import pyarrow.parquet as pq
 
-    options = PromptOptions.from_config(config)
+    options = _options(config)
     source = open_source(options)
     tally = SkipTally()
     n_prompts = 0
@@ -779,7 +787,7 @@ def _check_prepared(path: str | Path, options: PromptOptions) -> str:
 
 
 def write_prompt_shard(
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | PromptOptions,
     shard: str,
     out: str | Path,
     prepared: str | Path | None = None,
@@ -796,7 +804,7 @@ def write_prompt_shard(
 
     from eaglenest.formats.prompts import empty_prompts_frame
 
-    options = PromptOptions.from_config(config)
+    options = _options(config)
     start, stop = _bounds(options, shard)
     if prepared is not None:
         label = _check_prepared(prepared, options)

@@ -38,9 +38,10 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from eaglenest.client.reasoning import THINK_END, THINK_START
-from eaglenest.common.io import atomic_path, write_json
+from eaglenest.common.io import atomic_path, read_json, write_json
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.formats.tokens import TOKEN_SOURCES, TokensSchema, empty_tokens_frame
+from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.target.tokenizer import (
     TokenizeError,
     end_of_turn,
@@ -48,29 +49,12 @@ from eaglenest.target.tokenizer import (
     model_dir,
     special_token_ids,
     target_vocab_size,
-    tokenizer_path,
 )
 
 log = logging.getLogger(__name__)
 
 CHUNK_SAMPLES = 512  # samples per batched tokenizer call: big enough to batch, small in memory
 MISMATCH_WINDOW = 6  # ids shown on each side of a mismatch
-
-
-@dataclass(frozen=True)
-class TokenizeSettings:
-    """The `tokenize:` section, less the draft vocabulary's size (the vocab stage reads that)."""
-
-    max_length: int | None = 8192
-    overlength: str = "drop"  # or "truncate"
-    end_of_turn_token: str | None = None
-    verify_rebuild: bool = True
-    max_mismatches_logged: int = 5
-    min_agreement: float = 0.0
-
-    @classmethod
-    def from_config(cls, section: dict[str, Any]) -> TokenizeSettings:
-        return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
 
 
 @dataclass(frozen=True)
@@ -106,23 +90,16 @@ class TargetTokens:
 
 
 def resolve_target_tokens(
-    tokenizer: Any, target: dict[str, Any], settings: TokenizeSettings
+    tokenizer: Any, think_ids: dict[str, Any], settings: TokenizeSettings
 ) -> TargetTokens:
-    """Think ids (config override, else the tokenizer), end of turn and the vocabulary size."""
-    from eaglenest.target.tokenizer import think_token_ids
-
-    think = target.get("think_tokens") or {}
-    try:
-        ids = think_token_ids(
-            tokenizer_path(target),
-            trust_remote_code=bool(target.get("trust_remote_code")),
-            start=think.get("start", THINK_START),
-            end=think.get("end", THINK_END),
-            start_id=think.get("start_id"),
-            end_id=think.get("end_id"),
+    """The think ids the probe resolved (probe.json `think_token_ids`: the config's override,
+    else the tokenizer's), the end of turn and the vocabulary size."""
+    ids = think_ids
+    if ids.get("start_id") is None or ids.get("end_id") is None:
+        raise TokenizeError(
+            f"no think token ids in probe.json (source: {ids.get('source')}): set target.tokenizer "
+            "or target.path, or target.think_tokens.start_id and end_id, and rerun the probe"
         )
-    except TokenizeError as err:
-        raise TokenizeError(f"no think token ids: {err}") from None
     for name in ("start", "end"):
         decoded = tokenizer.decode([ids[f"{name}_id"]], skip_special_tokens=False)
         if decoded != ids[name]:
@@ -133,7 +110,7 @@ def resolve_target_tokens(
                 decoded,
                 ids[name],
             )
-    model_path = model_dir(target)
+    model_path = model_dir(settings.target)
     eot, eot_id, eot_source = end_of_turn(tokenizer, settings.end_of_turn_token, model_path)
     return TargetTokens(
         think_start_id=int(ids["start_id"]),
@@ -414,6 +391,31 @@ def _compare_with_rebuild(
     return agrees
 
 
+def _token_row(
+    sample_id: str,
+    prompt: list[int],
+    completion: list[int],
+    source: str,
+    agrees: bool | None,
+    settings: TokenizeSettings,
+    counts: Counter,
+) -> dict[str, Any] | None:
+    """The sample's row of the tokens frame; None when tokenize.max_length drops it."""
+    input_ids, truncated = _apply_max_length(prompt + completion, len(prompt), settings, counts)
+    if input_ids is None:
+        return None
+    counts[source] += 1
+    return {
+        "id": sample_id,
+        "input_ids": input_ids,
+        "prompt_len": len(prompt),
+        "n_tokens": len(input_ids),
+        "token_source": source,
+        "truncated": truncated,
+        "rebuild_agrees": agrees,
+    }
+
+
 def tokenize_chunk(
     chunk: pl.DataFrame,
     tokenizer: Any,
@@ -481,21 +483,9 @@ def tokenize_chunk(
             if counts["dropped_rebuild_decode_mismatch"] <= settings.max_mismatches_logged:
                 log.warning("sample %s: rebuilt ids do not decode to its text; dropped", sample_id)
             continue
-        input_ids, truncated = _apply_max_length(prompt + completion, len(prompt), settings, counts)
-        if input_ids is None:
-            continue
-        counts[source] += 1
-        rows.append(
-            {
-                "id": sample_id,
-                "input_ids": input_ids,
-                "prompt_len": len(prompt),
-                "n_tokens": len(input_ids),
-                "token_source": source,
-                "truncated": truncated,
-                "rebuild_agrees": agrees,
-            }
-        )
+        row = _token_row(sample_id, prompt, completion, source, agrees, settings, counts)
+        if row is not None:
+            rows.append(row)
     return rows
 
 
@@ -647,18 +637,17 @@ def _log_report(report: dict[str, Any], seconds: float) -> None:
 
 
 def tokenize_samples(
-    samples: pl.DataFrame, config: dict[str, Any], shard: str = ""
+    samples: pl.DataFrame, settings: TokenizeSettings, think_ids: dict[str, Any], shard: str = ""
 ) -> tuple[pl.DataFrame, TokenCounts, dict[str, Any]]:
-    """Tokenize a samples frame with the target and `tokenize` sections of a (validated) config;
+    """Tokenize a samples frame with the target's tokenizer and the think ids the probe resolved;
     raise TokenizeError when the rebuild agrees less often than tokenize.min_agreement."""
     started = time.perf_counter()
-    settings = TokenizeSettings.from_config(config["tokenize"])
-    target = config["target"]
-    tokenizer = load_tokenizer(target)
-    tokens = resolve_target_tokens(tokenizer, target, settings)
+    tokenizer = load_tokenizer(settings.target)
+    tokens = resolve_target_tokens(tokenizer, think_ids, settings)
     log.info("shard %s: target tokens %s", shard, tokens.describe())
+    default_kwargs = settings.target["chat_template_kwargs"]
     frame, counts, report = tokenize_frame(
-        samples, tokenizer, tokens, settings, target.get("chat_template_kwargs") or {}, shard
+        samples, tokenizer, tokens, settings, default_kwargs, shard
     )
     _log_report(report, time.perf_counter() - started)
     agreement = report["agreement"]
@@ -673,14 +662,16 @@ def tokenize_samples(
 
 def tokenize_shard(
     samples: str | Path,
+    probe: str | Path,
     tokens_out: str | Path,
     counts_out: str | Path,
     report_out: str | Path,
-    config: dict[str, Any],
+    settings: TokenizeSettings,
     shard: str = "",
 ) -> dict[str, Any]:
     """The tokenize stage for one shard: tokens/{shard}.parquet, its counts and its report."""
-    frame, counts, report = tokenize_samples(pl.read_parquet(samples), config, shard)
+    think_ids = read_json(probe)["think_token_ids"]
+    frame, counts, report = tokenize_samples(pl.read_parquet(samples), settings, think_ids, shard)
     with atomic_path(tokens_out) as tmp:
         frame.write_parquet(tmp)
     write_token_counts(counts_out, counts, shard)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from eaglenest.client.reasoning import THINK_END, THINK_START
 from eaglenest.common.io import atomic_path, read_json, write_json
 from eaglenest.formats.raw import TOKEN_ID_COLUMNS, RawSchema, bad_token_ids
 from eaglenest.formats.samples import SAMPLE_COLUMNS, samples_schema
+from eaglenest.settings.samples import ValidationSettings
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ def validate_frame(
     raw: pl.DataFrame,
     prompts: pl.DataFrame,
     probe: dict[str, Any],
-    settings: dict,
+    settings: ValidationSettings,
     shard: str,
     vocab_size: int | None = None,
 ) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -137,15 +139,15 @@ def validate_frame(
         "reasoning_fields": dict(Counter(raw["reasoning_field"].to_list())),
         "token_layouts": dict(Counter(str(v) for v in raw["token_layout"].to_list())),
         # How generation got each row: reused from the journal, or asked (new, retry, or because
-        # the request changed); see schemas.ROW_ORIGINS.
+        # the request changed); see formats.raw.ROW_ORIGINS.
         "origins": dict(Counter(str(v) for v in raw["origin"].to_list())),
-        "thresholds": settings,
+        "thresholds": asdict(settings),
         "probe_reasoning_field": probe.get("reasoning_field"),
         "vocab_size": vocab_size,
         "bad_token_ids": bad_ids,  # the first few rows dropped for them, and why
     }
     share = lambda n: n / n_answered if n_answered else 0.0
-    if n_answered and share(counts["empty_reasoning"]) > settings["max_empty_reasoning_fraction"]:
+    if n_answered and share(counts["empty_reasoning"]) > settings.max_empty_reasoning_fraction:
         raise ShardValidationError(
             _empty_reasoning_message(
                 shard,
@@ -153,16 +155,16 @@ def validate_frame(
                 n_answered,
                 raw,
                 probe,
-                settings["max_empty_reasoning_fraction"],
+                settings.max_empty_reasoning_fraction,
             )
         )
-    if n_answered and share(counts["truncated"]) > settings["max_truncated_fraction"]:
+    if n_answered and share(counts["truncated"]) > settings.max_truncated_fraction:
         raise ShardValidationError(
             f"shard {shard}: {counts['truncated']} of {n_answered} answers hit max_tokens "
             f"(finish_reason 'length', > validation.max_truncated_fraction "
-            f"{settings['max_truncated_fraction']}); raise generation.max_tokens"
+            f"{settings.max_truncated_fraction}); raise generation.max_tokens"
         )
-    max_bad_ids = settings.get("max_bad_token_ids_fraction", 0.0)
+    max_bad_ids = settings.max_bad_token_ids_fraction
     if n_answered and share(counts["bad_token_ids"]) > max_bad_ids:
         raise ShardValidationError(
             f"shard {shard}: {counts['bad_token_ids']} of {n_answered} answered rows have bad "
@@ -188,7 +190,7 @@ def validate_shard(
     probe: str | Path,
     samples_out: str | Path,
     report_out: str | Path,
-    settings: dict[str, Any],
+    settings: ValidationSettings,
     shard: str,
     vocab_size: int | None = None,
 ) -> dict[str, Any]:

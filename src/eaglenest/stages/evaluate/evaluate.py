@@ -31,14 +31,17 @@ import numpy as np
 import polars as pl
 import torch
 
+from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.drafter_export import load_drafter
 from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
 from eaglenest.formats.target_head import TargetHead
+from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
+    Generation,
     PromptLookupProposer,
     greedy_generate,
     prompt_lookup,
@@ -46,25 +49,6 @@ from eaglenest.stages.evaluate.speculative import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EvaluateSettings:
-    ks: tuple[int, ...] = (3, 7)
-    live: bool = True
-    live_prompts: int = 32
-    live_max_new_tokens: int = 256
-    device: str = "auto"
-    prompt_lookup_ngram: int = 3
-    max_batch_tokens: int = 16384
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict[str, Any], seed: int = 0) -> EvaluateSettings:
-        values = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        values["ks"] = tuple(values.get("ks", cls.ks))
-        values.setdefault("seed", seed)
-        return cls(**values)
 
 
 # --- the counting, shared by every proposer ---------------------------------------------------
@@ -226,6 +210,8 @@ def live(
         wall = sum(r.wall_s for r in done)
         results[name][str(k)] = {
             "acceptance_length": float(np.mean(rounds)) if rounds else 1.0,
+            "rounds": len(rounds),
+            **per_position_acceptance(done, k),
             "target_forwards_per_token": sum(r.target_forwards for r in done) / max(tokens, 1),
             "speedup": greedy_wall / max(wall, 1e-9),
             "tokens": tokens,
@@ -237,6 +223,23 @@ def live(
         }
         log.info("live %s K=%d: %s", name, k, results[name][str(k)])
     return results
+
+
+def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:
+    """For draft position i of K: accepted at i / drafted at i over all rounds, the live
+    counterpart of vLLM's spec_decode_num_accepted_tokens_per_pos / num_drafts."""
+    accepted = np.zeros(k, dtype=np.int64)
+    drafted = np.zeros(k, dtype=np.int64)
+    for run in runs:
+        accepted += run.accepted_per_position(k)
+        drafted += run.drafted_per_position(k)
+    return {
+        "per_position_acceptance": [
+            float(a / d) if d else 0.0 for a, d in zip(accepted, drafted, strict=True)
+        ],
+        "accepted_per_position": accepted.tolist(),
+        "drafted_per_position": drafted.tolist(),
+    }
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -262,9 +265,7 @@ def evaluate_drafter(
     settings: EvaluateSettings,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(settings.device)
     started = time.perf_counter()
     head = TargetHead.load(target_head)
     vocab = DraftVocab.load(draft_vocab)

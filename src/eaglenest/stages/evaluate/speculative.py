@@ -6,6 +6,12 @@ accepted, plus the target's own next token (the "bonus" token). Acceptance lengt
 accepted drafts + 1, the figure vLLM and SGLang report. The output is, by construction, the
 target's greedy output; `greedy_generate` is the reference it is checked against.
 
+Decoding stops at the first end-of-turn token wherever it lands in a round (an accepted draft or
+the bonus token), and at max_new_tokens. Only what lies inside the output is counted: in the last
+round, drafts past the end of the output are neither accepted nor drafted, and no later round
+runs or is timed. (vLLM's counters take a request's last round whole, before its stop check, so
+they can count drafts accepted past the end of turn in that one round.)
+
 Proposers: `EagleProposer` (the EAGLE-3 drafter, fed the target's aux hidden states of every
 verified position, with its own KV cache) and `PromptLookupProposer` (n-gram lookup in the
 context, the usual training-free baseline).
@@ -27,6 +33,15 @@ class Generation:
     target_forwards: int
     wall_s: float
     accept_lengths: list[int] = field(default_factory=list)  # per verification round
+    # Drafts per round that lie inside the output (all of them but in the last round).
+    draft_lengths: list[int] = field(default_factory=list)
+
+    def accepted_per_position(self, k: int) -> list[int]:
+        """Rounds whose draft at position i (0-based) was accepted; acceptance is a prefix."""
+        return [sum(a - 1 > i for a in self.accept_lengths) for i in range(k)]
+
+    def drafted_per_position(self, k: int) -> list[int]:
+        return [sum(d > i for d in self.draft_lengths) for i in range(k)]
 
 
 def _target_forward(target, ids: list[int], cache, layer_ids, device):
@@ -43,12 +58,13 @@ def _target_forward(target, ids: list[int], cache, layer_ids, device):
     return out.logits[0], aux
 
 
-def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
-    tokens = tokens[:max_new_tokens]
-    for i, token in enumerate(tokens):
+def _inside_output(new: list[int], room: int, eos_ids: set[int]) -> list[int]:
+    """A round's new tokens cut at max_new_tokens and after the first end-of-turn token."""
+    new = new[:room]
+    for i, token in enumerate(new):
         if token in eos_ids:
-            return tokens[: i + 1]
-    return tokens
+            return new[: i + 1]
+    return new
 
 
 @torch.inference_mode()
@@ -161,7 +177,8 @@ def speculative_generate(
     tokens = [int(logits[-1].argmax())]
     forwards = 1
     proposer.start(prompt, aux, tokens[0])
-    accept_lengths = []
+    accept_lengths: list[int] = []
+    draft_lengths: list[int] = []
     while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
         drafts = proposer.propose(k)
         logits, aux = _target_forward(target, [tokens[-1], *drafts], cache, layers, device)
@@ -170,18 +187,17 @@ def speculative_generate(
         n = 0
         while n < len(drafts) and drafts[n] == greedy[n]:
             n += 1
-        new = [*drafts[:n], greedy[n]]
-        if n < len(
-            drafts
-        ):  # drop the rejected drafts' entries (transformers wants a negative count)
+        if n < len(drafts):
+            # Drop the rejected drafts' entries (transformers wants a negative count).
             cache.crop(-(len(drafts) - n))
-        accept_lengths.append(n + 1)
+        new = _inside_output([*drafts[:n], greedy[n]], max_new_tokens - len(tokens), eos_ids)
         tokens.extend(new)
-        if len(tokens) < max_new_tokens and not eos_ids.intersection(new):
-            proposer.accept(new, aux[: n + 1] if aux is not None else None)
+        ended = len(tokens) >= max_new_tokens or new[-1] in eos_ids
+        accept_lengths.append(min(n, len(new)) + 1)
+        draft_lengths.append(min(len(drafts), len(new)) if ended else len(drafts))
+        if ended:
+            break
+        proposer.accept(new, aux[: n + 1] if aux is not None else None)
     return Generation(
-        _finish(tokens, max_new_tokens, eos_ids),
-        forwards,
-        time.perf_counter() - started,
-        accept_lengths,
+        tokens, forwards, time.perf_counter() - started, accept_lengths, draft_lengths
     )

@@ -57,12 +57,6 @@ log = logging.getLogger(__name__)
 TOPK_CHUNK_ROWS = 2048  # rows of logits computed at once for top-k
 
 
-# --- small helpers ----------------------------------------------------------------------------
-
-
-# --- batching ---------------------------------------------------------------------------------
-
-
 # --- capture ----------------------------------------------------------------------------------
 
 
@@ -127,9 +121,6 @@ def forward_batch(
     return {name: value.cpu() for name, value in result.items()}
 
 
-# --- the file layout --------------------------------------------------------------------------
-
-
 # --- the stage --------------------------------------------------------------------------------
 
 
@@ -163,6 +154,52 @@ def shard_metadata(
     }
 
 
+def checked_aux_layer_ids(model, settings: HiddenSettings) -> tuple[int, ...]:
+    """The decoder layers whose input is kept: the settings' or the default, checked against the
+    model (and top_k against its vocabulary)."""
+    n_layers = model.config.num_hidden_layers
+    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
+    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
+        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
+    if settings.target_signal == "topk" and settings.top_k > model.config.vocab_size:
+        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model.config.vocab_size}")
+    return layer_ids
+
+
+def write_samples(
+    writer: ShardWriter,
+    model,
+    capture: AuxCapture,
+    frame,
+    lengths: np.ndarray,
+    offsets: np.ndarray,
+    settings: HiddenSettings,
+) -> float:
+    """Every sample of the tokens frame through the target, in packed batches, its rows written
+    at offsets[i]; returns the seconds spent in the forward passes."""
+    input_ids = frame["input_ids"].to_list()
+    prompt_lens = frame["prompt_len"].to_list()
+    n_aux = len(capture.layer_ids)
+    forward_s = 0.0
+    for batch in pack_batches(lengths, settings.max_batch_tokens):
+        batch_ids = [np.asarray(input_ids[i], dtype=np.int64) for i in batch]
+        tick = time.perf_counter()
+        result = forward_batch(model, capture, batch_ids, settings)
+        forward_s += time.perf_counter() - tick
+        for row, i in enumerate(batch):
+            first, n = int(offsets[i]), int(lengths[i])
+            writer.write_states("aux", first, result["aux"][row, :n], n_aux)
+            if settings.target_signal == "topk":
+                writer.write("topk_ids", first, result["topk_ids"][row, :n])
+                writer.write("topk_values", first, result["topk_values"][row, :n])
+            else:
+                writer.write_states("final_hidden", first, result["final_hidden"][row, :n], 1)
+            writer.write("input_ids", first, torch.from_numpy(batch_ids[row]))
+            mask = loss_mask(prompt_lens[i], n).astype(np.uint8)
+            writer.write("loss_mask", first, torch.from_numpy(mask))
+    return forward_s
+
+
 def extract_hidden_states(
     *,
     tokens: str | Path,
@@ -179,13 +216,8 @@ def extract_hidden_states(
     frame = read_tokens(tokens)
     if model is None:
         model = load_target(target_path, settings.device, settings.model_dtype, trust_remote_code)
-    n_layers = model.config.num_hidden_layers
     hidden_size = model.config.hidden_size
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
-    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
-        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
-    if settings.target_signal == "topk" and settings.top_k > model.config.vocab_size:
-        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model.config.vocab_size}")
+    layer_ids = checked_aux_layer_ids(model, settings)
 
     lengths = frame["n_tokens"].to_numpy()
     offsets = np.zeros(len(frame) + 1, dtype=np.int64)
@@ -204,7 +236,6 @@ def extract_hidden_states(
     )
     header, positions = safetensors_header(specs, metadata)
     capture = AuxCapture(model, tuple(layer_ids))
-    forward_s = 0.0
     try:
         with atomic_path(out) as tmp, open(tmp, "r+b") as f:
             f.truncate(positions["__end__"])
@@ -212,26 +243,7 @@ def extract_hidden_states(
             pwrite_all(fd, header, 0)
             writer = ShardWriter(fd, specs, positions, settings)
             writer.write("offsets", 0, torch.from_numpy(offsets))
-            input_ids = frame["input_ids"].to_list()
-            prompt_lens = frame["prompt_len"].to_list()
-            for batch in pack_batches(lengths, settings.max_batch_tokens):
-                batch_ids = [np.asarray(input_ids[i], dtype=np.int64) for i in batch]
-                tick = time.perf_counter()
-                result = forward_batch(model, capture, batch_ids, settings)
-                forward_s += time.perf_counter() - tick
-                for row, i in enumerate(batch):
-                    first, n = int(offsets[i]), int(lengths[i])
-                    writer.write_states("aux", first, result["aux"][row, :n], len(layer_ids))
-                    if settings.target_signal == "topk":
-                        writer.write("topk_ids", first, result["topk_ids"][row, :n])
-                        writer.write("topk_values", first, result["topk_values"][row, :n])
-                    else:
-                        writer.write_states(
-                            "final_hidden", first, result["final_hidden"][row, :n], 1
-                        )
-                    writer.write("input_ids", first, torch.from_numpy(batch_ids[row]))
-                    mask = loss_mask(prompt_lens[i], n).astype(np.uint8)
-                    writer.write("loss_mask", first, torch.from_numpy(mask))
+            forward_s = write_samples(writer, model, capture, frame, lengths, offsets, settings)
             f.flush()
             os.fsync(fd)
             check_readable(tmp)
@@ -260,6 +272,3 @@ def extract_hidden_states(
     if summary_out is not None:
         write_json(summary_out, summary)
     return summary
-
-
-# --- the target head (once per run) -----------------------------------------------------------

@@ -5,11 +5,8 @@ the target's distribution restricted to the draft vocabulary, at the loss-masked
 target argmax is a draft token, divided by their count. Masked positions whose target argmax lies
 outside the draft vocabulary are skipped and counted (`skipped_outside_vocab`).
 
-Robustness: every `checkpoint_every` steps the journal (results/{run}/journal/train/, outside the
-rule's outputs, so Snakemake never deletes it) gets the trainable weights, optimizer, scheduler,
-step and RNG states; the batch order is a function of (seed, epoch), so the step number is the
-data position. Rerunning the rule after a kill resumes exactly where the last checkpoint was. A
-journal written for other inputs or settings (fingerprint) is set aside, not resumed.
+Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
+kill resume exactly where the last checkpoint was (checkpoint.py).
 
 Several GPUs: under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
 W-th batch of the epoch's order; one step = one batch per rank. Rank 0 writes everything.
@@ -17,26 +14,22 @@ W-th batch of the epoch's order; one step = one batch per rank. Rank 0 writes ev
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
-import pickle
-import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from eaglenest.common.io import atomic_path, write_json
+from eaglenest.common.devices import resolve_device
+from eaglenest.common.io import write_json
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter, shift_left, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.feature_batches import (
@@ -47,41 +40,21 @@ from eaglenest.formats.feature_batches import (
     open_shards,
 )
 from eaglenest.formats.target_head import TargetHead
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.checkpoint import (
+    METRICS_FILE,
+    STATE_FILE,
+    MetricsLog,
+    fingerprint,
+    resume,
+    save_checkpoint,
+)
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.pt"
-METRICS_FILE = "metrics.jsonl"
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the batch."""
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    epochs: int = 10
-    max_steps: int | None = None
-    lr: float = 1e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    max_batch_tokens: int = 16384
-    ttt_steps: int = 7
-    step_weight: float = 0.8
-    checkpoint_every: int = 200
-    log_every: int = 10
-    eval_every: int = 0  # 0: held-out loss and accuracy at the end only
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "auto"  # auto = bf16 autocast on CUDA, float32 on CPU
-    export_dtype: str = "bfloat16"
-    drafter: dict[str, Any] = field(default_factory=dict)  # overrides of the drafter's sizes
-
-    @classmethod
-    def from_config(cls, section: dict[str, Any]) -> TrainSettings:
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 # --- the objective ----------------------------------------------------------------------------
@@ -127,7 +100,7 @@ def ttt_loss(
     return total, stats
 
 
-# --- schedule, checkpoints, metrics ----------------------------------------------------------
+# --- schedule ---------------------------------------------------------------------------------
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
@@ -138,87 +111,6 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return factor
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator's state in types `torch.load(weights_only=True)` reads (tensors, numbers,
-    strings, tuples, lists): a checkpoint is then loaded without unpickling arbitrary objects."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (name, keys.tolist(), pos, has_gauss, cached_gaussian),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def move_aside(path: Path) -> str:
-    """Rename a journal file that will not be resumed to `<name>.stale`; return the new name. Every
-    rank of a multi-GPU run reads the same file, so one of them may have moved it already."""
-    stale = path.with_name(f"{path.name}.stale")
-    with contextlib.suppress(FileNotFoundError):
-        os.replace(path, stale)
-    return stale.name
-
-
-def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
-    """The training state at `path`, read with `weights_only=True` (a journal on a shared disk is
-    not trusted to run code); None when there is none. A file that cannot be read that way (an
-    older format, a foreign or damaged file) is moved aside as `<name>.stale` with a warning, and
-    training starts over: the journal only saves time, the outputs never depend on it."""
-    if not path.exists():
-        return None
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    # Objects outside the allowed types and garbage bytes: UnpicklingError; a damaged zip:
-    # RuntimeError; a truncated file: EOFError.
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        log.warning(
-            "journal %s is not a readable training state (%s): moved to %s",
-            path,
-            str(err).splitlines()[0][:200],
-            move_aside(path),
-        )
-        return None
-
-
-def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[Path]) -> str:
-    """What a checkpoint is valid for: settings, drafter shape and the inputs' identity."""
-    digest = hashlib.sha256()
-    unchanging = {k: v for k, v in asdict(settings).items() if k not in ("log_every", "device")}
-    digest.update(json.dumps([unchanging, config.to_dict()], sort_keys=True).encode())
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()
-
-
-class MetricsLog:
-    """metrics.jsonl in the journal; on resume, lines past the checkpoint's step are dropped."""
-
-    def __init__(self, path: Path, keep_until_step: int):
-        self.path = path
-        kept: list[str] = []
-        if path.exists() and keep_until_step > 0:
-            for line in path.read_text().splitlines():
-                if line.strip() and json.loads(line)["step"] <= keep_until_step:
-                    kept.append(line)
-        path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as stream:
-            stream.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 # --- devices and processes --------------------------------------------------------------------
@@ -238,8 +130,7 @@ class Processes:
 def setup_processes(device: str) -> Processes:
     """One process, or torchrun's group (NCCL on CUDA, gloo on CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if world_size == 1:
         return Processes(device=device)
     import torch.distributed as dist
@@ -261,6 +152,17 @@ def all_reduce_sum(values: list[float], processes: Processes) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=processes.device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def data_parallel(model: Eagle3Drafter, processes: Processes) -> torch.nn.Module:
+    """The model itself in one process; under torchrun its DDP wrapper, which averages the
+    gradients of the processes in backward."""
+    if processes.world_size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [int(processes.device.split(":")[1])] if processes.device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=ids)
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -365,31 +267,61 @@ def autocast(device: str, precision: str):
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
 
 
-def train_drafter(
+@dataclass
+class Training:
+    """What a run trains with, built by `set_up_training` as for step 0 (`resume` may then load
+    a checkpoint into the model, optimizer and scheduler)."""
+
+    settings: TrainSettings
+    processes: Processes
+    model: Eagle3Drafter
+    parameters: list[torch.nn.Parameter]  # the trainable ones
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    signal: TargetSignal
+    plan: BatchPlan
+    eval_plan: BatchPlan | None
+    steps_per_epoch: int
+    total_steps: int
+    fingerprint: str  # the settings and inputs a checkpoint must have been written for
+    journal_dir: Path
+
+    @property
+    def state_path(self) -> Path:
+        return self.journal_dir / STATE_FILE
+
+
+@dataclass
+class Progress:
+    """Where the loop stands; the counters cover this process since it (re)started."""
+
+    step: int
+    started: float  # time.perf_counter() when the loop began
+    tokens_seen: int = 0
+    loss_tokens: int = 0
+    skipped_outside_vocab: int = 0
+    data_wait_s: float = 0.0
+    last: StepStats | None = None  # of the latest step
+
+
+def set_up_training(
     *,
     train_shards: list[str | Path],
     eval_shards: list[str | Path],
     target_head: str | Path,
     draft_vocab: str | Path,
     target_path: str | Path,
-    out_dir: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
-    trust_remote_code: bool = False,
-    stop_after_step: int | None = None,
-) -> dict[str, Any]:
-    """Train (or resume), export to out_dir, return the training report.
-
-    `stop_after_step` ends the run early after that step's checkpoint (tests of resumption).
-    """
-    from tqdm import tqdm
+    trust_remote_code: bool,
+) -> Training:
+    """Processes, data, drafter (seeded), optimizer and schedule of a run."""
     from transformers import AutoConfig
 
-    from eaglenest.formats.drafter_export import export_drafter
     from eaglenest.target.files import resolve_target_dir
 
     processes = setup_processes(settings.device)
-    out_dir, journal_dir = Path(out_dir), Path(journal_dir)
+    journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
     head = TargetHead.load(target_head)
     vocab = DraftVocab.load(draft_vocab)
@@ -420,158 +352,130 @@ def train_drafter(
         lr_lambda(total_steps, min(settings.warmup_steps, total_steps), settings.min_lr_ratio),
     )
     inputs = [Path(p) for p in [*train_shards, *eval_shards, target_head, draft_vocab]]
-    print_ = fingerprint(settings, model.config, inputs)
-
-    step = 0
-    state_path = journal_dir / STATE_FILE
-    state = load_checkpoint(state_path, processes.device)
-    if state is not None:
-        if state.get("fingerprint") == print_:
-            model.load_state_dict(state["model"], strict=False)
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            set_rng_state(state["rng"][min(processes.rank, len(state["rng"]) - 1)])
-            step = state["step"]
-            log.info("resuming from %s at step %d of %d", state_path, step, total_steps)
-        else:
-            log.warning(
-                "journal %s was written for other inputs or settings: moved to %s",
-                state_path,
-                move_aside(state_path),
-            )
-    metrics = MetricsLog(journal_dir / METRICS_FILE, step) if processes.is_main else None
-
-    ddp_model = model
-    if processes.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [int(processes.device.split(":")[1])] if processes.device.startswith("cuda") else None
-        ddp_model = DistributedDataParallel(model, device_ids=ids)
-
-    def save_checkpoint() -> None:
-        rngs = [rng_state()]
-        if processes.world_size > 1:
-            import torch.distributed as dist
-
-            rngs = [None] * processes.world_size
-            dist.all_gather_object(rngs, rng_state())
-        if not processes.is_main:
-            return
-        state = {
-            "fingerprint": print_,
-            "step": step,
-            "model": model.trainable_state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rngs,
-        }
-        with atomic_path(state_path) as tmp:
-            torch.save(state, tmp)
-
-    model.train()
-    started = time.perf_counter()
-    tokens_seen = 0
-    loss_tokens = 0
-    skipped = 0
-    last = None
-    progress = tqdm(
-        total=total_steps,
-        initial=step,
-        desc="train drafter",
-        file=sys.stderr,
-        mininterval=2.0,
-        disable=not processes.is_main,
+    return Training(
+        settings=settings,
+        processes=processes,
+        model=model,
+        parameters=parameters,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        signal=signal,
+        plan=plan,
+        eval_plan=eval_plan,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        fingerprint=fingerprint(settings, model.config, inputs),
+        journal_dir=journal_dir,
     )
-    data_wait = 0.0
-    batches = step_batches(plan, step, total_steps, steps_per_epoch, processes)
-    if processes.device.startswith("cuda"):
-        # Overlap reading with the GPU's work. On CPU a loader thread competes with the training
-        # threads for the same cores (measured: 0.73 of a bare loop, against 0.96 reading in
-        # line, where reading takes ~1% of the time).
-        batches = prefetch(batches, depth=2)
-    while step < total_steps:
-        waited = time.perf_counter()
-        epoch, position, batch = next(batches)
-        data_wait += time.perf_counter() - waited
-        batch = signal.fill(batch.to(processes.device))
-        with autocast(processes.device, settings.precision):
-            logits = ttt_forward(ddp_model, batch.aux, batch.input_ids, settings.ttt_steps)
-        loss, stats = ttt_loss(logits, batch, settings.step_weight)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"loss is {float(loss.detach())} at step {step} (epoch {epoch}, batch {position}); "
-                f"samples (shard file, index): {batch.samples[:8]}"
-                + (" ..." if len(batch.samples) > 8 else "")
-            )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += int(batch.loss_mask.numel())
-        loss_tokens += stats.counted[0]
-        skipped += stats.skipped_outside_vocab
-        last = stats
-        progress.update(1)
-        progress.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{stats.accuracy[0]:.2f}")
-        if metrics and (step % settings.log_every == 0 or step == total_steps):
-            elapsed = time.perf_counter() - started
-            metrics.write(
-                {
-                    "split": "train",
-                    "step": step,
-                    "epoch": step / steps_per_epoch,
-                    "lr": scheduler.get_last_lr()[0],
-                    "loss": float(loss.detach()),
-                    "acc": stats.accuracy,
-                    "loss_tokens": loss_tokens,
-                    "skipped_outside_vocab": skipped,
-                    "tokens_per_s": tokens_seen * processes.world_size / max(elapsed, 1e-9),
-                    "elapsed_s": elapsed,
-                    "data_wait_share": data_wait / max(elapsed, 1e-9),
-                }
-            )
-        if eval_plan and settings.eval_every and step % settings.eval_every == 0:
-            result = evaluate_heldout(model, eval_plan, signal, settings, processes)
-            if metrics:
-                metrics.write({"split": "heldout", "step": step, **result})
-        if step % settings.checkpoint_every == 0 or step == total_steps:
-            save_checkpoint()
-        if stop_after_step is not None and step >= stop_after_step:
-            progress.close()
-            save_checkpoint()
-            return {"stopped_at_step": step}
-    progress.close()
-    wall = time.perf_counter() - started
 
-    heldout_result = (
-        evaluate_heldout(model, eval_plan, signal, settings, processes) if eval_plan else None
+
+def train_step(
+    training: Training, model: torch.nn.Module, batches: Iterator, progress: Progress
+) -> float:
+    """One optimizer step on the next batch (`model`: the drafter or its DDP wrapper); advances
+    `progress` and returns the loss."""
+    settings, device = training.settings, training.processes.device
+    waited = time.perf_counter()
+    epoch, position, batch = next(batches)
+    progress.data_wait_s += time.perf_counter() - waited
+    batch = training.signal.fill(batch.to(device))
+    with autocast(device, settings.precision):
+        logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
+    loss, stats = ttt_loss(logits, batch, settings.step_weight)
+    if not torch.isfinite(loss):
+        raise TrainingDiverged(
+            f"loss is {float(loss.detach())} at step {progress.step} (epoch {epoch}, "
+            f"batch {position}); samples (shard file, index): {batch.samples[:8]}"
+            + (" ..." if len(batch.samples) > 8 else "")
+        )
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(training.parameters, settings.grad_clip)
+    training.optimizer.step()
+    training.scheduler.step()
+    training.optimizer.zero_grad(set_to_none=True)
+    progress.step += 1
+    progress.tokens_seen += int(batch.loss_mask.numel())
+    progress.loss_tokens += stats.counted[0]
+    progress.skipped_outside_vocab += stats.skipped_outside_vocab
+    progress.last = stats
+    return float(loss.detach())
+
+
+def log_step(
+    training: Training, progress: Progress, loss: float, metrics: MetricsLog | None
+) -> None:
+    """After a step: its line in metrics.jsonl every `log_every` steps and at the last one, and
+    the held-out evaluation every `eval_every` steps (every process takes part in that)."""
+    settings, step = training.settings, progress.step
+    if metrics and (step % settings.log_every == 0 or step == training.total_steps):
+        elapsed = time.perf_counter() - progress.started
+        tokens = progress.tokens_seen * training.processes.world_size
+        metrics.write(
+            {
+                "split": "train",
+                "step": step,
+                "epoch": step / training.steps_per_epoch,
+                "lr": training.scheduler.get_last_lr()[0],
+                "loss": loss,
+                "acc": progress.last.accuracy,
+                "loss_tokens": progress.loss_tokens,
+                "skipped_outside_vocab": progress.skipped_outside_vocab,
+                "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "elapsed_s": elapsed,
+                "data_wait_share": progress.data_wait_s / max(elapsed, 1e-9),
+            }
+        )
+    if training.eval_plan and settings.eval_every and step % settings.eval_every == 0:
+        result = evaluate_heldout(
+            training.model, training.eval_plan, training.signal, settings, training.processes
+        )
+        if metrics:
+            metrics.write({"split": "heldout", "step": step, **result})
+
+
+def finish(
+    training: Training,
+    progress: Progress,
+    metrics: MetricsLog | None,
+    out_dir: Path,
+    shard_names: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The final held-out evaluation (every process), then on rank 0 the export, metrics.jsonl
+    and train_report.json in out_dir; returns the report ({} on the other ranks)."""
+    from eaglenest.formats.drafter_export import export_drafter
+
+    settings, processes, step = training.settings, training.processes, progress.step
+    wall = time.perf_counter() - progress.started
+    heldout = (
+        evaluate_heldout(training.model, training.eval_plan, training.signal, settings, processes)
+        if training.eval_plan
+        else None
     )
     if not processes.is_main:
         return {}
-    if heldout_result:
-        metrics.write({"split": "heldout", "step": step, **heldout_result})
-    export_drafter(model, out_dir, dtype=settings.export_dtype)
-    (out_dir / METRICS_FILE).write_text((journal_dir / METRICS_FILE).read_text())
+    if heldout:
+        metrics.write({"split": "heldout", "step": step, **heldout})
+    export_drafter(training.model, out_dir, dtype=settings.export_dtype)
+    (out_dir / METRICS_FILE).write_text((training.journal_dir / METRICS_FILE).read_text())
+    train_tokens = progress.tokens_seen * processes.world_size
+    skipped, loss_tokens = progress.skipped_outside_vocab, progress.loss_tokens
     report = {
         "steps": step,
-        "epochs": step / steps_per_epoch,
+        "epochs": step / training.steps_per_epoch,
         "ttt_steps": settings.ttt_steps,
-        "train_tokens": tokens_seen * processes.world_size,
+        "train_tokens": train_tokens,
         "wall_s": wall,
-        "tokens_per_s": tokens_seen * processes.world_size / max(wall, 1e-9),
-        "train_acc": last.accuracy if last else [],
-        "heldout_acc": heldout_result["acc"] if heldout_result else [],
-        "heldout_loss": heldout_result["loss"] if heldout_result else None,
-        "heldout_positions": heldout_result["positions"] if heldout_result else 0,
+        "tokens_per_s": train_tokens / max(wall, 1e-9),
+        "train_acc": progress.last.accuracy if progress.last else [],
+        "heldout_acc": heldout["acc"] if heldout else [],
+        "heldout_loss": heldout["loss"] if heldout else None,
+        "heldout_positions": heldout["positions"] if heldout else 0,
         "skipped_outside_vocab_share": skipped / max(skipped + loss_tokens, 1),
-        "data_wait_share": data_wait / max(wall, 1e-9),
-        "train_shards": [Path(p).stem for p in train_shards],
-        "eval_shards": [Path(p).stem for p in eval_shards],
+        "data_wait_share": progress.data_wait_s / max(wall, 1e-9),
+        **shard_names,
         "world_size": processes.world_size,
         "device": processes.device,
-        "drafter": model.config.to_dict(),
+        "drafter": training.model.config.to_dict(),
         "settings": asdict(settings),
     }
     write_json(out_dir / "train_report.json", report)
@@ -585,23 +489,96 @@ def train_drafter(
     return report
 
 
+def train_drafter(
+    *,
+    train_shards: list[str | Path],
+    eval_shards: list[str | Path],
+    target_head: str | Path,
+    draft_vocab: str | Path,
+    target_path: str | Path,
+    out_dir: str | Path,
+    journal_dir: str | Path,
+    settings: TrainSettings,
+    trust_remote_code: bool = False,
+    stop_after_step: int | None = None,
+) -> dict[str, Any]:
+    """Train (or resume), export to out_dir, return the training report.
+
+    `stop_after_step` ends the run early after that step's checkpoint (tests of resumption).
+    """
+    from tqdm import tqdm
+
+    training = set_up_training(
+        train_shards=train_shards,
+        eval_shards=eval_shards,
+        target_head=target_head,
+        draft_vocab=draft_vocab,
+        target_path=target_path,
+        journal_dir=journal_dir,
+        settings=settings,
+        trust_remote_code=trust_remote_code,
+    )
+    processes, total_steps = training.processes, training.total_steps
+    first_step = resume(training)
+    metrics = None
+    if processes.is_main:
+        metrics = MetricsLog(training.journal_dir / METRICS_FILE, keep_until_step=first_step)
+    model = data_parallel(training.model, processes)
+    training.model.train()
+    progress = Progress(step=first_step, started=time.perf_counter())
+    bar = tqdm(
+        total=total_steps,
+        initial=first_step,
+        desc="train drafter",
+        file=sys.stderr,
+        mininterval=2.0,
+        disable=not processes.is_main,
+    )
+    batches = step_batches(
+        training.plan, first_step, total_steps, training.steps_per_epoch, processes
+    )
+    if processes.device.startswith("cuda"):
+        # Overlap reading with the GPU's work. On CPU a loader thread competes with the training
+        # threads for the same cores (measured: 0.73 of a bare loop, against 0.96 reading in
+        # line, where reading takes ~1% of the time).
+        batches = prefetch(batches, depth=2)
+    while progress.step < total_steps:
+        loss = train_step(training, model, batches, progress)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", acc0=f"{progress.last.accuracy[0]:.2f}")
+        log_step(training, progress, loss, metrics)
+        if progress.step % settings.checkpoint_every == 0 or progress.step == total_steps:
+            save_checkpoint(training, progress.step)
+        if stop_after_step is not None and progress.step >= stop_after_step:
+            bar.close()
+            save_checkpoint(training, progress.step)
+            return {"stopped_at_step": progress.step}
+    bar.close()
+    shard_names = {
+        "train_shards": [Path(p).stem for p in train_shards],
+        "eval_shards": [Path(p).stem for p in eval_shards],
+    }
+    return finish(training, progress, metrics, Path(out_dir), shard_names)
+
+
 # --- torchrun ---------------------------------------------------------------------------------
 
 
-def run_under_torchrun(section: dict[str, Any], arguments: dict[str, Any], log_path: str) -> None:
-    """Run train_drafter in `section["gpus"]` processes (DDP); their output goes to log_path."""
+def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
+    """Run train_drafter in `settings.gpus` processes (DDP); their output goes to log_path."""
     import subprocess
 
     journal = Path(arguments["journal_dir"])
     journal.mkdir(parents=True, exist_ok=True)
     args_file = journal / "torchrun_args.json"
-    args_file.write_text(json.dumps({"arguments": arguments, "settings": section}, default=str))
+    spec = {"arguments": arguments, "settings": asdict(settings)}
+    args_file.write_text(json.dumps(spec, default=str))
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={section['gpus']}",
+        f"--nproc_per_node={settings.gpus}",
         "-m",
         "eaglenest.stages.train.train",
         str(args_file),
@@ -620,7 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
-    train_drafter(**spec["arguments"], settings=TrainSettings.from_config(spec["settings"]))
+    train_drafter(**spec["arguments"], settings=TrainSettings.from_dict(spec["settings"]))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
