@@ -32,6 +32,7 @@ import polars as pl
 import torch
 
 from eaglenest.common.batching import pack_batches
+from eaglenest.common.config import settings_from_sections
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.target.loading import default_aux_layer_ids, load_target
@@ -113,7 +114,7 @@ def main() -> None:
             out = tmp / "hidden.safetensors"
             started = time.perf_counter()
             summary = extract_hidden_states(tokens=tmp / "tokens.parquet", target_path=target,
-                                            out=out, settings=HiddenSettings.from_sections(hidden={**base, **settings}),
+                                            out=out, settings=settings_from_sections(HiddenSettings, hidden={**base, **settings}),
                                             model=model)  # fmt: skip
             return time.perf_counter() - started, summary
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.demo.target import _tokenizer_corpus, build_demo_tokenizer
 from eaglenest.demo.tasks import heldout_examples, training_examples
 from eaglenest.formats.samples import SAMPLE_SCHEMA
@@ -93,7 +94,7 @@ def best_times(runs: int, variants: dict[str, Callable[[], object]]) -> dict[str
 def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
     target = {"path": str(tokenizer_dir), "chat_template_kwargs": KWARGS}
     tokenizer = load_tokenizer(target)
-    default_settings = TokenizeSettings.from_sections(target=target)
+    default_settings = settings_from_sections(TokenizeSettings, target=target)
     think_ids = think_token_ids(str(tokenizer_dir))  # as the probe writes them to probe.json
     tokens = resolve_target_tokens(tokenizer, think_ids, default_settings)
     rows = make_samples(n, repeat)

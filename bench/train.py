@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
@@ -195,7 +196,8 @@ def main() -> None:
     distinct_batches = 4 if gpu else 20
     mean_length = int(np.mean(size["lengths"]))
     samples = max(8, distinct_batches * size["max_batch_tokens"] // mean_length)
-    settings = TrainSettings.from_sections(
+    settings = settings_from_sections(
+        TrainSettings,
         train={
             "max_steps": steps,
             "epochs": 1000,
@@ -205,7 +207,7 @@ def main() -> None:
             "log_every": 10**9,
             "device": args.device,
             "export_dtype": "bfloat16",
-        }
+        },
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.common.batching import pack_batches
+from eaglenest.common.config import settings_from_sections
 from eaglenest.formats.hidden_shard import (
     HiddenSettings,
     ShardWriter,
@@ -63,8 +64,8 @@ def tokens(tmp_path_factory) -> Path:
 
 
 def run(tokens, demo_target_dir, target, out, **settings):
-    settings = HiddenSettings.from_sections(
-        hidden={"device": "cpu", "model_dtype": "float32", **settings}
+    settings = settings_from_sections(
+        HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32", **settings}
     )
     return extract_hidden_states(
         tokens=tokens,
@@ -160,7 +161,7 @@ def test_shard_writer_rows_survive_short_writes(tmp_path, monkeypatch):
     path.write_bytes(b"\0" * (16 + 10 * 5 * 4))
     calls = short_pwrites(monkeypatch, 7)
     with open(path, "r+b") as f:
-        writer = ShardWriter(f.fileno(), specs, positions, HiddenSettings.from_sections())
+        writer = ShardWriter(f.fileno(), specs, positions, settings_from_sections(HiddenSettings))
         writer.write_states("aux", 3, values, 1)
     assert len(calls) == -(-values.numel() * 4 // 7)
     stored = np.frombuffer(path.read_bytes()[16:], dtype=np.float32).reshape(10, 5)
@@ -286,7 +287,9 @@ def test_killed_write_leaves_nothing_and_rerun_is_identical(
 def test_target_head(demo_target_dir, target, tmp_path):
     """Read from the checkpoint (tests/test_target_files.py compares it byte for byte)."""
     out = tmp_path / "target_head.safetensors"
-    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings.from_sections())
+    save_target_head(
+        target_path=demo_target_dir, out=out, settings=settings_from_sections(HiddenSettings)
+    )
     with safe_open(str(out), framework="pt") as f:
         meta = f.metadata()
         torch.testing.assert_close(
@@ -305,7 +308,7 @@ MEMORY_PROBE = textwrap.dedent(
     from eaglenest.settings.hidden import HiddenSettings
     from eaglenest.stages.hidden_states.extract import extract_hidden_states
     from eaglenest.target.loading import load_target
-    settings = HiddenSettings.from_sections(hidden={"device": "cpu", "model_dtype": "float32",
+    settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32",
                                                     "dtype": "fp32", "max_batch_tokens": 256})
     model = load_target(sys.argv[1], settings.device, settings.model_dtype)
     extract_hidden_states(tokens=sys.argv[2], target_path=sys.argv[1], out=sys.argv[3],

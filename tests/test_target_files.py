@@ -16,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import eaglenest.stages.hidden_states.extract as hs
+from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import sha256_file
 from eaglenest.formats.target_head import TargetHeadError, save_target_head
 from eaglenest.settings.hidden import HiddenSettings
@@ -99,7 +100,7 @@ def test_a_missing_local_directory_is_named(tmp_path):
 
 def target_tokens(target: dict) -> TargetTokens:
     """resolve_target_tokens as tokenize runs it, with the think ids the probe resolved."""
-    settings = TokenizeSettings.from_sections(target=target)
+    settings = settings_from_sections(TokenizeSettings, target=target)
     think_ids = think_token_ids(target.get("tokenizer") or target["path"])
     return resolve_target_tokens(load_tokenizer(target), think_ids, settings)
 
@@ -177,7 +178,9 @@ def no_model(monkeypatch):
 
 
 def saved_head(target_path: str | Path, out: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    save_target_head(target_path=target_path, out=out, settings=HiddenSettings.from_sections())
+    save_target_head(
+        target_path=target_path, out=out, settings=settings_from_sections(HiddenSettings)
+    )
     with safe_open(str(out), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}, f.metadata()  # noqa: SIM118
 

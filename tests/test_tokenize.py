@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eaglenest.common.config import validate_config
+from eaglenest.common.config import settings_from_sections, validate_config
 from eaglenest.common.io import read_json, write_json
 from eaglenest.formats.samples import SAMPLE_SCHEMA, SamplesSchema
 from eaglenest.formats.token_counts import read_token_counts
@@ -565,7 +565,7 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
         pl.read_parquet(tmp_path / "raw.parquet"),
         prompts,
         probe,
-        ValidationSettings.from_sections(validation={"max_truncated_fraction": 0.5}),
+        settings_from_sections(ValidationSettings, validation={"max_truncated_fraction": 0.5}),
         "00000",
     )
     assert samples.height >= 8

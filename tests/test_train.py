@@ -17,6 +17,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 from workflow_helpers import SMALL_RUN
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
@@ -63,7 +64,7 @@ def test_overfits_a_handful_of_samples(run):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
     shards = open_shards([run["train"]], head, vocab)
     signal = TargetSignal(head, vocab)
-    settings = TrainSettings.from_sections(train={"ttt_steps": 2})
+    settings = settings_from_sections(TrainSettings, train={"ttt_steps": 2})
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
     plan = BatchPlan(shards, max_batch_tokens=4096, seed=0, limit=6)
     batch = signal.fill(build_batch(plan.epoch_order(0)[0], shards))
@@ -154,8 +155,8 @@ def test_a_nan_loss_stops_naming_step_and_batch(run, tmp_path: Path):
     broken = tmp_path / "broken" / "00000.safetensors"
     broken.parent.mkdir()
     save_file(tensors, str(broken), metadata=metadata)
-    settings = TrainSettings.from_sections(
-        train={"max_steps": 40, "max_batch_tokens": 256, "ttt_steps": 2}
+    settings = settings_from_sections(
+        TrainSettings, train={"max_steps": 40, "max_batch_tokens": 256, "ttt_steps": 2}
     )
     with pytest.raises(
         TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*'00000.safetensors', 3\)"
@@ -237,7 +238,7 @@ def test_the_pipelines_export_has_the_layout_both_servers_load(run):
 
 def test_reloading_the_export_reproduces_the_logits(run, tmp_path: Path):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
-    settings = TrainSettings.from_sections()
+    settings = settings_from_sections(TrainSettings)
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings).eval()
     shards = open_shards([run["heldout"]], head, vocab)
     batch = build_batch(BatchPlan(shards, 2048, 0).epoch_order(0)[0], shards)
@@ -265,7 +266,7 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     with pytest.raises(ValueError, match=r"00000\.safetensors: field aux_layer_ids"):
         train_drafter(
             **{**arguments(run, tmp_path), "target_head": str(other)},
-            settings=TrainSettings.from_sections(),
+            settings=settings_from_sections(TrainSettings),
         )
 
 
@@ -283,7 +284,7 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
         "export_dtype": "float32",
     }
     log = tmp_path / "torchrun.log"
-    settings = TrainSettings.from_sections(train=section)
+    settings = settings_from_sections(TrainSettings, train=section)
     run_under_torchrun(settings, arguments(run, tmp_path), str(log))
     report = json.loads((tmp_path / "drafter" / "train_report.json").read_text())
     assert report["world_size"] == 2 and report["steps"] == 4

@@ -10,13 +10,14 @@ import copy
 import difflib
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SCHEMA = REPO_ROOT / "config" / "schema.yaml"
+SettingsT = TypeVar("SettingsT")
 
 
 class ConfigError(ValueError):
@@ -88,3 +89,10 @@ def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> d
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: the config must be a mapping of sections")
     return validate_config(config, schema_path)
+
+
+def settings_from_sections(settings_class: type[SettingsT], **sections: Any) -> SettingsT:
+    """A stage's settings (eaglenest.settings) for a config of only these sections, validated:
+    every other value is the schema's default. For tests and tools that run a stage outside the
+    workflow."""
+    return settings_class.from_config(validate_config(copy.deepcopy(sections)))

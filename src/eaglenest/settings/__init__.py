@@ -15,15 +15,12 @@ while it parses, and a stage's code version then hashes its own settings, not ev
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import types
 import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-from eaglenest.common.config import validate_config
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -36,12 +33,6 @@ class Settings:
     def from_config(cls, config: Mapping[str, Any]) -> Self:
         """The settings of a validated config (defaults filled in by config/schema.yaml)."""
         raise NotImplementedError
-
-    @classmethod
-    def from_sections(cls, **sections: Any) -> Self:
-        """From a config of only these sections, validated: every other value is the schema's
-        default. For tests and tools that run a stage outside the workflow."""
-        return cls.from_config(validate_config(copy.deepcopy(sections)))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

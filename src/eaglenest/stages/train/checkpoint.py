@@ -19,17 +19,14 @@ import random
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from eaglenest.common.io import atomic_path
-from eaglenest.drafter import DrafterConfig
+from eaglenest.drafter import DrafterConfig, Eagle3Drafter
 from eaglenest.settings.train import TrainSettings
-
-if TYPE_CHECKING:
-    from eaglenest.stages.train.train import Training
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +96,30 @@ def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[
         stat = path.stat()
         digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
+
+
+class Processes(Protocol):
+    rank: int
+    world_size: int
+    device: str
+
+    @property
+    def is_main(self) -> bool: ...
+
+
+class Training(Protocol):
+    """What the journal saves and restores; `train.Training` has it (described here by shape, so
+    that the journal does not import the loop that uses it)."""
+
+    processes: Processes
+    model: Eagle3Drafter
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    total_steps: int
+    fingerprint: str
+
+    @property
+    def state_path(self) -> Path: ...
 
 
 class MetricsLog:
