@@ -38,6 +38,7 @@ from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.target import TargetModel
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
+from eaglenest.settings.vllm import VllmRuntime
 
 try:
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
@@ -71,7 +72,13 @@ STAGE_ENTRIES = {
     # validate then tokenize, one job per shard (rules/samples.smk)
     "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
     "vocab": ["stages.vocab", "settings.vocab"],
-    "hidden": ["stages.hidden_states.extract", "settings.target"],
+    # the vLLM backend's engine side (vllm_capture) names its connector module by string
+    "hidden": [
+        "stages.hidden_states.extract",
+        "stages.hidden_states.vllm_backend",
+        "stages.hidden_states.vllm_connector",
+        "settings.target",
+    ],
     "target_head": ["formats.target_head", "settings.target"],
     "train": ["stages.train.train", "settings.target"],
     "evaluate": ["stages.evaluate.evaluate", "settings.target"],
@@ -138,6 +145,13 @@ def get_server_logs(**logs):
 def get_target_dir():
     """The target directory as an input when the pipeline builds it, else nothing."""
     return run_path("target") if DEMO else []
+
+
+def get_hidden_states_gpus():
+    """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM."""
+    if config["hidden"]["backend"] == "vllm":
+        return config["vllm"]["tensor_parallel_size"]
+    return 1
 
 
 def get_final_outputs():

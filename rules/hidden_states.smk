@@ -13,10 +13,13 @@ rule extract_hidden_states:
         "../envs/eaglenest.yaml"
     threads: 2
     resources:
-        gpu=1,
+        gpu=get_hidden_states_gpus(),
     params:
         settings=settings_json(HiddenSettings),
         target=settings_json(TargetModel),
+        # where vLLM runs (hidden.backend vllm): its interpreter, GPUs and memory, not what it
+        # computes
+        runtime=untracked(settings_json(VllmRuntime)),
         code_version=code_version("hidden"),
     script:
         "../scripts/hidden_states.py"

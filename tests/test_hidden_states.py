@@ -18,13 +18,13 @@ from safetensors import safe_open
 from eaglenest.common.batching import pack_batches
 from eaglenest.common.config import settings_from_sections
 from eaglenest.formats.hidden_shard import (
-    HiddenSettings,
     ShardWriter,
     open_hidden_shard,
     pwrite_all,
 )
 from eaglenest.formats.target_head import save_target_head
 from eaglenest.formats.tokens import loss_mask
+from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.target.loading import default_aux_layer_ids, load_target
 
@@ -305,6 +305,7 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import resource, sys, torch
     torch.set_num_threads(1)
+    from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.hidden import HiddenSettings
     from eaglenest.stages.hidden_states.extract import extract_hidden_states
     from eaglenest.target.loading import load_target

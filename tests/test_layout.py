@@ -42,13 +42,28 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def runtime_nodes(tree: ast.AST):
+    """Every node of the tree but those under `if TYPE_CHECKING:` (imports for annotations only,
+    which never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
 def library_imports() -> dict[str, set[str]]:
-    """Every library module -> the library modules it imports (anywhere in its source)."""
+    """Every library module -> the library modules it imports when it runs (anywhere in its
+    source, lazy imports included; `if TYPE_CHECKING:` blocks aside)."""
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest"):
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"

@@ -3,6 +3,7 @@ kill, a clear stop on a diverging loss, and the export vLLM and SGLang load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -99,7 +100,14 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     def spec(name: str) -> Path:
         path = tmp_path / f"{name}.json"
         path.write_text(
-            json.dumps({"arguments": arguments(run, tmp_path / name), "settings": settings})
+            json.dumps(
+                {
+                    "arguments": arguments(run, tmp_path / name),
+                    "settings": dataclasses.asdict(
+                        settings_from_sections(TrainSettings, train=settings)
+                    ),
+                }
+            )
         )
         return path
 

@@ -18,17 +18,22 @@ hidden size) and raises a ValueError naming the file, the field, the expected an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
 
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.common.io import atomic_path
+
+if TYPE_CHECKING:
+    from eaglenest.settings.hidden import HiddenSettings
 
 FORMAT = "eaglenest-hidden/1"
 
@@ -73,6 +78,15 @@ def tensor_specs(
         ("offsets", "I64", [n_samples + 1]),
     ]
     return specs
+
+
+def bytes_per_token(specs) -> int:
+    """Bytes a shard of these specs takes per token (the per-sample offsets aside)."""
+    return sum(
+        int(np.prod(shape[1:], dtype=np.int64)) * _ST_DTYPES[dtype][1]
+        for name, dtype, shape in specs
+        if name != "offsets"
+    )
 
 
 def safetensors_header(
@@ -129,7 +143,9 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 class ShardWriter:
     """Positioned writes of one sample's rows into the laid-out file."""
 
-    def __init__(self, fd: int, specs, positions: dict[str, int], settings: HiddenSettings):
+    def __init__(
+        self, fd: int, specs, positions: dict[str, int], settings: HiddenSettings, n_aux: int = 3
+    ):
         self.fd = fd
         self.positions = positions
         self.row_bytes = {
@@ -138,6 +154,7 @@ class ShardWriter:
         }
         self.stored = {name: dtype for name, dtype, _ in specs}
         self.settings = settings
+        self.n_aux = n_aux
 
     def write(self, name: str, first_row: int, values: torch.Tensor) -> None:
         data = _as_bytes(values)
@@ -152,6 +169,43 @@ class ShardWriter:
             self.write(f"{name}_scale", first_row, scale if blocks > 1 else scale[:, 0])
         else:
             self.write(name, first_row, values.to(_ST_DTYPES[dtype][0]))
+
+    def write_sample(
+        self,
+        first_row: int,
+        aux: torch.Tensor,
+        signal: dict[str, torch.Tensor],
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+    ) -> None:
+        """One sample's rows: aux [n, n_aux * H], the target signal (`final_hidden` [n, H] or
+        `topk_ids` and `topk_values` [n, k]), input_ids [n] and loss_mask [n] (uint8)."""
+        self.write_states("aux", first_row, aux, self.n_aux)
+        if "final_hidden" in signal:
+            self.write_states("final_hidden", first_row, signal["final_hidden"], 1)
+        else:
+            self.write("topk_ids", first_row, signal["topk_ids"])
+            self.write("topk_values", first_row, signal["topk_values"])
+        self.write("input_ids", first_row, input_ids)
+        self.write("loss_mask", first_row, loss_mask)
+
+
+@contextlib.contextmanager
+def create_hidden_shard(
+    out: str | Path, specs, metadata: dict[str, str], settings: HiddenSettings, n_aux: int
+) -> Iterator[ShardWriter]:
+    """Lay out a shard file (header and zeroed tensors) at a temporary path beside `out`, yield
+    its writer, then sync it, check that it reads and rename it to `out`: a killed job leaves
+    nothing that passes as complete."""
+    header, positions = safetensors_header(specs, metadata)
+    with atomic_path(out) as tmp, open(tmp, "r+b") as f:
+        f.truncate(positions["__end__"])
+        fd = f.fileno()
+        pwrite_all(fd, header, 0)
+        yield ShardWriter(fd, specs, positions, settings, n_aux)
+        f.flush()
+        os.fsync(fd)
+        check_readable(tmp)
 
 
 def check_readable(path: str | Path) -> None:

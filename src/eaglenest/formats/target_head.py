@@ -9,14 +9,18 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from eaglenest.common.io import atomic_path, library_versions
-from eaglenest.formats.hidden_shard import FORMAT, HiddenSettings
+from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.target.files import resolve_target_dir
 from eaglenest.target.loading import default_aux_layer_ids, target_config_hash
+
+if TYPE_CHECKING:
+    from eaglenest.settings.hidden import HiddenSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.vllm import VllmEngine
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,14 @@ class HiddenSettings(Settings):
     model_dtype: str
     max_batch_tokens: int
     device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
+    backend: str  # "transformers" or "vllm"
+    engine: VllmEngine | None  # with the vllm backend only: a vllm section change reruns only it
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> HiddenSettings:
         section = config["hidden"]
-        values = {k: section[k] for k in cls.__dataclass_fields__}
+        values = {k: section[k] for k in cls.__dataclass_fields__ if k != "engine"}
+        values["engine"] = VllmEngine.from_config(config) if section["backend"] == "vllm" else None
         if values["aux_layer_ids"] is not None:
             values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
         return cls(**values)

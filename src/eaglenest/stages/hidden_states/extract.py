@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,16 @@ import numpy as np
 import torch
 
 from eaglenest.common.batching import pack_batches
-from eaglenest.common.io import atomic_path, library_versions, sha256_file, write_json
+from eaglenest.common.io import library_versions, sha256_file, write_json
 from eaglenest.formats.hidden_shard import (
     FORMAT,
-    HiddenSettings,
     ShardWriter,
-    check_readable,
-    pwrite_all,
-    safetensors_header,
+    bytes_per_token,
+    create_hidden_shard,
     tensor_specs,
 )
 from eaglenest.formats.tokens import loss_mask, read_tokens
+from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.target.loading import (
     decoder_layers,
     default_aux_layer_ids,
@@ -126,26 +124,28 @@ def forward_batch(
 
 def shard_metadata(
     *,
-    model,
+    model_config,
+    backend: str,
     target_path: str | Path,
     target_name: str,
     layer_ids: tuple[int, ...],
     settings: HiddenSettings,
     tokens_sha256: str,
     sample_ids: list[str],
-    model_dtype: torch.dtype,
+    model_dtype: str,
 ) -> dict[str, str]:
     return {
         "format": FORMAT,
+        "backend": backend,
         "target_name": target_name,
         "target_path": str(target_path),
         "target_config_sha256": target_config_hash(target_path),
         "aux_layer_ids": json.dumps(list(layer_ids)),
-        "num_hidden_layers": str(model.config.num_hidden_layers),
-        "hidden_size": str(model.config.hidden_size),
-        "vocab_size": str(model.config.vocab_size),
+        "num_hidden_layers": str(model_config.num_hidden_layers),
+        "hidden_size": str(model_config.hidden_size),
+        "vocab_size": str(model_config.vocab_size),
         "dtype": settings.dtype,
-        "model_dtype": str(model_dtype).removeprefix("torch."),
+        "model_dtype": model_dtype.removeprefix("torch."),
         "target_signal": settings.target_signal,
         "top_k": str(settings.top_k),
         "tokens_sha256": tokens_sha256,
@@ -154,16 +154,67 @@ def shard_metadata(
     }
 
 
-def checked_aux_layer_ids(model, settings: HiddenSettings) -> tuple[int, ...]:
+def checked_aux_layer_ids(model_config, settings: HiddenSettings) -> tuple[int, ...]:
     """The decoder layers whose input is kept: the settings' or the default, checked against the
-    model (and top_k against its vocabulary)."""
-    n_layers = model.config.num_hidden_layers
+    target's config (and top_k against its vocabulary)."""
+    n_layers = model_config.num_hidden_layers
     layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
     if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
         raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
-    if settings.target_signal == "topk" and settings.top_k > model.config.vocab_size:
-        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model.config.vocab_size}")
-    return layer_ids
+    if settings.target_signal == "topk" and settings.top_k > model_config.vocab_size:
+        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model_config.vocab_size}")
+    return tuple(layer_ids)
+
+
+def log_planned_size(tokens: str | Path, n_samples: int, n_tokens: int, specs) -> None:
+    """Before any capture: what the shard will take on disk (bytes per token x tokens)."""
+    per_token = bytes_per_token(specs)
+    log.info(
+        "%s: %d samples, %d tokens; the hidden-state shard will take %.1f MB (%d bytes/token)",
+        tokens, n_samples, n_tokens, per_token * n_tokens / 1e6, per_token,
+    )  # fmt: skip
+
+
+def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, offsets) of the tokens frame's samples in the packed shard."""
+    lengths = frame["n_tokens"].to_numpy()
+    offsets = np.zeros(len(frame) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return lengths, offsets
+
+
+def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample's input_ids [n] int64 and loss_mask [n] uint8 rows."""
+    ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+    mask = torch.from_numpy(loss_mask(prompt_len, len(ids)).astype(np.uint8))
+    return ids, mask
+
+
+def shard_summary(
+    *, frame, n_tokens: int, out: str | Path, layer_ids, settings: HiddenSettings,
+    hidden_size: int, seconds: float, forward_s: float, backend: str,
+) -> dict[str, Any]:  # fmt: skip
+    size = Path(out).stat().st_size
+    summary = {
+        "backend": backend,
+        "samples": len(frame),
+        "tokens": n_tokens,
+        "bytes": size,
+        "bytes_per_token": size / n_tokens if n_tokens else None,
+        "hidden_size": hidden_size,
+        "aux_layer_ids": list(layer_ids),
+        "dtype": settings.dtype,
+        "target_signal": settings.target_signal,
+        "seconds": round(seconds, 3),
+        "forward_seconds": round(forward_s, 3),
+        "tokens_per_s": round(n_tokens / seconds, 1) if seconds else None,
+    }
+    log.info(
+        "hidden states (%s): %d samples, %d tokens, %.1f bytes/token (%s, %s), %.1f tokens/s",
+        backend, len(frame), n_tokens, summary["bytes_per_token"] or 0, settings.dtype,
+        settings.target_signal, summary["tokens_per_s"] or 0,
+    )  # fmt: skip
+    return summary
 
 
 def write_samples(
@@ -179,7 +230,6 @@ def write_samples(
     at offsets[i]; returns the seconds spent in the forward passes."""
     input_ids = frame["input_ids"].to_list()
     prompt_lens = frame["prompt_len"].to_list()
-    n_aux = len(capture.layer_ids)
     forward_s = 0.0
     for batch in pack_batches(lengths, settings.max_batch_tokens):
         batch_ids = [np.asarray(input_ids[i], dtype=np.int64) for i in batch]
@@ -187,16 +237,10 @@ def write_samples(
         result = forward_batch(model, capture, batch_ids, settings)
         forward_s += time.perf_counter() - tick
         for row, i in enumerate(batch):
-            first, n = int(offsets[i]), int(lengths[i])
-            writer.write_states("aux", first, result["aux"][row, :n], n_aux)
-            if settings.target_signal == "topk":
-                writer.write("topk_ids", first, result["topk_ids"][row, :n])
-                writer.write("topk_values", first, result["topk_values"][row, :n])
-            else:
-                writer.write_states("final_hidden", first, result["final_hidden"][row, :n], 1)
-            writer.write("input_ids", first, torch.from_numpy(batch_ids[row]))
-            mask = loss_mask(prompt_lens[i], n).astype(np.uint8)
-            writer.write("loss_mask", first, torch.from_numpy(mask))
+            n = int(lengths[i])
+            signal = {k: v[row, :n] for k, v in result.items() if k != "aux"}
+            ids, mask = sample_rows(batch_ids[row], prompt_lens[i])
+            writer.write_sample(int(offsets[i]), result["aux"][row, :n], signal, ids, mask)
     return forward_s
 
 
@@ -217,57 +261,33 @@ def extract_hidden_states(
     if model is None:
         model = load_target(target_path, settings.device, settings.model_dtype, trust_remote_code)
     hidden_size = model.config.hidden_size
-    layer_ids = checked_aux_layer_ids(model, settings)
-
-    lengths = frame["n_tokens"].to_numpy()
-    offsets = np.zeros(len(frame) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    layer_ids = checked_aux_layer_ids(model.config, settings)
+    lengths, offsets = sample_offsets(frame)
     n_tokens = int(offsets[-1])
     specs = tensor_specs(len(frame), n_tokens, hidden_size, len(layer_ids), settings)
+    log_planned_size(tokens, len(frame), n_tokens, specs)
     metadata = shard_metadata(
-        model=model,
+        model_config=model.config,
+        backend="transformers",
         target_path=target_path,
         target_name=target_name,
-        layer_ids=tuple(layer_ids),
+        layer_ids=layer_ids,
         settings=settings,
         tokens_sha256=sha256_file(tokens),
         sample_ids=frame["id"].to_list(),
-        model_dtype=next(model.parameters()).dtype,
+        model_dtype=str(next(model.parameters()).dtype),
     )
-    header, positions = safetensors_header(specs, metadata)
-    capture = AuxCapture(model, tuple(layer_ids))
+    capture = AuxCapture(model, layer_ids)
     try:
-        with atomic_path(out) as tmp, open(tmp, "r+b") as f:
-            f.truncate(positions["__end__"])
-            fd = f.fileno()
-            pwrite_all(fd, header, 0)
-            writer = ShardWriter(fd, specs, positions, settings)
+        with create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer:
             writer.write("offsets", 0, torch.from_numpy(offsets))
             forward_s = write_samples(writer, model, capture, frame, lengths, offsets, settings)
-            f.flush()
-            os.fsync(fd)
-            check_readable(tmp)
     finally:
         capture.remove()
-    seconds = time.perf_counter() - started
-    size = Path(out).stat().st_size
-    summary = {
-        "samples": len(frame),
-        "tokens": n_tokens,
-        "bytes": size,
-        "bytes_per_token": size / n_tokens if n_tokens else None,
-        "hidden_size": hidden_size,
-        "aux_layer_ids": list(layer_ids),
-        "dtype": settings.dtype,
-        "target_signal": settings.target_signal,
-        "seconds": round(seconds, 3),
-        "forward_seconds": round(forward_s, 3),
-        "tokens_per_s": round(n_tokens / seconds, 1) if seconds else None,
-    }
-    log.info(
-        "hidden states: %d samples, %d tokens, %.1f bytes/token (%s, %s), %.1f tokens/s",
-        len(frame), n_tokens, summary["bytes_per_token"] or 0, settings.dtype,
-        settings.target_signal, summary["tokens_per_s"] or 0,
+    summary = shard_summary(
+        frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
+        hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=forward_s,
+        backend="transformers",
     )  # fmt: skip
     if summary_out is not None:
         write_json(summary_out, summary)
