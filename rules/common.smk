@@ -81,7 +81,11 @@ STAGE_ENTRIES = {
     ],
     "target_head": ["formats.target_head", "settings.target"],
     "train": ["stages.train.train", "settings.target"],
-    "evaluate": ["stages.evaluate.evaluate", "settings.target"],
+    "evaluate": [
+        "stages.evaluate.evaluate",
+        "stages.evaluate.vllm_decode",
+        "settings.target",
+    ],
     "report": ["stages.report.report", "stages.report.inputs"],
     "probe": ["stages.probe"],
 }
@@ -151,6 +155,13 @@ def get_hidden_states_gpus():
     """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM."""
     if config["hidden"]["backend"] == "vllm":
         return config["vllm"]["tensor_parallel_size"]
+    return 1
+
+
+def get_evaluate_gpus():
+    """GPUs the evaluation claims: vLLM's tensor-parallel group when it decodes there too."""
+    if config["evaluate"]["engine"] == "vllm":
+        return max(1, config["vllm"]["tensor_parallel_size"])
     return 1
 
 

@@ -17,10 +17,11 @@ rule evaluate_drafter:
         "../envs/eaglenest.yaml"
     threads: 2
     resources:
-        gpu=1,
+        gpu=get_evaluate_gpus(),
     params:
         settings=settings_json(EvaluateSettings),
         target=settings_json(TargetModel),
+        runtime=untracked(settings_json(VllmRuntime)),
         code_version=code_version("evaluate"),
     script:
         "../scripts/evaluate_drafter.py"

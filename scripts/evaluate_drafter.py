@@ -5,6 +5,7 @@ from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.target import TargetModel
+from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 
 settings = EvaluateSettings.from_json(snakemake.params.settings)
@@ -23,4 +24,5 @@ with log_to(snakemake.log[0]):
         out=snakemake.output.metrics,
         settings=settings,
         trust_remote_code=target.trust_remote_code,
+        runtime=VllmRuntime.from_json(snakemake.params.runtime),
     )

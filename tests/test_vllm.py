@@ -1,10 +1,14 @@
-"""Generation against a real vLLM server: the CPU build from `make vllm` (.venv-vllm) serves a
-small demo target on 127.0.0.1, and probe, generate and prepare_samples of one shard run through
-real Snakemake against it, as they would against a vLLM serving a real target.
+"""The pipeline against a real vLLM, the CPU build from `make vllm` (.venv-vllm):
+- generation: vLLM serves the small demo target on 127.0.0.1, and probe, generate and
+  prepare_samples of one shard run through real Snakemake against it;
+- hidden states: the `vllm` backend (vLLM's extract_hidden_states) through Snakemake on a shard of
+  the small demo run, equal to the transformers backend's and read by training;
+- evaluation: vLLM decodes the held-out prompts with the run's drafter; its acceptance and the
+  project's own live figure agree.
 
 Skipped when .venv-vllm is absent, except in CI (CI=true), where `make test` creates it first and
-a missing one is a failure. One shard of 8 prompts and short answers keep it to a few minutes, most
-of them the target's training and vLLM's start.
+a missing one is a failure. Each vLLM engine takes 40-90 s to start on two cores: the tests start
+five (a server, a capture, three decoders).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +28,17 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from workflow_helpers import REPO, SMALL_DEMO, copy_workflow, job_logs, planned_jobs, snakemake
+import torch
+from workflow_helpers import (
+    REPO,
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    merged,
+    planned_jobs,
+    snakemake,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -180,3 +195,111 @@ def test_probe_generate_and_samples_against_a_real_vllm(
     print(f"probe: {probe['reasoning_field']}, {probe['token_ids']}; agreement: {agreement}")
     assert agreement["compared"] == tokens.height
     assert agreement["share"] == 1.0
+
+
+# --- hidden states and evaluation in vLLM -----------------------------------------------------
+
+VLLM_PYTHON = str(VLLM_VENV / "bin" / "python")  # not resolved: the venv's python is a link
+# Exact storage and the target in float32 in both backends: differences are vLLM's kernels only.
+EXACT = {"dtype": "fp32", "model_dtype": "float32", "device": "cpu"}
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def test_the_vllm_backend_writes_what_transformers_does(finished_run: Path, tmp_path: Path):
+    """`hidden.backend: vllm` through Snakemake reruns one shard's hidden states (nothing
+    upstream); its aux and final states equal the transformers backend's to fp32 precision, the
+    token rows are the same, and training reads the shard beside a transformers one."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.formats.draft_vocab import DraftVocab
+    from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+    from eaglenest.formats.hidden_shard import open_hidden_shard
+    from eaglenest.formats.target_head import TargetHead
+    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.stages.hidden_states.extract import extract_hidden_states
+
+    require_vllm_venv()
+    workdir = tmp_path / "workflow"
+    shutil.copytree(finished_run, workdir, symlinks=True)
+    results = workdir / "results" / SMALL_RUN
+    config = merged(SMALL_DEMO, {"hidden": {**EXACT, "backend": "vllm"},
+                                 "vllm": {"python": VLLM_PYTHON}})  # fmt: skip
+    shard = f"results/{SMALL_RUN}/hidden/00001.safetensors"
+    assert planned_jobs(snakemake(workdir, shard, "-n", config=config)) == {
+        "extract_hidden_states": 1
+    }
+    result = snakemake(workdir, shard, config=config, timeout_s=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    summary = json.loads((results / "hidden" / "00001.json").read_text())
+    assert summary["backend"] == "vllm" and summary["dtype"] == "fp32"
+    assert not list((results / "hidden").glob(".*vllm*")), "per-request files were left behind"
+
+    reference = tmp_path / "transformers.safetensors"
+    extract_hidden_states(
+        tokens=results / "tokens" / "00001.parquet",
+        target_path=results / "target",
+        out=reference,
+        settings=settings_from_sections(HiddenSettings, hidden=EXACT),
+    )
+    engine, ours = (
+        open_hidden_shard(results / "hidden" / "00001.safetensors"),
+        open_hidden_shard(reference),
+    )
+    assert engine.metadata["backend"] == "vllm" and ours.metadata["backend"] == "transformers"
+    assert engine.sample_ids == ours.sample_ids and len(engine) == len(ours) > 0
+    worst = {"aux": 0.0, "final_hidden": 0.0}
+    for i in range(len(ours)):
+        a, b = engine.sample(i), ours.sample(i)
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert torch.equal(a["loss_mask"], b["loss_mask"])
+        for name, largest in worst.items():
+            worst[name] = max(largest, relative_difference(a[name], b[name]))
+    print(f"vLLM vs transformers, largest relative difference: {worst}")
+    assert max(worst.values()) <= 1e-5, worst
+
+    head = TargetHead.load(results / "hidden" / "target_head.safetensors")
+    vocab = DraftVocab.load(results / "vocab" / "draft_vocab.safetensors")
+    shards = open_shards([results / "hidden" / "00001.safetensors", reference], head, vocab)
+    plan = BatchPlan(shards, max_batch_tokens=4096, seed=0)
+    batch = TargetSignal(head, vocab).fill(build_batch(plan.epoch_order(0)[0], shards))
+    assert batch.aux.shape[-1] == 3 * head.hidden_size and batch.loss_mask.any()
+
+
+def test_vllm_measures_the_acceptance_our_live_evaluator_measures(finished_run: Path, tmp_path):
+    """The run's drafter decoded by vLLM (EAGLE-3 for each K, and plainly): the speculative
+    outputs equal the plain ones, vLLM needs the same number of rounds as our live loop for the
+    same tokens, and the acceptance lengths agree within 3%."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.evaluate import EvaluateSettings
+    from eaglenest.settings.vllm import VllmRuntime
+    from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+
+    require_vllm_venv()
+    results = finished_run / "results" / SMALL_RUN
+    evaluate = {**SMALL_DEMO["evaluate"], "engine": "vllm", "device": "cpu",
+                "live_prompts": 8, "live_max_new_tokens": 64}  # fmt: skip
+    settings = settings_from_sections(EvaluateSettings, evaluate=evaluate)
+    metrics = evaluate_drafter(
+        drafter_dir=results / "drafter",
+        heldout_hidden=[results / "hidden" / "00001.safetensors"],
+        heldout_tokens=[results / "tokens" / "00001.parquet"],
+        target_head=results / "hidden" / "target_head.safetensors",
+        draft_vocab=results / "vocab" / "draft_vocab.safetensors",
+        target_path=results / "target",
+        out=tmp_path / "metrics.json",
+        settings=settings,
+        runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
+    )
+    engine = metrics["engine"]
+    assert engine["engine"] == "vllm" and set(engine["per_k"]) == {str(k) for k in settings.ks}
+    for k, vllm in engine["per_k"].items():
+        live = metrics["live"][k]
+        print(f"K={k}: vLLM {vllm['acceptance_length']:.4f} ({vllm['rounds']} rounds), live "
+              f"{live['acceptance_length']:.4f} ({live['rounds']} rounds)")  # fmt: skip
+        assert vllm["identical_to_plain"] and live["identical_to_greedy"]
+        assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
+        assert vllm["rounds"] == live["rounds"]
+        assert len(vllm["per_position_acceptance"]) == int(k)
+        assert abs(metrics["live_vs_engine"][k] - 1) <= 0.03, metrics["live_vs_engine"]

@@ -39,6 +39,7 @@ from eaglenest.formats.drafter_export import load_drafter
 from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     Generation,
@@ -47,6 +48,7 @@ from eaglenest.stages.evaluate.speculative import (
     prompt_lookup,
     speculative_generate,
 )
+from eaglenest.target.files import resolve_target_dir
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +255,28 @@ def untrained_like(model: Eagle3Drafter, seed: int) -> Eagle3Drafter:
     return fresh.to(model.fc.weight.device).eval()
 
 
+def live_metrics(
+    drafter, prompts, settings: EvaluateSettings, target_path, device: str, model_dtype: str,
+    trust_remote_code: bool, layer_ids: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    """Greedy and speculative decoding with the transformers target, EAGLE-3 and prompt lookup."""
+    from eaglenest.target.loading import load_target
+
+    target = load_target(target_path, device, model_dtype, trust_remote_code)
+    proposers = {
+        "eagle3": EagleProposer(drafter),
+        "prompt_lookup": PromptLookupProposer(settings.prompt_lookup_ngram),
+    }
+    results = live(
+        target, proposers, prompts, settings.ks, settings.live_max_new_tokens,
+        eos_token_ids(target_path, target), layer_ids,
+    )  # fmt: skip
+    return {
+        "live": results["eagle3"],
+        "live_baselines": {"prompt_lookup": results["prompt_lookup"]},
+    }
+
+
 def evaluate_drafter(
     *,
     drafter_dir: str | Path,
@@ -264,6 +288,7 @@ def evaluate_drafter(
     out: str | Path,
     settings: EvaluateSettings,
     trust_remote_code: bool = False,
+    runtime: VllmRuntime | None = None,
 ) -> dict[str, Any]:
     device = resolve_device(settings.device)
     started = time.perf_counter()
@@ -300,33 +325,31 @@ def evaluate_drafter(
         "live_skipped_reason": None,
         "definition": "acceptance length = 1 + accepted draft tokens per verification round",
     }
+    # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
+    model_dtype = "float32" if device == "cpu" else "auto"
+    prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
     if settings.live:
-        from eaglenest.target.loading import load_target
-
-        model_dtype = "float32" if device == "cpu" else "auto"
-        target = load_target(target_path, device, model_dtype, trust_remote_code)
-        eos_ids = eos_token_ids(target_path, target)
-        prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
-        results = live(
-            target,
-            {
-                "eagle3": EagleProposer(drafter),
-                "prompt_lookup": PromptLookupProposer(settings.prompt_lookup_ngram),
-            },
-            prompts,
-            settings.ks,
-            settings.live_max_new_tokens,
-            eos_ids,
-            head.aux_layer_ids,
-        )
-        metrics["live"] = results["eagle3"]
-        metrics["live_baselines"] = {"prompt_lookup": results["prompt_lookup"]}
+        live_args = (settings, target_path, device, model_dtype, trust_remote_code)
+        metrics.update(live_metrics(drafter, prompts, *live_args, head.aux_layer_ids))
         metrics["live_vs_simulated"] = {
             k: metrics["live"][k]["acceptance_length"] / simulated["eagle3"][k]["acceptance_length"]
             for k in metrics["live"]
         }
     else:
         metrics["live_skipped_reason"] = "evaluate.live is false"
+    if settings.engine == "vllm":
+        from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
+
+        metrics["engine"] = evaluate_in_vllm(
+            prompts=prompts, drafter_dir=drafter_dir, target_path=resolve_target_dir(target_path),
+            ks=settings.ks, max_new_tokens=settings.live_max_new_tokens, model_dtype=model_dtype,
+            engine=settings.vllm, runtime=runtime, trust_remote_code=trust_remote_code,
+        )  # fmt: skip
+        if metrics["live"]:
+            metrics["live_vs_engine"] = {
+                k: metrics["live"][k]["acceptance_length"] / engine_k["acceptance_length"]
+                for k, engine_k in metrics["engine"]["per_k"].items()
+            }
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
@@ -338,8 +361,6 @@ def eos_token_ids(target_path: str | Path, target) -> set[int]:
     if eos is None:
         eos = target.config.eos_token_id
     if eos is None:
-        from eaglenest.target.files import resolve_target_dir
-
         config = json.loads((resolve_target_dir(target_path) / "config.json").read_text())
         eos = config.get("eos_token_id")
     return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

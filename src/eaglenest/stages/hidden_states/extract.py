@@ -185,7 +185,7 @@ def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
 
 def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample's input_ids [n] int64 and loss_mask [n] uint8 rows."""
-    ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+    ids = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # a copy: parquet's is read-only
     mask = torch.from_numpy(loss_mask(prompt_len, len(ids)).astype(np.uint8))
     return ids, mask
 
@@ -208,6 +208,8 @@ def shard_summary(
         "seconds": round(seconds, 3),
         "forward_seconds": round(forward_s, 3),
         "tokens_per_s": round(n_tokens / seconds, 1) if seconds else None,
+        # the target's own time: forward passes, or vLLM's generate calls (its start aside)
+        "forward_tokens_per_s": round(n_tokens / forward_s, 1) if forward_s else None,
     }
     log.info(
         "hidden states (%s): %d samples, %d tokens, %.1f bytes/token (%s, %s), %.1f tokens/s",

@@ -22,11 +22,8 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +31,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-import eaglenest
+from eaglenest.common.engine_process import (
+    EngineError,
+    engine_messages,
+    engine_process,
+    engine_python,
+    reply,
+)
 from eaglenest.common.io import sha256_file, write_json
 from eaglenest.formats.hidden_shard import create_hidden_shard, tensor_specs
 from eaglenest.formats.target_head import checkpoint_head_tensors
@@ -50,16 +53,14 @@ from eaglenest.stages.hidden_states.extract import (
     shard_metadata,
     shard_summary,
 )
-from eaglenest.stages.hidden_states.vllm_capture import MARKER
 from eaglenest.target.files import resolve_target_dir
 
 log = logging.getLogger(__name__)
 
 CAPTURE_MODULE = "eaglenest.stages.hidden_states.vllm_capture"
-LOG_TAIL_LINES = 40
 
 
-class VllmCaptureError(RuntimeError):
+class VllmCaptureError(EngineError):
     """vLLM failed, or returned states that are not those of the tokens sent."""
 
 
@@ -131,58 +132,6 @@ def engine_request(
     }
 
 
-def engine_python(runtime: VllmRuntime) -> str:
-    python = Path(runtime.python)
-    if not (python.is_file() and os.access(python, os.X_OK)):
-        raise VllmCaptureError(
-            f"vllm.python {runtime.python!r}: no such interpreter (from {Path.cwd()}); `make vllm` "
-            "creates .venv-vllm, or name the python of an environment with vLLM"
-        )
-    return str(python)
-
-
-@contextlib.contextmanager
-def capture_process(python: str, request_path: Path, runtime: VllmRuntime) -> Iterator:
-    """vllm_capture.py under vLLM's interpreter, in its own process group (vLLM starts engine
-    processes of its own): all of them are stopped when the block ends, however it ends."""
-    source_root = str(Path(eaglenest.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])),
-        "PYTHONUNBUFFERED": "1",
-        "VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb),
-    }
-    process = subprocess.Popen(
-        [python, "-m", CAPTURE_MODULE, str(request_path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=env, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        yield process
-    finally:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            if process.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(wait_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
-
-
-def engine_messages(process, tail: list[str]) -> Iterator[dict[str, Any]]:
-    """The capture's messages (lines with the marker); every other line is vLLM's log, logged
-    and kept for the error message."""
-    for line in process.stdout:
-        if line.startswith(MARKER):
-            yield json.loads(line[len(MARKER) :])
-            continue
-        log.info("vllm: %s", line.rstrip())
-        tail.append(line.rstrip())
-        del tail[:-LOG_TAIL_LINES]
-
-
 def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -> None:
     ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])
     returned = states["token_ids"].to(torch.int64)
@@ -216,8 +165,7 @@ def pack_as_they_come(process, writer, frame, offsets, signal, tokens: Path) -> 
                 packed += 1
                 bar.update()
             elif "batch_done" in message:
-                process.stdin.write("next\n")
-                process.stdin.flush()
+                reply(process)
             elif "done" in message:
                 generate_s = message["generate_s"]
             elif "engine_ready_s" in message:
@@ -262,7 +210,7 @@ def capture_hidden_states_vllm(
         model_dtype=settings.model_dtype,
     )  # fmt: skip
     signal = FinalSignal(target_dir, model_config, settings)
-    python = engine_python(runtime)
+    python = engine_python(runtime.python)
     work_dir = Path(out).with_name(f".{Path(out).name}.vllm")
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
@@ -278,7 +226,12 @@ def capture_hidden_states_vllm(
         (work_dir / "request.json").write_text(json.dumps(request, indent=1))
         with (
             create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer,
-            capture_process(python, work_dir / "request.json", runtime) as process,
+            engine_process(
+                python,
+                CAPTURE_MODULE,
+                [str(work_dir / "request.json")],
+                {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)},
+            ) as process,  # fmt: skip
         ):
             writer.write("offsets", 0, torch.from_numpy(offsets))
             generate_s = pack_as_they_come(process, writer, frame, offsets, signal, tokens)

@@ -13,8 +13,8 @@ Batches of `requests_per_batch`; after each, one line per request on stdout,
 packer deletes each file as it packs it, so at most one batch of files is ever on disk. vLLM logs
 to stdout too; the packer keeps only the lines with the marker and logs the others.
 
-Imports vLLM, torch and numpy only (not the rest of eaglenest): vLLM's environment has its own
-transformers, and this module is all of ours it needs.
+Imports vLLM, torch, numpy and eaglenest.common.engine_process only (not the rest of eaglenest):
+vLLM's environment has its own transformers.
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-MARKER = "EAGLENEST "
+from eaglenest.common.engine_process import say
+
 CONNECTOR_MODULE = "eaglenest.stages.hidden_states.vllm_connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
-
-
-def say(message: dict) -> None:
-    print(MARKER + json.dumps(message), flush=True)
 
 
 def engine(request: dict, out_dir: Path):
