@@ -391,6 +391,29 @@ def test_no_live_acceptance_is_a_note(tmp_path: Path):
     assert missing_references(page) == []
 
 
+def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Path):
+    run = write_run(tmp_path)
+    engine = {
+        "engine": "vllm",
+        "per_k": {
+            "3": {"acceptance_length": 2.3456, "rounds": 220, "identical_to_plain": True,
+                  "per_position_acceptance": [0.81234, 0.6, 0.4]},
+            "7": {"acceptance_length": 2.8123, "rounds": 180, "identical_to_plain": True,
+                  "per_position_acceptance": [0.8] * 7},
+        },
+    }  # fmt: skip
+    write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": engine})
+    page, _ = build(run)
+    text = page.read_text()
+    assert "In the serving engine (vllm)" in text
+    assert "vllm acceptance length" in text and "<td>2.35</td>" in text and "0.812" in text
+    assert missing_references(page) == []
+
+    write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": {"per_k": {"3": {}}}})
+    with pytest.raises(ReportInputError, match=r"engine\.per_k\[3\].*acceptance_length"):
+        build(run)
+
+
 def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
     run = write_run(tmp_path, finished=False)
     shutil.rmtree(run / "hidden")

@@ -191,6 +191,8 @@ TRAIN_REPORT_OPTIONAL = {
 }
 ACCEPTANCE_FIELDS = {"acceptance_length": "number", "conditional_acceptance": "numbers"}
 LIVE_FIELDS = {"acceptance_length": "number"}
+ENGINE_FIELDS = {"acceptance_length": "number"}
+ENGINE_OPTIONAL = {"rounds": "int", "per_position_acceptance": "numbers", "tokens": "int"}
 LIVE_OPTIONAL = {
     "target_forwards_per_token": "number",
     "speedup": "number",
@@ -247,8 +249,11 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
             "live_skipped_reason": "str",
             "baselines": "object",
             "live_baselines": "object",
+            "engine": "object",
         },
     )
+    engine = metrics.get("engine") or {}
+    check_fields(engine, f"{path} engine", {}, {"per_k": "object", "engine": "str"})
     for k in metrics["ks"]:
         key = str(k)
         if key not in metrics["simulated"]:
@@ -266,6 +271,9 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
             if key in per_k:
                 where = f"{path} live_baselines[{name}][{key}]"
                 check_fields(per_k[key], where, LIVE_FIELDS, LIVE_OPTIONAL)
+        if key in (engine.get("per_k") or {}):
+            where = f"{path} engine.per_k[{key}]"
+            check_fields(engine["per_k"][key], where, ENGINE_FIELDS, ENGINE_OPTIONAL)
         for name, per_k in (metrics.get("baselines") or {}).items():
             check_fields(per_k, f"{path} baselines[{name}]", {})
             if key in per_k:

@@ -328,6 +328,9 @@ def section_acceptance(data: RunData) -> Section:
     live = metrics.get("live")
     section.figure = acceptance_figure(metrics, ks)
     section.blocks.append(acceptance_table(metrics, ks))
+    if metrics.get("engine"):
+        section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
+        section.blocks.append(engine_table(metrics, ks))
     live_baselines = metrics.get("live_baselines") or {}
     if live_baselines:
         section.blocks.append("<h3>Live baselines</h3>")
@@ -380,6 +383,43 @@ def acceptance_table(metrics: dict, ks: list[str]) -> str:
         "target forwards / token",
         "identical to greedy",
         *[f"{name} acceptance length" for name in BASELINE_NAMES],
+    ]
+    return table(header, rows)
+
+
+def engine_table(metrics: dict, ks: list[str]) -> str:
+    """Per K: the engine's acceptance (what users get in production) beside the project's live
+    and simulated ones, rounds and per-position acceptance of both."""
+    engine = metrics["engine"]
+    rows = []
+    for k in ks:
+        served = (engine.get("per_k") or {}).get(k) or {}
+        live_k = (metrics.get("live") or {}).get(k) or {}
+        rounding = [round(x, 3) for x in served.get("per_position_acceptance") or []]
+        live_rounding = [round(x, 3) for x in live_k.get("per_position_acceptance") or []]
+        rows.append(
+            [
+                k,
+                served.get("acceptance_length"),
+                live_k.get("acceptance_length"),
+                metrics["simulated"][k]["acceptance_length"],
+                served.get("rounds"),
+                live_k.get("rounds"),
+                served.get("identical_to_plain"),
+                ", ".join(map(str, rounding)),
+                ", ".join(map(str, live_rounding)),
+            ]
+        )
+    header = [
+        "K",
+        f"{engine['engine']} acceptance length",
+        "live acceptance length",
+        "simulated acceptance length",
+        f"{engine['engine']} rounds",
+        "live rounds",
+        "identical to plain decoding",
+        f"{engine['engine']} acceptance by position",
+        "live acceptance by position",
     ]
     return table(header, rows)
 
