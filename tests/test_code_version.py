@@ -248,14 +248,30 @@ def test_every_rule_with_a_script_hashes_what_the_script_imports():
 # libraries are loaded once), then per stage a forked child forgets the package, imports the
 # stage's entry modules and, until nothing new appears, every package module that a loaded
 # module imports on an indented line (inside a function), found by a regular expression.
+# A module that needs the serving engine to import (vLLM's side, which runs in vLLM's own
+# environment) is read instead: it counts as loaded, and the package modules it imports are.
 # Prints {stage: [files of the loaded package modules]} as JSON.
 OBSERVE_IMPORTS = r"""
-import importlib, importlib.util, json, os, pkgutil, re, sys
+import ast, importlib, importlib.util, json, os, pkgutil, re, sys
 import eaglenest
 
 entries = json.loads(sys.argv[1])
+ENGINE_SIDE = {}
+
+def import_or_read(name):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("vllm"):
+            raise
+        origin = importlib.util.find_spec(name).origin
+        ENGINE_SIDE[name] = origin
+        for node in ast.walk(ast.parse(open(origin).read())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest"):
+                import_or_read(node.module)
+
 for info in pkgutil.walk_packages(eaglenest.__path__, "eaglenest."):
-    importlib.import_module(info.name)
+    import_or_read(info.name)
 LAZY = re.compile(
     r"^[ \t]+from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
     r"|^[ \t]+import[ \t]+([^\n#]*)",
@@ -276,8 +292,9 @@ def lazy_imports(module):
 def observe(stage_entries):
     for name in [m for m in sys.modules if m == "eaglenest" or m.startswith("eaglenest.")]:
         del sys.modules[name]
+    ENGINE_SIDE.clear()
     for entry in stage_entries:
-        importlib.import_module("eaglenest." + entry)
+        import_or_read("eaglenest." + entry)
     seen = set()
     while True:
         new = [m for m in sys.modules if m.startswith("eaglenest") and m not in seen]
@@ -288,12 +305,13 @@ def observe(stage_entries):
             for candidate in lazy_imports(sys.modules[name]):
                 if candidate == "eaglenest" or candidate.startswith("eaglenest."):
                     try:
-                        importlib.import_module(candidate)
+                        import_or_read(candidate)
                     except ModuleNotFoundError as error:
                         if not (error.name or "").startswith("eaglenest"):
                             raise
     root = os.path.dirname(eaglenest.__file__)
-    return sorted(os.path.relpath(sys.modules[m].__file__, root) for m in seen)
+    files = [sys.modules[m].__file__ for m in seen] + list(ENGINE_SIDE.values())
+    return sorted({os.path.relpath(f, root) for f in files})
 
 result = {}
 for stage, names in entries.items():
