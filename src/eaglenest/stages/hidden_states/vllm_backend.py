@@ -40,7 +40,6 @@ from eaglenest.common.engine_process import (
 )
 from eaglenest.common.io import sha256_file, write_json
 from eaglenest.formats.hidden_shard import create_hidden_shard, tensor_specs
-from eaglenest.formats.target_head import checkpoint_head_tensors
 from eaglenest.formats.tokens import read_tokens
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -53,6 +52,7 @@ from eaglenest.stages.hidden_states.extract import (
     shard_metadata,
     shard_summary,
 )
+from eaglenest.target.checkpoint import checkpoint_head_tensors
 from eaglenest.target.files import resolve_target_dir
 
 log = logging.getLogger(__name__)
