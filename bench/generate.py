@@ -20,9 +20,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eaglenest.endpoints import Endpoint
-from eaglenest.generate import GenerationSettings, generate_records
-from eaglenest.server_process import running_server
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.common.config import validate_config
+from eaglenest.demo.server_process import running_server
+from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.stages.generate import GenerationSettings, generate_records
 
 MODEL = "echo-model"
 CONCURRENCY = 128
@@ -57,7 +59,14 @@ def figures(n: int, wall: float, cpu: float, **extra: int) -> dict:
 
 def run_eaglenest(url: str, n: int) -> dict:
     prompts = make_prompts(n)
-    settings = GenerationSettings(model=MODEL, concurrency=CONCURRENCY, max_tokens=64)
+    config = validate_config(
+        {"target": {"model": MODEL}, "generation": {"concurrency": CONCURRENCY, "max_tokens": 64}}
+    )
+    request, client = (
+        RequestSettings.from_config(config),
+        GenerationClientSettings.from_config(config),
+    )
+    settings = GenerationSettings.from_parts(request, client, return_token_ids=True)
     with tempfile.TemporaryDirectory() as tmp:
         journal = Path(tmp) / "journal.jsonl"
         records: dict = {}

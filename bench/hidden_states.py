@@ -10,11 +10,16 @@ Bytes per token (file size / tokens) for bf16 + final_hidden, fp8 + final_hidden
 fp8 + top-k, next to 8·H bytes: the per-sample-pickle baseline (aux 3H + final H in float16, as
 the usual regeneration scripts save them).
 
+The vLLM backend (`hidden.backend: vllm`) on the same tokens, when a vLLM interpreter is there
+(`--vllm-python`, default .venv-vllm/bin/python from `make vllm`; `--vllm-python ''` skips it):
+tokens/s of vLLM's generate calls against the transformers stage's forward passes, and of the
+whole job (vLLM's engine start, 40-90 s here, included) against the transformers stage.
+
 The target is `--target DIR` (e.g. results/demo/target), else an untrained demo-architecture
 model built here (speed does not depend on training). CPU only.
 
 Usage: python bench/hidden_states.py [--target DIR] [--samples 200] [--min-len 64 --max-len 512]
-                                    [--json out.json]
+                                    [--vllm-python PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ import numpy as np
 import polars as pl
 import torch
 
-from eaglenest.hidden_states import (
-    HiddenSettings,
-    default_aux_layer_ids,
-    extract_hidden_states,
-    load_target,
-    pack_batches,
-)
+from eaglenest.common.batching import pack_batches
+from eaglenest.common.config import settings_from_sections
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm
+
+DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+from eaglenest.target.loading import default_aux_layer_ids, load_target
 
 
 def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, seed: int = 0):
@@ -60,7 +67,7 @@ def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, see
 
 
 def demo_target(directory: Path) -> Path:
-    from eaglenest.demo_target import build_demo_target
+    from eaglenest.demo.target import build_demo_target
 
     build_demo_target(directory, train_steps=0, heldout_prompts=1, min_reasoning_share=0.0)
     return directory
@@ -82,6 +89,26 @@ def bare_forward(model, frame: pl.DataFrame, max_batch_tokens: int) -> float:
     return time.perf_counter() - started
 
 
+def vllm_backend(args, tmp: Path, target: Path, base: dict, results: dict, stage_forward_s):
+    """The vLLM backend once on the same tokens and storage (its engine start is in the job)."""
+    settings = settings_from_sections(
+        HiddenSettings, hidden={**base, "dtype": "bf16", "backend": "vllm"}
+    )
+    runtime = settings_from_sections(VllmRuntime, vllm={"python": args.vllm_python})
+    started = time.perf_counter()
+    summary = capture_hidden_states_vllm(tokens=tmp / "tokens.parquet", target_path=target,
+                                         out=tmp / "vllm.safetensors", settings=settings,
+                                         runtime=runtime)  # fmt: skip
+    seconds = time.perf_counter() - started
+    n_tokens = results["tokens"]
+    return {
+        "vllm_tokens_per_s": n_tokens / seconds,
+        "vllm_generate_tokens_per_s": summary["forward_tokens_per_s"],
+        "ratio_vllm_generate_vs_stage_forward": stage_forward_s / summary["forward_seconds"],
+        "ratio_vllm_job_vs_stage": (n_tokens / seconds) / results["stage_tokens_per_s"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=Path)
@@ -91,6 +118,7 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -103,7 +131,7 @@ def main() -> None:
             "model_dtype": "float32",
             "max_batch_tokens": args.max_batch_tokens,
         }
-        model = load_target(target, HiddenSettings(**base))
+        model = load_target(target, base["device"], base["model_dtype"])
         hidden = model.config.hidden_size
         frame = write_tokens(tmp / "tokens.parquet", args.samples, args.min_len, args.max_len,
                              model.config.vocab_size)  # fmt: skip
@@ -116,7 +144,7 @@ def main() -> None:
             out = tmp / "hidden.safetensors"
             started = time.perf_counter()
             summary = extract_hidden_states(tokens=tmp / "tokens.parquet", target_path=target,
-                                            out=out, settings=HiddenSettings(**base, **settings),
+                                            out=out, settings=settings_from_sections(HiddenSettings, hidden={**base, **settings}),
                                             model=model)  # fmt: skip
             return time.perf_counter() - started, summary
 
@@ -150,6 +178,8 @@ def main() -> None:
             _, summary = stage(**settings)
             results[f"bytes_per_token_{name}"] = summary["bytes_per_token"]
             results[f"ratio_to_pickle_{name}"] = summary["bytes_per_token"] / (8 * hidden)
+        if args.vllm_python and Path(args.vllm_python).exists():
+            results.update(vllm_backend(args, tmp, target, base, results, best["stage_forward"]))
 
     print(f"bare forward : {results['bare_tokens_per_s']:10.0f} tokens/s")
     print(f"stage        : {results['stage_tokens_per_s']:10.0f} tokens/s  "
@@ -159,6 +189,13 @@ def main() -> None:
     for name in ("bf16_final_hidden", "fp8_final_hidden", "fp8_topk32"):
         print(f"  {name:18s} {results[f'bytes_per_token_{name}']:8.1f}  "
               f"({results[f'ratio_to_pickle_{name}']:.2f} x 8H)")  # fmt: skip
+    if "vllm_tokens_per_s" in results:
+        print(f"vLLM backend : {results['vllm_generate_tokens_per_s']:10.0f} tokens/s in generate, "
+              f"{results['ratio_vllm_generate_vs_stage_forward']:.2f} x the transformers forward; "
+              f"whole job {results['vllm_tokens_per_s']:.0f} tokens/s with the engine start, "
+              f"{results['ratio_vllm_job_vs_stage']:.3f} x the transformers stage")  # fmt: skip
+    else:
+        print(f"vLLM backend : skipped (no interpreter at {args.vllm_python!r}; `make vllm`)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -29,19 +29,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 
-from eaglenest.demo_target import _tokenizer_corpus, build_demo_tokenizer
-from eaglenest.demo_tasks import heldout_examples, training_examples
-from eaglenest.tokenize import (
-    TokenizeSettings,
-    load_tokenizer,
-    resolve_target_tokens,
-    tokenize_frame,
-)
-from eaglenest.validate import SAMPLE_SCHEMA
+from eaglenest.common.config import settings_from_sections
+from eaglenest.demo.target import _tokenizer_corpus, build_demo_tokenizer
+from eaglenest.demo.tasks import heldout_examples, training_examples
+from eaglenest.formats.samples import SAMPLE_SCHEMA
+from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.stages.tokenize import resolve_target_tokens, tokenize_frame
+from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
 
 KWARGS = {"enable_thinking": True}
 
@@ -93,9 +92,11 @@ def best_times(runs: int, variants: dict[str, Callable[[], object]]) -> dict[str
 
 
 def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
-    target = {"path": str(tokenizer_dir), "think_tokens": {}, "chat_template_kwargs": KWARGS}
+    target = {"path": str(tokenizer_dir), "chat_template_kwargs": KWARGS}
     tokenizer = load_tokenizer(target)
-    tokens = resolve_target_tokens(tokenizer, target, TokenizeSettings())
+    default_settings = settings_from_sections(TokenizeSettings, target=target)
+    think_ids = think_token_ids(str(tokenizer_dir))  # as the probe writes them to probe.json
+    tokens = resolve_target_tokens(tokenizer, think_ids, default_settings)
     rows = make_samples(n, repeat)
     prompts, completions = full_texts(tokenizer, rows)
     texts = [p + c for p, c in zip(prompts, completions)]
@@ -107,11 +108,11 @@ def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
         pl.Series("prompt_token_ids", prompt_ids, dtype=pl.List(pl.Int64)),
         pl.Series("completion_token_ids", completion_ids, dtype=pl.List(pl.Int64)),
     )
-    frame, _, _ = tokenize_frame(without_ids, tokenizer, tokens, TokenizeSettings(), KWARGS)
+    frame, _, _ = tokenize_frame(without_ids, tokenizer, tokens, default_settings, KWARGS)
     assert int(frame["n_tokens"].sum()) == n_tokens, "the rebuild must write the baseline's tokens"
 
     def stage(samples: pl.DataFrame, verify: bool) -> Callable[[], object]:
-        settings = TokenizeSettings(max_length=None, verify_rebuild=verify)
+        settings = replace(default_settings, max_length=None, verify_rebuild=verify)
         return lambda: tokenize_frame(samples, tokenizer, tokens, settings, KWARGS)
 
     variants = {
@@ -133,7 +134,7 @@ def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
             seconds = best_times(runs, variants)
         finally:
             sys.stderr = stderr
-    _, _, verified = tokenize_frame(with_ids, tokenizer, tokens, TokenizeSettings(), KWARGS)
+    _, _, verified = tokenize_frame(with_ids, tokenizer, tokens, default_settings, KWARGS)
     result = {
         "samples": n,
         "reasoning_repeat": repeat,

@@ -1,7 +1,7 @@
 """Training benchmark: tokens/s of drafter training and the share of time spent waiting for data.
 
 Hidden-state shards of random features are written in the stage's format (same tensors and
-metadata as hidden_states.py writes), then `train_drafter` runs on them as the pipeline does:
+metadata as the hidden-state stage writes), then `train_drafter` runs on them as the pipeline does:
 memory-mapped reads, batches built in a prefetch thread, the target's logits from the stored
 final hidden state, TTT with 7 steps. Figures:
 - tokens/s of the stage (padded batch tokens per second of the training loop),
@@ -31,17 +31,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward
-from eaglenest.hidden_states import FORMAT
-from eaglenest.train import TrainSettings, build_drafter, train_drafter, ttt_loss
-from eaglenest.train_data import (
-    BatchPlan,
-    DraftVocab,
-    TargetHead,
-    TargetSignal,
-    build_batch,
-    open_shards,
-)
+from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.hidden_shard import FORMAT
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.train.train import TrainSettings, build_drafter, train_drafter, ttt_loss
 
 SIZES = {
     "demo": {
@@ -200,15 +196,18 @@ def main() -> None:
     distinct_batches = 4 if gpu else 20
     mean_length = int(np.mean(size["lengths"]))
     samples = max(8, distinct_batches * size["max_batch_tokens"] // mean_length)
-    settings = TrainSettings(
-        max_steps=steps,
-        epochs=1000,
-        max_batch_tokens=size["max_batch_tokens"],
-        warmup_steps=0,
-        checkpoint_every=10**9,
-        log_every=10**9,
-        device=args.device,
-        export_dtype="bfloat16",
+    settings = settings_from_sections(
+        TrainSettings,
+        train={
+            "max_steps": steps,
+            "epochs": 1000,
+            "max_batch_tokens": size["max_batch_tokens"],
+            "warmup_steps": 0,
+            "checkpoint_every": 10**9,
+            "log_every": 10**9,
+            "device": args.device,
+            "export_dtype": "bfloat16",
+        },
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

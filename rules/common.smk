@@ -1,5 +1,4 @@
 # Shared by every stage: config validation, paths of the run, code versions, params as JSON.
-import json
 import os
 import sys
 from pathlib import Path
@@ -7,10 +6,13 @@ from pathlib import Path
 # The library is importable without installing it (e.g. a cluster node with only the repo).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from eaglenest.planning_gc import postpone_full_collections, resume_full_collections
+from eaglenest.common.planning_gc import (
+    postpone_full_collections,
+    resume_full_collections,
+)
 
 # Full garbage collections rescan the whole DAG as it grows and free nothing: postponed while
-# Snakemake plans, back to normal once the run starts (see eaglenest.planning_gc).
+# Snakemake plans, back to normal once the run starts (see eaglenest.common.planning_gc).
 _GC_THRESHOLDS = postpone_full_collections()
 
 
@@ -18,15 +20,25 @@ onstart:
     resume_full_collections(_GC_THRESHOLDS)
 
 
-from eaglenest.code_version import stage_code_version as _stage_code_version
-from eaglenest.config import ConfigError, validate_config
-from eaglenest.prompts import (
+from eaglenest.common.code_version import stage_code_version as _stage_code_version
+from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.stages.prompts import (
     PromptOptions,
     local_source_files,
     prepared_params_json,
     shard_ids,
     shard_params_json,
 )
+from eaglenest.settings.demo_target import DemoTargetSettings
+from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
+from eaglenest.settings.samples import SamplesSettings
+from eaglenest.settings.target import TargetModel
+from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vocab import VocabSettings
+from eaglenest.settings.vllm import VllmRuntime
 
 try:
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
@@ -51,26 +63,37 @@ if DEMO and not config["target"]["path"]:
 
 # Library modules each stage's script calls (scripts/*.py). A stage's code version hashes these,
 # every eaglenest module they import (lazily or not) and the package files those read: a new
-# import needs no edit here (see eaglenest.code_version). Logging (logs.py) and GPU claims
+# import needs no edit here (see eaglenest.common.code_version). Logging (logs.py) and GPU claims
 # (gpus.py), which the scripts also call, shape no output and rerun nothing.
 STAGE_ENTRIES = {
-    "prompts": ["prompts"],
-    "demo_target": ["demo_target"],
-    "generate": ["generate", "prompts"],
+    "prompts": ["stages.prompts"],
+    "demo_target": ["demo.target", "settings.demo_target"],
+    "generate": ["stages.generate", "stages.prompts"],
     # validate then tokenize, one job per shard (rules/samples.smk)
-    "samples": ["validate", "tokenize", "lengths"],
-    "vocab": ["vocab"],
-    "hidden": ["hidden_states"],
-    "train": ["train"],
-    "evaluate": ["evaluate"],
-    "report": ["report"],
-    "probe": ["probe"],
+    "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
+    "vocab": ["stages.vocab", "settings.vocab"],
+    # the vLLM backend's engine side (vllm_capture) names its connector module by string
+    "hidden": [
+        "stages.hidden_states.extract",
+        "stages.hidden_states.vllm_backend",
+        "stages.hidden_states.vllm_connector",
+        "settings.target",
+    ],
+    "target_head": ["formats.target_head", "settings.target"],
+    "train": ["stages.train.train", "settings.target"],
+    "evaluate": [
+        "stages.evaluate.evaluate",
+        "stages.evaluate.vllm_decode",
+        "settings.target",
+    ],
+    "report": ["stages.report.report", "stages.report.inputs"],
+    "probe": ["stages.probe"],
 }
 # The embedded demo server shapes the data only where it is the endpoint: in the stages that send
 # requests, when server.enabled. Elsewhere the import that starts it (endpoints.py imports
 # server_process inside a function) is cut, and with it the server, its engine and its faults.
 ENDPOINT_STAGES = ("generate", "probe")
-EMBEDDED_SERVER_ENTRY = "server_process"
+EMBEDDED_SERVER_ENTRY = "demo.server_process"
 _CODE_VERSIONS = {}
 
 
@@ -79,8 +102,10 @@ def run_path(relative):
     return f"results/{RUN}/{relative}"
 
 
-def log_path(relative):
-    return f"logs/{RUN}/{relative}"
+def get_log(rule, per_shard=False):
+    """A job's log, found from its rule's name: logs/{run}/<rule>.log for a job that runs once per
+    run, logs/{run}/<rule>/{shard}.log for one that runs per shard."""
+    return f"logs/{RUN}/{rule}/{{shard}}.log" if per_shard else f"logs/{RUN}/{rule}.log"
 
 
 def code_version(stage):
@@ -93,22 +118,51 @@ def code_version(stage):
     return _CODE_VERSIONS[stage]
 
 
-def as_json(*sections):
-    """Config sections as sorted JSON: a param that changes only when a value does."""
-    return json.dumps({s: config[s] for s in sections}, sort_keys=True)
+def settings_json(settings_class):
+    """A stage's settings as a param: sorted JSON of the typed settings (eaglenest.settings) that
+    its script hands to the library, so the values a job runs with are the values Snakemake
+    compares to decide a rerun, and key order never reruns anything."""
+    return settings_class.from_config(config).to_json()
 
 
-def get_server_logs(prefix, **logs):
-    """A job's named logs plus, when the embedded server is the endpoint, its server's log beside
-    them (a run against real endpoints has no such file to plan per shard)."""
+def untracked(value):
+    """A param that reaches the script but that Snakemake does not record, so a change of it
+    reruns nothing: for what shapes no output (how a job reaches its endpoints, how hard it
+    tries, the prompt options whose effect on a file other params already track).
+
+    Snakemake leaves the params computed from a job's input, output, threads or resources out of
+    its record (a change there shows up in those); a function of `input` is one. The workflow
+    tests hold it to that (test_client_settings_rerun_nothing)."""
+    return lambda wildcards, input: value
+
+
+def get_server_logs(**logs):
+    """A job's one named log plus, when the embedded server is the endpoint, the server's log
+    beside it (<job log less .log>.server.log); a run against real endpoints has no such file to
+    plan."""
     if config["server"]["enabled"]:
-        logs["server"] = log_path(f"{prefix}.server.log")
+        (job_log,) = logs.values()
+        logs["server"] = job_log.removesuffix(".log") + ".server.log"
     return logs
 
 
 def get_target_dir():
     """The target directory as an input when the pipeline builds it, else nothing."""
     return run_path("target") if DEMO else []
+
+
+def get_hidden_states_gpus():
+    """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM."""
+    if config["hidden"]["backend"] == "vllm":
+        return config["vllm"]["tensor_parallel_size"]
+    return 1
+
+
+def get_evaluate_gpus():
+    """GPUs the evaluation claims: vLLM's tensor-parallel group when it decodes there too."""
+    if config["evaluate"]["engine"] == "vllm":
+        return max(1, config["vllm"]["tensor_parallel_size"])
+    return 1
 
 
 def get_final_outputs():
@@ -149,51 +203,3 @@ TRAIN_SHARDS, EVAL_SHARDS = split_eval_shards()
 
 def bench_path(relative):
     return f"benchmarks/{RUN}/{relative}"
-
-
-def get_request_params_json():
-    """The settings that shape every request body, as sorted JSON."""
-    generation = config["generation"]
-    return json.dumps(
-        {
-            "seed": config["seed"],
-            "model": config["target"]["model"],
-            "chat_template_kwargs": config["target"]["chat_template_kwargs"],
-            **{
-                k: generation[k]
-                for k in ("temperature", "top_p", "max_tokens", "extra_body")
-            },
-        },
-        sort_keys=True,
-    )
-
-
-def get_tokenize_params_json():
-    """What shapes the token files, as sorted JSON: the target's tokenizer and template settings
-    and the tokenize section less draft_vocab_size (that one reruns only the vocabulary).
-    """
-    target = config["target"]
-    keys = (
-        "path",
-        "tokenizer",
-        "trust_remote_code",
-        "chat_template_kwargs",
-        "think_tokens",
-    )
-    return json.dumps(
-        {
-            "target": {k: target[k] for k in keys},
-            "tokenize": {
-                k: v for k, v in config["tokenize"].items() if k != "draft_vocab_size"
-            },
-        },
-        sort_keys=True,
-    )
-
-
-def get_hidden_target_json():
-    """The target settings that shape hidden states (its weights' path and how to load them)."""
-    target = config["target"]
-    return json.dumps(
-        {k: target[k] for k in ("model", "path", "trust_remote_code")}, sort_keys=True
-    )

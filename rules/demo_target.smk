@@ -2,16 +2,16 @@ rule build_demo_target:
     output:
         target=directory(run_path("target")),
     log:
-        log_path("build_demo_target.log"),
+        get_log("build_demo_target"),
     benchmark:
         bench_path("build_demo_target.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     # Every core of this machine: Snakemake lowers it to --cores when the job runs. Unlike
     # workflow.cores it needs no --cores to parse (`snakemake --unlock`, -n, --list-rules).
     threads: os.cpu_count() or 1
     params:
-        settings=as_json("demo_target"),
+        settings=settings_json(DemoTargetSettings),
         code_version=code_version("demo_target"),
     script:
         "../scripts/build_demo_target.py"

@@ -10,17 +10,18 @@ rule evaluate_drafter:
     output:
         metrics=run_path("eval/metrics.json"),
     log:
-        log_path("evaluate/evaluate_drafter.log"),
+        get_log("evaluate_drafter"),
     benchmark:
         bench_path("evaluate/evaluate_drafter.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 2
     resources:
-        gpu=1,
+        gpu=get_evaluate_gpus(),
     params:
-        settings=as_json("evaluate"),
-        target=get_hidden_target_json(),
+        settings=settings_json(EvaluateSettings),
+        target=settings_json(TargetModel),
+        runtime=untracked(settings_json(VllmRuntime)),
         code_version=code_version("evaluate"),
     script:
         "../scripts/evaluate_drafter.py"

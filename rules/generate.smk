@@ -8,11 +8,11 @@ rule generate_responses:
         prompts=run_path("prompts/{shard}.parquet"),
         raw=run_path("raw/{shard}.parquet"),
     log:
-        **get_server_logs("generate/{shard}", generate=log_path("generate/{shard}.log")),
+        **get_server_logs(generate=get_log("generate_responses", per_shard=True)),
     benchmark:
         bench_path("generate/{shard}.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     resources:
         endpoint_slots=1,
@@ -21,8 +21,12 @@ rule generate_responses:
         bounds=lambda wc: shard_params_json(PROMPT_OPTIONS, wc.shard),
         # The journal lives outside the outputs so a failed or killed job never loses it.
         journal=run_path("journal/generate/{shard}.jsonl"),
+        # The prompt options the shard is sliced with, and checked against all.parquet's stamp:
+        # `bounds` and the input all.parquet already track what of them shapes the shard.
+        prompts=untracked(PROMPT_OPTIONS.to_json()),
         # Only what shapes the request body reruns generation (not concurrency, timeouts, URLs).
-        request=get_request_params_json(),
+        settings=settings_json(RequestSettings),
+        client=untracked(settings_json(GenerationClientSettings)),
         code_version=code_version("generate"),
     script:
         "../scripts/generate.py"

@@ -6,17 +6,20 @@ rule extract_hidden_states:
         hidden=run_path("hidden/{shard}.safetensors"),
         summary=run_path("hidden/{shard}.json"),
     log:
-        log_path("hidden/{shard}.log"),
+        get_log("extract_hidden_states", per_shard=True),
     benchmark:
         bench_path("hidden/{shard}.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 2
     resources:
-        gpu=1,
+        gpu=get_hidden_states_gpus(),
     params:
-        settings=as_json("hidden"),
-        target=get_hidden_target_json(),
+        settings=settings_json(HiddenSettings),
+        target=settings_json(TargetModel),
+        # where vLLM runs (hidden.backend vllm): its interpreter, GPUs and memory, not what it
+        # computes
+        runtime=untracked(settings_json(VllmRuntime)),
         code_version=code_version("hidden"),
     script:
         "../scripts/hidden_states.py"
@@ -28,13 +31,13 @@ rule save_target_head:
     output:
         head=run_path("hidden/target_head.safetensors"),
     log:
-        log_path("hidden/save_target_head.log"),
+        get_log("save_target_head"),
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
-        settings=as_json("hidden"),
-        target=get_hidden_target_json(),
-        code_version=code_version("hidden"),
+        settings=settings_json(HiddenSettings),
+        target=settings_json(TargetModel),
+        code_version=code_version("target_head"),
     script:
         "../scripts/save_target_head.py"

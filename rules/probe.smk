@@ -6,13 +6,16 @@ rule probe_endpoints:
     output:
         probe=run_path("probe.json"),
     log:
-        **get_server_logs("probe_endpoints", probe=log_path("probe_endpoints.log")),
+        **get_server_logs(probe=get_log("probe_endpoints")),
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
-        settings=as_json("target", "server", "endpoints", "probe"),
-        extra_body=json.dumps(config["generation"]["extra_body"], sort_keys=True),
+        # What the probe asks and requires (and, when eaglenest serves the target, how its server
+        # answers): a change reruns the probe, and every stage after it reads probe.json.
+        settings=settings_json(ProbeSettings),
+        # Where the endpoints are, their keys, the timeout: no reason to probe again.
+        client=untracked(settings_json(ProbeClientSettings)),
         code_version=code_version("probe"),
     script:
         "../scripts/probe.py"

@@ -5,13 +5,16 @@ rule prepare_prompts:
         prompts=run_path("prompts/all.parquet"),
         report=run_path("prompts/report.json"),
     log:
-        log_path("prompts/prepare.log"),
+        get_log("prepare_prompts"),
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
-        # Leaves out max_samples and shard_size: raising them only adds shards.
-        settings=prepared_params_json(config),
+        # What decides the ordered list (PromptOptions.list_settings): not max_samples or
+        # shard_size, since raising them only adds shards.
+        listing=prepared_params_json(PROMPT_OPTIONS),
+        # The options the library reads, max_samples included (a list too short for it fails).
+        prompts=untracked(PROMPT_OPTIONS.to_json()),
         code_version=code_version("prompts"),
     script:
         "../scripts/prepare_prompts.py"

@@ -1,6 +1,6 @@
 # The run report: results/{run}/report/index.html (self-contained) and one PNG per plot, each in
 # `snakemake --report` with its caption from report/. Reads every stage's files; see
-# eaglenest.report.
+# eaglenest.stages.report (report.py builds it from inputs, data, figures, sections and page).
 
 
 rule build_report:
@@ -48,13 +48,14 @@ rule build_report:
             category="5. Evaluation",
         ),
     log:
-        log_path("report/build_report.log"),
+        get_log("build_report"),
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
         # Optional: read when present (wall time per generation shard), never a reason to rerun.
         generate_benchmarks=expand(bench_path("generate/{shard}.tsv"), shard=SHARDS),
+        run=RUN,  # the run's name, the report's title
         code_version=code_version("report"),
     script:
         "../scripts/build_report.py"

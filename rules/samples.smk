@@ -1,6 +1,6 @@
 # One job per shard validates the raw answers and tokenizes the samples that pass: both are cheap
 # CPU work on the same rows, and as one job a shard costs the planner and a cluster one job, not
-# two. Each step keeps its own report and its own settings in the params; the log has both.
+# two. Each step keeps its own report and its own part of the settings; the log has both.
 rule prepare_samples:
     input:
         raw=run_path("raw/{shard}.parquet"),
@@ -16,16 +16,16 @@ rule prepare_samples:
         # What the report plots of each sample, so it need not read every sample's text.
         lengths=run_path("tokens/{shard}.lengths.parquet"),
     log:
-        log_path("samples/{shard}.log"),
+        get_log("prepare_samples", per_shard=True),
     benchmark:
         bench_path("samples/{shard}.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
-        validation=as_json("validation"),
-        # Leaves out tokenize.draft_vocab_size: changing it rebuilds only the vocabulary.
-        tokenize=get_tokenize_params_json(),
+        # Validation's and tokenize's settings; tokenize.draft_vocab_size is not among them:
+        # changing it rebuilds only the vocabulary.
+        settings=settings_json(SamplesSettings),
         code_version=code_version("samples"),
     script:
         "../scripts/prepare_samples.py"
@@ -38,12 +38,12 @@ rule build_draft_vocab:
         vocab=run_path("vocab/draft_vocab.safetensors"),
         summary=run_path("vocab/draft_vocab.json"),
     log:
-        log_path("vocab/build_draft_vocab.log"),
+        get_log("build_draft_vocab"),
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 1
     params:
-        draft_vocab_size=config["tokenize"]["draft_vocab_size"],
+        settings=settings_json(VocabSettings),
         code_version=code_version("vocab"),
     script:
         "../scripts/build_draft_vocab.py"

@@ -11,17 +11,17 @@ rule train_drafter:
         metrics=run_path("drafter/metrics.jsonl"),
         report=run_path("drafter/train_report.json"),
     log:
-        log_path("train/train_drafter.log"),
+        get_log("train_drafter"),
     benchmark:
         bench_path("train/train_drafter.tsv")
     conda:
-        "../envs/cpu.yaml"
+        "../envs/eaglenest.yaml"
     threads: 2
     resources:
         gpu=config["train"]["gpus"],
     params:
-        settings=as_json("train"),
-        target=get_hidden_target_json(),
+        settings=settings_json(TrainSettings),
+        target=settings_json(TargetModel),
         # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.
         journal=run_path("journal/train"),
         code_version=code_version("train"),

@@ -1,10 +1,11 @@
-# Snakemake adapter for the demo target: see eaglenest.demo_target.
+# Snakemake adapter for the demo target: see eaglenest.demo.target.
 import torch
 
-from eaglenest.demo_target import build_demo_target
-from eaglenest.logs import log_to
+from eaglenest.common.logs import log_to
+from eaglenest.demo.target import build_demo_target
+from eaglenest.settings.demo_target import DemoTargetSettings
 
+settings = DemoTargetSettings.from_json(snakemake.params.settings)
 with log_to(snakemake.log[0]):
     torch.set_num_threads(max(1, snakemake.threads))
-    settings = {k: v for k, v in snakemake.config["demo_target"].items() if k != "enabled"}
-    build_demo_target(snakemake.output.target, **settings)
+    build_demo_target(snakemake.output.target, **settings.as_kwargs())

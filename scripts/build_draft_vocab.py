@@ -1,11 +1,13 @@
-# Snakemake adapter for the draft vocabulary: see eaglenest.vocab.
-from eaglenest.logs import log_to
-from eaglenest.vocab import build_draft_vocab
+# Snakemake adapter for the draft vocabulary: see eaglenest.stages.vocab.
+from eaglenest.common.logs import log_to
+from eaglenest.settings.vocab import VocabSettings
+from eaglenest.stages.vocab import build_draft_vocab
 
+settings = VocabSettings.from_json(snakemake.params.settings)
 with log_to(snakemake.log[0]):
     build_draft_vocab(
         counts_paths=snakemake.input.counts,
         out=snakemake.output.vocab,
         summary_out=snakemake.output.summary,
-        draft_vocab_size=snakemake.params.draft_vocab_size,
+        draft_vocab_size=settings.draft_vocab_size,
     )

@@ -1,6 +1,7 @@
-# Snakemake adapter for the run report: see eaglenest.report.
-from eaglenest.logs import log_to
-from eaglenest.report import PLOT_NAMES, RunFiles, build_report
+# Snakemake adapter for the run report: see eaglenest.stages.report (report.py builds it).
+from eaglenest.common.logs import log_to
+from eaglenest.stages.report.inputs import RunFiles
+from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
 with log_to(snakemake.log[0]):
     build_report(
@@ -10,5 +11,5 @@ with log_to(snakemake.log[0]):
         ),
         out_html=snakemake.output.html,
         plots={name: getattr(snakemake.output, name) for name in PLOT_NAMES},
-        run=snakemake.config["run"],
+        run=snakemake.params.run,
     )

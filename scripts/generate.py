@@ -1,12 +1,13 @@
 # Snakemake adapter for the generate stage (the shard's prompts, then their answers): see
-# eaglenest.prompts.write_prompt_shard and eaglenest.generate.
-from eaglenest.generate import generate_shard
-from eaglenest.logs import log_to
-from eaglenest.prompts import write_prompt_shard
+# eaglenest.stages.prompts.write_prompt_shard and eaglenest.stages.generate.
+from eaglenest.common.logs import log_to
+from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.prompts import PromptOptions, write_prompt_shard
 
 with log_to(snakemake.log.generate):
     write_prompt_shard(
-        snakemake.config,
+        PromptOptions.from_json(snakemake.params.prompts),
         snakemake.wildcards.shard,
         snakemake.output.prompts,
         prepared=snakemake.input.prompts,
@@ -15,7 +16,8 @@ with log_to(snakemake.log.generate):
         prompts=snakemake.output.prompts,
         probe=snakemake.input.probe,
         out=snakemake.output.raw,
-        config=snakemake.config,
+        request=RequestSettings.from_json(snakemake.params.settings),
+        client=GenerationClientSettings.from_json(snakemake.params.client),
         journal=snakemake.params.journal,
         server_log=snakemake.log.get("server"),
         shard=snakemake.wildcards.shard,

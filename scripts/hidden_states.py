@@ -1,21 +1,33 @@
-# Snakemake adapter for the hidden-states stage: see eaglenest.hidden_states.
+# Snakemake adapter for the hidden-states stage: see eaglenest.stages.hidden_states (extract.py
+# for the transformers backend, vllm_backend.py for vLLM).
 import torch
 
-from eaglenest.gpus import claim_gpus
-from eaglenest.hidden_states import HiddenSettings, extract_hidden_states
-from eaglenest.logs import log_to
+from eaglenest.common.gpus import claim_gpus
+from eaglenest.common.logs import log_to
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.target import TargetModel
+from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm
 
-target = snakemake.config["target"]
+settings = HiddenSettings.from_json(snakemake.params.settings)
+target = TargetModel.from_json(snakemake.params.target)
 with log_to(snakemake.log[0]):
-    # Distinct GPUs for jobs that share a machine; held until this job's process ends.
+    # Distinct GPUs for jobs that share a machine; held until this job's process ends (vLLM's
+    # processes, started by this one, see the same CUDA_VISIBLE_DEVICES).
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
-    extract_hidden_states(
-        tokens=snakemake.input.tokens,
-        target_path=target["path"],
-        out=snakemake.output.hidden,
-        summary_out=snakemake.output.summary,
-        settings=HiddenSettings.from_config(snakemake.config["hidden"]),
-        target_name=target["model"],
-        trust_remote_code=target["trust_remote_code"],
-    )
+    shared = {
+        "tokens": snakemake.input.tokens,
+        "target_path": target.path,
+        "out": snakemake.output.hidden,
+        "summary_out": snakemake.output.summary,
+        "settings": settings,
+        "target_name": target.model,
+        "trust_remote_code": target.trust_remote_code,
+    }
+    if settings.backend == "vllm":
+        runtime = VllmRuntime.from_json(snakemake.params.runtime)
+        capture_hidden_states_vllm(**shared, runtime=runtime)
+    else:
+        extract_hidden_states(**shared)

@@ -1,6 +1,7 @@
-# Snakemake adapter for the prompts stage (read and order the source): see eaglenest.prompts.
-from eaglenest.logs import log_to
-from eaglenest.prompts import prepare_prompts
+# Snakemake adapter for the prompts stage (read and order the source): see eaglenest.stages.prompts.
+from eaglenest.common.logs import log_to
+from eaglenest.stages.prompts import PromptOptions, prepare_prompts
 
+options = PromptOptions.from_json(snakemake.params.prompts)
 with log_to(snakemake.log[0]):
-    prepare_prompts(snakemake.config, snakemake.output.prompts, report=snakemake.output.report)
+    prepare_prompts(options, snakemake.output.prompts, report=snakemake.output.report)

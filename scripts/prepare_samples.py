@@ -1,11 +1,14 @@
-# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.validate),
-# then tokenize the samples that passed (eaglenest.tokenize), last the lengths the report plots
-# (eaglenest.lengths); one log for the job, each step's lines named by its module.
-from eaglenest.lengths import write_shard_lengths
-from eaglenest.logs import log_to
-from eaglenest.tokenize import tokenize_shard
-from eaglenest.validate import target_vocab_size_of, validate_shard
+# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.stages.validate),
+# then tokenize the samples that passed (eaglenest.stages.tokenize), last the lengths the report plots
+# (eaglenest.formats.lengths); one log for the job, each step's lines named by its module.
+from eaglenest.common.logs import log_to
+from eaglenest.formats.lengths import write_shard_lengths
+from eaglenest.settings.samples import SamplesSettings
+from eaglenest.stages.tokenize import tokenize_shard
+from eaglenest.stages.validate import validate_shard
+from eaglenest.target.tokenizer import target_vocab_size_of
 
+settings = SamplesSettings.from_json(snakemake.params.settings)
 shard = snakemake.wildcards.shard
 with log_to(snakemake.log[0]):
     validate_shard(
@@ -14,16 +17,17 @@ with log_to(snakemake.log[0]):
         probe=snakemake.input.probe,
         samples_out=snakemake.output.samples,
         report_out=snakemake.output.samples_report,
-        settings=snakemake.config["validation"],
+        settings=settings.validation,
         shard=shard,
-        vocab_size=target_vocab_size_of(snakemake.config["target"]),
+        vocab_size=target_vocab_size_of(settings.tokenize.target),
     )
     tokenize_shard(
         samples=snakemake.output.samples,
+        probe=snakemake.input.probe,
         tokens_out=snakemake.output.tokens,
         counts_out=snakemake.output.counts,
         report_out=snakemake.output.tokens_report,
-        config=snakemake.config,
+        settings=settings.tokenize,
         shard=shard,
     )
     write_shard_lengths(snakemake.output.samples, snakemake.output.tokens, snakemake.output.lengths)

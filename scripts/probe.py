@@ -1,10 +1,12 @@
-# Snakemake adapter for the probe stage: see eaglenest.probe.
-from eaglenest.logs import log_to
-from eaglenest.probe import probe_run
+# Snakemake adapter for the probe stage: see eaglenest.stages.probe.
+from eaglenest.common.logs import log_to
+from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
+from eaglenest.stages.probe import probe_run
 
 with log_to(snakemake.log.probe):
     probe_run(
-        config=snakemake.config,
+        settings=ProbeSettings.from_json(snakemake.params.settings),
+        client=ProbeClientSettings.from_json(snakemake.params.client),
         out=snakemake.output.probe,
         server_log=snakemake.log.get("server"),
         prompt_list=snakemake.input.prompts,

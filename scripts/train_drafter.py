@@ -1,28 +1,30 @@
-# Snakemake adapter for the train stage: see eaglenest.train. With train.gpus > 1 it runs the same
+# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it runs the same
 # function under torchrun, one process per GPU.
 import torch
 
-from eaglenest.gpus import claim_gpus
-from eaglenest.logs import log_to
-from eaglenest.train import TrainSettings, run_under_torchrun, train_drafter
+from eaglenest.common.gpus import claim_gpus
+from eaglenest.common.logs import log_to
+from eaglenest.settings.target import TargetModel
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.train import run_under_torchrun, train_drafter
 
-section = snakemake.config["train"]
-target = snakemake.config["target"]
+settings = TrainSettings.from_json(snakemake.params.settings)
+target = TargetModel.from_json(snakemake.params.target)
 arguments = {
     "train_shards": list(snakemake.input.train),
     "eval_shards": list(snakemake.input.heldout),
     "target_head": snakemake.input.head,
     "draft_vocab": snakemake.input.vocab,
-    "target_path": target["path"],
+    "target_path": target.path,
     "out_dir": snakemake.output.config.rsplit("/", 1)[0],
     "journal_dir": snakemake.params.journal,
-    "trust_remote_code": target["trust_remote_code"],
+    "trust_remote_code": target.trust_remote_code,
 }
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
-    if section["gpus"] > 1:
-        run_under_torchrun(section, arguments, snakemake.log[0])
+    if settings.gpus > 1:
+        run_under_torchrun(settings, arguments, snakemake.log[0])
     else:
-        train_drafter(**arguments, settings=TrainSettings.from_config(section))
+        train_drafter(**arguments, settings=settings)

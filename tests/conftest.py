@@ -5,29 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from workflow_helpers import SMALL_DEMO
 
-# A demo target small enough to build in well under a minute on two cores, yet trained long
-# enough to answer held-out prompts with `<think>\n...\n</think>\n\nanswer<|im_end|>` nearly
-# always (its answers are often wrong; tests need the shape, not the arithmetic).
+# The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
+# the workflow tests'): built in well under a minute on two cores, and answering held-out prompts
+# in the `<think>...</think>` shape nearly always.
 DEMO_TARGET_TEST_SETTINGS = {
-    "seed": 0,
-    "num_layers": 8,
-    "hidden_size": 64,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "intermediate_size": 192,
-    "vocab_size": 512,
-    "train_steps": 400,
-    "batch_size": 16,
-    "learning_rate": 3e-3,
-    "heldout_prompts": 30,
+    key: value for key, value in SMALL_DEMO["demo_target"].items() if key != "enabled"
 }
 
 
 @pytest.fixture(scope="session")
 def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained demo target in Hugging Face layout (with `demo_metrics.json`)."""
-    from eaglenest.demo_target import build_demo_target
+    from eaglenest.demo.target import build_demo_target
 
     out_dir = tmp_path_factory.mktemp("demo-target") / "target"
     build_demo_target(out_dir, **DEMO_TARGET_TEST_SETTINGS)
@@ -37,8 +28,9 @@ def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workdir where the whole pipeline ran on `SMALL_DEMO` (workflow_helpers), built once per
-    session. Tests only dry-run in it, or restore what they change before they return."""
-    from workflow_helpers import SMALL_DEMO, copy_workflow, job_logs, snakemake
+    session; its files are under results/{SMALL_RUN}/. Tests only dry-run in it, or restore what
+    they change before they return."""
+    from workflow_helpers import copy_workflow, job_logs, snakemake
 
     workdir = copy_workflow(tmp_path_factory.mktemp("workflow"))
     # Training and live evaluation included: about 15 minutes on two busy cores.

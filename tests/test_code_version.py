@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from eaglenest.code_version import code_version, module_closure, stage_code_version
+from eaglenest.common.code_version import code_version, module_closure, stage_code_version
 
 
 def write(dir_: Path, name: str, text: str) -> None:
@@ -194,7 +194,7 @@ def test_an_unknown_entry_module_is_an_error(tmp_path):
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "eaglenest"
 # What scripts call that shapes no output (logging, GPU claims): no stage hashes it.
-SHAPES_NO_OUTPUT = {"logs", "gpus"}
+SHAPES_NO_OUTPUT = {"common.logs", "common.gpus"}
 
 
 def stage_entries() -> dict[str, list[str]]:
@@ -232,7 +232,10 @@ def test_every_rule_with_a_script_hashes_what_the_script_imports():
             rules += 1
             stage = re.search(r'code_version=code_version\("(\w+)"\)', block)
             assert stage, f"rule {name} ({smk.name}) has no code_version param"
-            hashed = {f.removesuffix(".py") for f in module_closure(entries[stage.group(1)])}
+            hashed = {
+                f.removesuffix(".py").replace("/", ".")
+                for f in module_closure(entries[stage.group(1)])
+            }
             missing = script_imports(REPO / script.group(1)) - hashed - SHAPES_NO_OUTPUT
             assert not missing, (
                 f"rule {name}: {script.group(1)} imports {sorted(missing)}, which stage "
@@ -245,14 +248,30 @@ def test_every_rule_with_a_script_hashes_what_the_script_imports():
 # libraries are loaded once), then per stage a forked child forgets the package, imports the
 # stage's entry modules and, until nothing new appears, every package module that a loaded
 # module imports on an indented line (inside a function), found by a regular expression.
+# A module that needs the serving engine to import (vLLM's side, which runs in vLLM's own
+# environment) is read instead: it counts as loaded, and the package modules it imports are.
 # Prints {stage: [files of the loaded package modules]} as JSON.
 OBSERVE_IMPORTS = r"""
-import importlib, importlib.util, json, os, pkgutil, re, sys
+import ast, importlib, importlib.util, json, os, pkgutil, re, sys
 import eaglenest
 
 entries = json.loads(sys.argv[1])
-for info in pkgutil.iter_modules(eaglenest.__path__):
-    importlib.import_module("eaglenest." + info.name)
+ENGINE_SIDE = {}
+
+def import_or_read(name):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("vllm"):
+            raise
+        origin = importlib.util.find_spec(name).origin
+        ENGINE_SIDE[name] = origin
+        for node in ast.walk(ast.parse(open(origin).read())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest"):
+                import_or_read(node.module)
+
+for info in pkgutil.walk_packages(eaglenest.__path__, "eaglenest."):
+    import_or_read(info.name)
 LAZY = re.compile(
     r"^[ \t]+from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
     r"|^[ \t]+import[ \t]+([^\n#]*)",
@@ -273,8 +292,9 @@ def lazy_imports(module):
 def observe(stage_entries):
     for name in [m for m in sys.modules if m == "eaglenest" or m.startswith("eaglenest.")]:
         del sys.modules[name]
+    ENGINE_SIDE.clear()
     for entry in stage_entries:
-        importlib.import_module("eaglenest." + entry)
+        import_or_read("eaglenest." + entry)
     seen = set()
     while True:
         new = [m for m in sys.modules if m.startswith("eaglenest") and m not in seen]
@@ -285,12 +305,13 @@ def observe(stage_entries):
             for candidate in lazy_imports(sys.modules[name]):
                 if candidate == "eaglenest" or candidate.startswith("eaglenest."):
                     try:
-                        importlib.import_module(candidate)
+                        import_or_read(candidate)
                     except ModuleNotFoundError as error:
                         if not (error.name or "").startswith("eaglenest"):
                             raise
     root = os.path.dirname(eaglenest.__file__)
-    return sorted(os.path.relpath(sys.modules[m].__file__, root) for m in seen)
+    files = [sys.modules[m].__file__ for m in seen] + list(ENGINE_SIDE.values())
+    return sorted({os.path.relpath(f, root) for f in files})
 
 result = {}
 for stage, names in entries.items():
@@ -360,11 +381,11 @@ def test_the_package_init_holds_only_constants():
 
 
 def test_the_demo_server_is_cut_where_excluded():
-    server = {"server_process.py", "server.py", "engine.py", "faults.py"}
-    for entries in (["generate"], ["probe"]):
+    server = {"demo/server_process.py", "demo/server.py", "demo/engine.py", "demo/faults.py"}
+    for entries in (["stages.generate"], ["stages.probe"]):
         assert server <= set(module_closure(entries))
-        assert not server & set(module_closure(entries, ["server_process"]))
+        assert not server & set(module_closure(entries, ["demo.server_process"]))
 
 
 def test_the_demo_target_hashes_its_chat_template():
-    assert "demo_chat_template.jinja" in module_closure(["demo_target"])
+    assert "demo/chat_template.jinja" in module_closure(["demo.target"])

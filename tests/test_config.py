@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.config import ConfigError, load_config, validate_config
+from eaglenest.common.config import ConfigError, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,31 @@ def test_example_configs_are_valid():
         config = load_config(path)
         assert config["endpoints"], f"{path.name} should point at real endpoints"
         assert not config["server"]["enabled"]
+
+
+def over(base: dict, change: dict) -> dict:
+    """`change` merged into `base` key by key, nested sections too, as `--configfile` does."""
+    out = copy.deepcopy(base)
+    for key, value in change.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = over(out[key], value) if nested else copy.deepcopy(value)
+    return out
+
+
+TEST_CONFIGS = sorted((REPO / "config" / "tests").glob("*.yaml"))
+# What a test config exists to change; the rest is demo-small's (its small demo target included,
+# which the workflow tests build once and copy into each run).
+OWN_SECTIONS = ("run", "server", "probe")
+
+
+@pytest.mark.parametrize("path", TEST_CONFIGS, ids=[p.stem for p in TEST_CONFIGS])
+def test_test_configs_are_valid_over_the_demo_config(path):
+    own = yaml.safe_load(path.read_text())
+    config = validate_config(over(demo_config(), own))
+    assert config["run"] == path.stem  # its own results/, logs/ and benchmarks/
+    small = yaml.safe_load((REPO / "config" / "tests" / "demo-small.yaml").read_text())
+    shared = {k: v for k, v in own.items() if k not in OWN_SECTIONS}
+    assert shared == {k: v for k, v in small.items() if k not in OWN_SECTIONS}
 
 
 def test_validation_does_not_mutate_defaults_between_calls():

@@ -16,8 +16,8 @@ from eaglenest.drafter import (
     shift_left,
     ttt_forward,
 )
-from eaglenest.train import ttt_loss
-from eaglenest.train_data import Batch
+from eaglenest.formats.feature_batches import Batch
+from eaglenest.stages.train.train import ttt_loss
 
 CONFIG = DrafterConfig(
     hidden_size=32,
@@ -187,7 +187,7 @@ def test_the_drafter_keeps_the_targets_hidden_size():
 
 
 def test_prefetch_yields_in_order_and_raises_the_loaders_error():
-    from eaglenest.train import prefetch
+    from eaglenest.stages.train.train import prefetch
 
     assert list(prefetch(iter(range(10)), depth=2)) == list(range(10))
 

@@ -5,21 +5,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from workflow_helpers import SMALL_RUN
 
-from eaglenest.evaluate import AcceptanceCounts, heldout_prompts, untrained_like
-from eaglenest.export import load_drafter
-from eaglenest.hidden_states import HiddenSettings, load_target
-from eaglenest.speculative import (
+from eaglenest.formats.drafter_export import load_drafter
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.evaluate.evaluate import (
+    AcceptanceCounts,
+    heldout_prompts,
+    live,
+    per_position_acceptance,
+    untrained_like,
+)
+from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     PromptLookupProposer,
     greedy_generate,
     prompt_lookup,
     speculative_generate,
 )
-from eaglenest.train_data import TargetHead
+from eaglenest.target.loading import load_target
 
 
 def test_acceptance_counts_follow_the_serving_definition():
@@ -47,6 +55,66 @@ def test_oracle_predictions_give_k_plus_one_and_random_ones_about_one():
     assert random.result()["acceptance_length"] < 1.05
 
 
+class SuccessorTarget(torch.nn.Module):
+    """A scripted target whose greedy next token is always token + 1 (mod the vocabulary)."""
+
+    def __init__(self, vocab: int = 32):
+        super().__init__()
+        self.vocab = vocab
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the decoder a device
+
+    def forward(self, input_ids, **_):
+        logits = torch.nn.functional.one_hot((input_ids + 1) % self.vocab, self.vocab).float()
+        return SimpleNamespace(logits=logits, hidden_states=None)
+
+
+class SuccessorProposer:
+    """Drafts the successor chain from the last token: always what the target will say."""
+
+    needs_hidden = False
+
+    def start(self, prompt, aux, first_token):
+        self.last = first_token
+
+    def propose(self, k):
+        return [self.last + 1 + i for i in range(k)]
+
+    def accept(self, new_tokens, aux):
+        self.last = new_tokens[-1]
+
+
+def test_decoding_stops_at_an_end_of_turn_accepted_in_the_middle_of_a_round():
+    # Output 2, 3, ..., 9 with 9 the end of turn. Round 1 (after 2) drafts 3 4 5 6, all
+    # accepted, bonus 7; round 2 (after 7) drafts 8 9 10 11: the end of turn is its draft at
+    # position 2 of 4. Nothing past it counts, and no third round runs.
+    run = speculative_generate(SuccessorTarget(), SuccessorProposer(), [1], 4, 32, {9}, [])
+    assert run.tokens == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert run.target_forwards == 3
+    assert run.accept_lengths == [5, 3]
+    assert run.draft_lengths == [4, 2]
+    assert run.accepted_per_position(4) == [2, 2, 1, 1]
+    assert run.drafted_per_position(4) == [2, 2, 1, 1]
+    summary = per_position_acceptance([run, run], 4)
+    assert summary["per_position_acceptance"] == [1.0, 1.0, 1.0, 1.0]
+    assert summary["accepted_per_position"] == [4, 4, 2, 2]
+    # What eval/metrics.json gets for this prompt.
+    results = live(SuccessorTarget(), {"s": SuccessorProposer()}, [[1]], (4,), 32, {9}, [])
+    metrics = results["s"]["4"]
+    assert metrics["rounds"] == 2 and metrics["acceptance_length"] == 4.0
+    assert metrics["tokens"] == metrics["greedy_tokens"] == 8 and metrics["identical_to_greedy"]
+    assert metrics["per_position_acceptance"] == [1.0, 1.0, 1.0, 1.0]
+    assert metrics["drafted_per_position"] == [2, 2, 1, 1]
+    # The end of turn as the bonus token, and the cut at max_new_tokens, end a round the same way.
+    bonus = speculative_generate(SuccessorTarget(), SuccessorProposer(), [1], 4, 32, {7}, [])
+    assert (bonus.tokens, bonus.accept_lengths, bonus.draft_lengths) == (
+        [2, 3, 4, 5, 6, 7],
+        [5],
+        [4],
+    )
+    cut = speculative_generate(SuccessorTarget(), SuccessorProposer(), [1], 4, 4, {9}, [])
+    assert (cut.tokens, cut.accept_lengths, cut.draft_lengths) == ([2, 3, 4, 5], [4], [3])
+
+
 def test_prompt_lookup_drafts_what_followed_the_last_ngram():
     assert prompt_lookup([1, 2, 3, 4, 9, 2, 3], 2, 3) == [4, 9]
     assert prompt_lookup([1, 2, 3], 2, 3) == []
@@ -54,9 +122,9 @@ def test_prompt_lookup_drafts_what_followed_the_last_ngram():
 
 @pytest.fixture(scope="module")
 def live_setup(finished_run: Path):
-    results = finished_run / "results" / "demo"
+    results = finished_run / "results" / SMALL_RUN
     torch.manual_seed(0)
-    target = load_target(results / "target", HiddenSettings(device="cpu", model_dtype="float32"))
+    target = load_target(results / "target", device="cpu", model_dtype="float32")
     head = TargetHead.load(results / "hidden" / "target_head.safetensors")
     drafter = load_drafter(results / "drafter", head.embed, head.aux_layer_ids).eval()
     prompts = heldout_prompts([results / "tokens" / "00001.parquet"], 4)

@@ -16,10 +16,13 @@ import httpx
 import polars as pl
 import pytest
 
-from eaglenest.config import validate_config
-from eaglenest.endpoints import Endpoint
-from eaglenest.generate import (
-    RAW_SCHEMA,
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.common.config import validate_config
+from eaglenest.common.io import write_json
+from eaglenest.demo.server_process import running_server
+from eaglenest.formats.raw import RAW_SCHEMA, RawSchema, write_raw
+from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.stages.generate import (
     GenerationError,
     GenerationSettings,
     generate_records,
@@ -27,11 +30,7 @@ from eaglenest.generate import (
     read_journal,
     record_from_response,
     sample_seed,
-    write_raw,
 )
-from eaglenest.io import write_json
-from eaglenest.schemas import RawSchema
-from eaglenest.server_process import running_server
 
 MODEL = "echo-model"
 
@@ -51,9 +50,19 @@ def prompt_frame(n: int, tag: str = "p") -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+def shard_settings(config: dict) -> tuple[RequestSettings, GenerationClientSettings]:
+    """generate_shard's two settings objects from a validated config, as the rule makes them."""
+    return RequestSettings.from_config(config), GenerationClientSettings.from_config(config)
+
+
+def generation_settings(model: str = MODEL, **generation) -> GenerationSettings:
+    """The settings of a config that sets the target's model and `generation` only."""
+    config = validate_config({"target": {"model": model}, "generation": generation})
+    return GenerationSettings.from_parts(*shard_settings(config), return_token_ids=True)
+
+
 def fast_settings(**overrides) -> GenerationSettings:
     values = {
-        "model": MODEL,
         "concurrency": 32,
         "timeout_s": 1.0,
         "max_attempts": 8,
@@ -62,7 +71,7 @@ def fast_settings(**overrides) -> GenerationSettings:
         "bench_s": 0.2,
     }
     values.update(overrides)
-    return GenerationSettings(**values)
+    return generation_settings(**values)
 
 
 def server_stats(url: str) -> dict:
@@ -123,7 +132,7 @@ def test_terminal_4xx_is_not_retried_and_fails_the_shard(tmp_path):
                 prompts_path,
                 probe,
                 tmp_path / "raw.parquet",
-                config,
+                *shard_settings(config),
                 tmp_path / "journal.jsonl",
                 shard="00000",
             )
@@ -148,7 +157,9 @@ def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout)
     out = tmp_path / "raw.parquet"
     with running_server(model_name=MODEL, dialect=dialect, echo=True) as url:
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
-        generate_shard(prompts_path, probe, out, config, tmp_path / "j.jsonl", shard="00000")
+        generate_shard(
+            prompts_path, probe, out, *shard_settings(config), tmp_path / "j.jsonl", shard="00000"
+        )
     raw = pl.read_parquet(out)
     RawSchema.validate(raw)
     assert raw["reasoning_field"].unique().to_list() == [field]
@@ -163,10 +174,15 @@ def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout)
 KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, polars as pl
-    from eaglenest.endpoints import Endpoint
-    from eaglenest.generate import GenerationSettings, generate_records
+    from eaglenest.client.endpoints import Endpoint
+    from eaglenest.common.config import validate_config
+    from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+    from eaglenest.stages.generate import GenerationSettings, generate_records
     prompts = pl.read_parquet(sys.argv[1]).to_dicts()
-    settings = GenerationSettings(model="echo-model", concurrency=4)
+    config = validate_config({"target": {"model": "echo-model"}, "generation": {"concurrency": 4}})
+    settings = GenerationSettings.from_parts(
+        RequestSettings.from_config(config), GenerationClientSettings.from_config(config), True
+    )
     asyncio.run(generate_records(prompts, [Endpoint(sys.argv[2])], settings, __import__("pathlib").Path(sys.argv[3])))
     """
 )
@@ -196,7 +212,7 @@ def test_kill_mid_shard_then_rerun_loses_nothing_and_repeats_nothing(tmp_path):
     out = tmp_path / "raw.parquet"
     with running_server(model_name=MODEL, echo=True) as url:
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
-        generate_shard(prompts_path, probe, out, config, journal, shard="00000")
+        generate_shard(prompts_path, probe, out, *shard_settings(config), journal, shard="00000")
         requested_after_kill = server_stats(url)["requests_total"]
     raw = pl.read_parquet(out)
     assert raw["id"].to_list() == frame["id"].to_list()
@@ -224,7 +240,7 @@ def test_api_key_reaches_no_file(tmp_path, monkeypatch):
             prompts_path,
             probe,
             tmp_path / "raw.parquet",
-            config,
+            *shard_settings(config),
             tmp_path / "journal.jsonl",
             shard="00000",
         )
@@ -250,7 +266,7 @@ def test_a_short_api_key_never_changes_the_models_text(tmp_path, monkeypatch):
 
 
 def test_retry_after_reads_seconds_and_http_dates():
-    from eaglenest.generate import retry_after_s
+    from eaglenest.stages.generate import retry_after_s
 
     now = 1_700_000_000.0
     assert retry_after_s("7", now) == 7.0
@@ -263,7 +279,7 @@ def test_retry_after_reads_seconds_and_http_dates():
 
 
 def test_retry_after_is_honoured_up_to_the_cap():
-    from eaglenest.generate import _backoff_s
+    from eaglenest.stages.generate import _backoff_s
 
     settings = fast_settings(retry_after_max_s=5.0)
     assert _backoff_s(1, settings, 3.0) == 3.0
@@ -275,7 +291,7 @@ def test_an_answer_from_another_model_is_a_terminal_failure(tmp_path):
     127.0.0.1 that always says it is `other-model`."""
     from aiohttp import web
 
-    from eaglenest.server import EchoBackend, build_response, parse_chat_request
+    from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
 
     async def chat(request):
         completion = await EchoBackend().complete(parse_chat_request(await request.json()))

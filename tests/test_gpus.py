@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.gpus import claim_gpus
+from eaglenest.common.gpus import claim_gpus
 
 
 def test_jobs_get_distinct_gpus_and_a_released_gpu_is_free_again(tmp_path: Path):

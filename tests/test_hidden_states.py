@@ -15,18 +15,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.hidden_reader import open_hidden_shard
-from eaglenest.hidden_states import (
-    HiddenSettings,
+from eaglenest.common.batching import pack_batches
+from eaglenest.common.config import settings_from_sections
+from eaglenest.formats.hidden_shard import (
     ShardWriter,
-    default_aux_layer_ids,
-    extract_hidden_states,
-    load_target,
-    pack_batches,
+    open_hidden_shard,
     pwrite_all,
-    save_target_head,
 )
-from eaglenest.tokenize import loss_mask
+from eaglenest.formats.target_head import save_target_head
+from eaglenest.formats.tokens import loss_mask
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.target.loading import default_aux_layer_ids, load_target
 
 torch.set_num_threads(1)
 
@@ -55,7 +55,7 @@ def write_tokens(path: Path, n_samples: int, seed: int = 0, vocab: int = 500) ->
 
 @pytest.fixture(scope="module")
 def target(demo_target_dir):
-    return load_target(demo_target_dir, HiddenSettings(device="cpu", model_dtype="float32"))
+    return load_target(demo_target_dir, device="cpu", model_dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,9 @@ def tokens(tmp_path_factory) -> Path:
 
 
 def run(tokens, demo_target_dir, target, out, **settings):
-    settings = HiddenSettings(device="cpu", model_dtype="float32", **settings)
+    settings = settings_from_sections(
+        HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32", **settings}
+    )
     return extract_hidden_states(
         tokens=tokens,
         target_path=demo_target_dir,
@@ -159,7 +161,7 @@ def test_shard_writer_rows_survive_short_writes(tmp_path, monkeypatch):
     path.write_bytes(b"\0" * (16 + 10 * 5 * 4))
     calls = short_pwrites(monkeypatch, 7)
     with open(path, "r+b") as f:
-        writer = ShardWriter(f.fileno(), specs, positions, HiddenSettings())
+        writer = ShardWriter(f.fileno(), specs, positions, settings_from_sections(HiddenSettings))
         writer.write_states("aux", 3, values, 1)
     assert len(calls) == -(-values.numel() * 4 // 7)
     stored = np.frombuffer(path.read_bytes()[16:], dtype=np.float32).reshape(10, 5)
@@ -182,7 +184,7 @@ def test_pack_batches_respects_padded_budget():
 
 
 def test_topk_matches_logits(tokens, demo_target_dir, target, tmp_path, monkeypatch):
-    import eaglenest.hidden_states as hs
+    import eaglenest.stages.hidden_states.extract as hs
 
     monkeypatch.setattr(hs, "TOPK_CHUNK_ROWS", 7)  # logits in chunks that cut across samples
     run(tokens, demo_target_dir, target, tmp_path / "t.safetensors", target_signal="topk",
@@ -260,7 +262,7 @@ def test_metadata(tokens, demo_target_dir, target, tmp_path):
 def test_killed_write_leaves_nothing_and_rerun_is_identical(
     tokens, demo_target_dir, target, tmp_path, monkeypatch
 ):
-    import eaglenest.hidden_states as hs
+    import eaglenest.stages.hidden_states.extract as hs
 
     out = tmp_path / "h.safetensors"
     real_forward, calls = hs.forward_batch, []
@@ -285,7 +287,9 @@ def test_killed_write_leaves_nothing_and_rerun_is_identical(
 def test_target_head(demo_target_dir, target, tmp_path):
     """Read from the checkpoint (tests/test_target_files.py compares it byte for byte)."""
     out = tmp_path / "target_head.safetensors"
-    save_target_head(target_path=demo_target_dir, out=out, settings=HiddenSettings())
+    save_target_head(
+        target_path=demo_target_dir, out=out, settings=settings_from_sections(HiddenSettings)
+    )
     with safe_open(str(out), framework="pt") as f:
         meta = f.metadata()
         torch.testing.assert_close(
@@ -301,10 +305,13 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import resource, sys, torch
     torch.set_num_threads(1)
-    from eaglenest.hidden_states import HiddenSettings, extract_hidden_states, load_target
-    settings = HiddenSettings(device="cpu", model_dtype="float32", dtype="fp32",
-                              max_batch_tokens=256)
-    model = load_target(sys.argv[1], settings)
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.stages.hidden_states.extract import extract_hidden_states
+    from eaglenest.target.loading import load_target
+    settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32",
+                                                    "dtype": "fp32", "max_batch_tokens": 256})
+    model = load_target(sys.argv[1], settings.device, settings.model_dtype)
     extract_hidden_states(tokens=sys.argv[2], target_path=sys.argv[1], out=sys.argv[3],
                           settings=settings, model=model)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

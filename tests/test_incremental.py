@@ -66,16 +66,21 @@ CONFIG_CHANGES = {
 
 # change id -> (library module edited, how, expected jobs per rule before LATER_STAGES)
 CODE_CHANGES = {
-    "generate.py code: generation onward": ("generate.py", "code", GENERATE_ONWARD),
-    "validate.py code: validation onward": ("validate.py", "code", SAMPLES_ONWARD),
-    "hidden_states.py code: hidden states and target head": (
-        "hidden_states.py",
+    "generate.py code: generation onward": ("stages/generate.py", "code", GENERATE_ONWARD),
+    "validate.py code: validation onward": ("stages/validate.py", "code", SAMPLES_ONWARD),
+    "hidden-state extraction code: hidden states only": (
+        "stages/hidden_states/extract.py",
         "code",
-        {"extract_hidden_states": N_SHARDS, "save_target_head": 1},
+        {"extract_hidden_states": N_SHARDS},
+    ),
+    "target-head format code: target head onward": (
+        "formats/target_head.py",
+        "code",
+        {"save_target_head": 1},
     ),
     # reasoning.py is used by probe, generate, validate and tokenize: a comment or a docstring
     # there changes no behaviour, so nothing reruns.
-    "reasoning.py comment and docstring: nothing": ("reasoning.py", "comment", {}),
+    "reasoning.py comment and docstring: nothing": ("client/reasoning.py", "comment", {}),
 }
 
 
@@ -144,13 +149,17 @@ LATE_CHANGES = {
         None,
         {"evaluate_drafter": 1, "build_report": 1, "all": 1},
     ),
-    "train.py code: training onward": ({}, "train.py", TRAIN_ONWARD),
+    "train.py code: training onward": ({}, "stages/train/train.py", TRAIN_ONWARD),
     "speculative.py code: evaluation onward": (
         {},
-        "speculative.py",
+        "stages/evaluate/speculative.py",
         {"evaluate_drafter": 1, "build_report": 1, "all": 1},
     ),
-    "report.py code: the report only": ({}, "report.py", {"build_report": 1, "all": 1}),
+    "report.py code: the report only": (
+        {},
+        "stages/report/report.py",
+        {"build_report": 1, "all": 1},
+    ),
 }
 
 

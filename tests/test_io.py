@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eaglenest.io import atomic_path, temp_beside, write_json
+from eaglenest.common.io import atomic_path, temp_beside, write_json
 
 
 @pytest.fixture

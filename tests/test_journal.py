@@ -9,15 +9,15 @@ from dataclasses import replace
 import httpx
 from test_generate import MODEL, fast_settings, prompt_frame
 
-from eaglenest.endpoints import Endpoint
-from eaglenest.generate import (
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.demo.server_process import running_server
+from eaglenest.stages.generate import (
     generate_records,
     iter_journal,
     match_journal,
     request_body,
     request_key,
 )
-from eaglenest.server_process import running_server
 
 
 def requests_total(url: str) -> int:

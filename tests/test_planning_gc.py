@@ -1,10 +1,10 @@
-"""The garbage-collector settings the workflow uses while Snakemake plans (eaglenest.planning_gc)."""
+"""The garbage-collector settings the workflow uses while Snakemake plans (eaglenest.common.planning_gc)."""
 
 import gc
 
 import pytest
 
-from eaglenest.planning_gc import (
+from eaglenest.common.planning_gc import (
     PLANNING_FULL_COLLECTION_THRESHOLD,
     postpone_full_collections,
     resume_full_collections,

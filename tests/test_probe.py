@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from eaglenest.endpoints import Endpoint
-from eaglenest.probe import ProbeError, probe_endpoint, think_token_ids
-from eaglenest.server_process import running_server
+from eaglenest.client.endpoints import Endpoint
+from eaglenest.demo.server_process import running_server
+from eaglenest.stages.probe import ProbeError, probe_endpoint
+from eaglenest.target.tokenizer import think_token_ids
 
 MODEL = "echo-model"
 
@@ -165,7 +166,7 @@ def test_every_answer_without_reasoning_fails():
 def test_probe_sends_the_runs_own_first_prompts(tmp_path):
     import polars as pl
 
-    from eaglenest.probe import probe_prompts
+    from eaglenest.stages.probe import probe_prompts
 
     frame = pl.DataFrame({"messages": [user(f"q{i}") for i in range(5)]})
     frame.write_parquet(tmp_path / "all.parquet")
@@ -226,7 +227,7 @@ def test_a_non_json_model_list_is_a_clear_error():
 def test_an_answer_from_another_model_fails_the_probe():
     from aiohttp import web
 
-    from eaglenest.server import EchoBackend, build_response, parse_chat_request
+    from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
 
     async def handler(request):
         if request.path.endswith("/models"):

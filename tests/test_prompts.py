@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eaglenest.config import ConfigError
-from eaglenest.prompts import (
+from eaglenest.common.config import ConfigError
+from eaglenest.formats.prompts import PromptsSchema, empty_prompts_frame
+from eaglenest.stages.prompts import (
     SKIP_REASONS,
     PromptSourceError,
     local_source_files,
@@ -29,7 +30,6 @@ from eaglenest.prompts import (
     walk_order,
     write_prompt_shard,
 )
-from eaglenest.schemas import PromptsSchema, empty_prompts_frame
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -553,7 +553,7 @@ def test_duplicate_ids_in_a_file_are_rejected_with_the_file_name(tmp_path):
 
 
 def test_demo_prompts_are_held_out_from_training(tmp_path):
-    demo_tasks = pytest.importorskip("eaglenest.demo_tasks")
+    demo_tasks = pytest.importorskip("eaglenest.demo.tasks")
     config = config_for("demo")
     frames = shard_frames(tmp_path, config)
     assert [f.height for f in frames.values()] == [100, 100, 100, 100]

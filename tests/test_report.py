@@ -14,12 +14,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from workflow_helpers import SMALL_RUN
 
-from eaglenest.generate import RAW_SCHEMA
-from eaglenest.lengths import read_shard_lengths, write_shard_lengths
-from eaglenest.report import PLOT_NAMES, ReportInputError, RunFiles, build_report, load_run
-from eaglenest.schemas import MESSAGE_DTYPE, RawSchema, SamplesSchema, TokensSchema
-from eaglenest.validate import SAMPLE_COLUMNS
+from eaglenest.formats.lengths import read_shard_lengths, write_shard_lengths
+from eaglenest.formats.prompts import MESSAGE_DTYPE
+from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
+from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
+from eaglenest.formats.tokens import TokensSchema
+from eaglenest.stages.report.inputs import ReportInputError, RunFiles, load_run
+from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = ("00000", "00001")
@@ -388,6 +391,29 @@ def test_no_live_acceptance_is_a_note(tmp_path: Path):
     assert missing_references(page) == []
 
 
+def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Path):
+    run = write_run(tmp_path)
+    engine = {
+        "engine": "vllm",
+        "per_k": {
+            "3": {"acceptance_length": 2.3456, "rounds": 220, "identical_to_plain": True,
+                  "per_position_acceptance": [0.81234, 0.6, 0.4]},
+            "7": {"acceptance_length": 2.8123, "rounds": 180, "identical_to_plain": True,
+                  "per_position_acceptance": [0.8] * 7},
+        },
+    }  # fmt: skip
+    write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": engine})
+    page, _ = build(run)
+    text = page.read_text()
+    assert "In the serving engine (vllm)" in text
+    assert "vllm acceptance length" in text and "<td>2.35</td>" in text and "0.812" in text
+    assert missing_references(page) == []
+
+    write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": {"per_k": {"3": {}}}})
+    with pytest.raises(ReportInputError, match=r"engine\.per_k\[3\].*acceptance_length"):
+        build(run)
+
+
 def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
     run = write_run(tmp_path, finished=False)
     shutil.rmtree(run / "hidden")
@@ -529,7 +555,7 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
     page = tmp_path / target
     assert missing_references(page) == []
     assert "2.41" in page.read_text()
-    log = (tmp_path / "logs/synthetic/report/build_report.log").read_text()
+    log = (tmp_path / "logs/synthetic/build_report.log").read_text()
     assert "report of run synthetic" in log
 
     result = subprocess.run(
@@ -554,14 +580,15 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
 def test_the_pipelines_report_of_the_demo_run(finished_run: Path):
     """The report `snakemake` built at the end of the small demo run: every plot is there and
     non-empty, the page references no missing file and shows the run's acceptance figures."""
-    report = finished_run / "results" / "demo" / "report"
+    results = finished_run / "results" / SMALL_RUN
+    report = results / "report"
     for name in PLOT_NAMES:
         png = report / f"{name}.png"
         assert png.stat().st_size > 1000, name
         assert png.read_bytes().startswith(PNG_MAGIC)
     page = report / "index.html"
     assert missing_references(page) == []
-    metrics = json.loads((finished_run / "results" / "demo" / "eval" / "metrics.json").read_text())
+    metrics = json.loads((results / "eval" / "metrics.json").read_text())
     text = page.read_text()
     for k in metrics["ks"]:
         assert f"{metrics['simulated'][str(k)]['acceptance_length']:.2f}" in text

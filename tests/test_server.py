@@ -18,17 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eaglenest.demo_tasks import heldout_examples
-from eaglenest.faults import FAULT_MODES, FaultConfig, expected_faults
-from eaglenest.reasoning import split_think
-from eaglenest.server import (
+from eaglenest.client.reasoning import split_think
+from eaglenest.demo.faults import FAULT_MODES, FaultConfig, expected_faults
+from eaglenest.demo.server import (
     ECHO_REASONING,
     ECHO_STOP_TOKEN,
     MALFORMED_TOKEN_IDS,
     echo_decode,
     render_echo_prompt,
 )
-from eaglenest.server_process import embedded_server, running_server
+from eaglenest.demo.server_process import embedded_server, running_server
+from eaglenest.demo.tasks import heldout_examples
 
 MODEL_NAME = "demo-target"
 PROMPTS = [example.prompt for example in heldout_examples(seed=0, n=32)]
@@ -418,3 +418,20 @@ def test_running_server_reports_a_failed_startup_with_its_log(tmp_path: Path):
     ):
         pass
     assert "exited with code" in str(failure.value) and str(log_path) in str(failure.value)
+
+
+@pytest.mark.parametrize(("token_ids", "extra_args"), [(True, ()), (False, ("--no-token-ids",))])
+def test_embedded_server_token_ids_setting_maps_to_the_server_flag(
+    monkeypatch: pytest.MonkeyPatch, token_ids: bool, extra_args: tuple[str, ...]
+):
+    """`server.token_ids: false` starts the server with --no-token-ids (config/tests/rebuild-path)."""
+    from eaglenest.common.config import validate_config
+    from eaglenest.demo import server_process
+
+    started = {}
+    monkeypatch.setattr(
+        server_process, "running_server", lambda *args, **kwargs: started.update(kwargs)
+    )
+    config = {"target": {"path": "target"}, "server": {"enabled": True, "token_ids": token_ids}}
+    server_process.embedded_server(validate_config(config))
+    assert tuple(started["extra_args"]) == extra_args

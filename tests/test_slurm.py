@@ -18,7 +18,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from workflow_helpers import SMALL_DEMO, copy_workflow, job_logs, planned_jobs, snakemake
+from workflow_helpers import (
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    planned_jobs,
+    snakemake,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +33,8 @@ PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel")
 SHARDS = ("00000", "00001")  # SMALL_DEMO: 40 prompts in shards of 20
-TARGETS = tuple(f"results/demo/samples/{shard}.parquet" for shard in SHARDS)
-TOKENS = tuple(f"results/demo/tokens/{shard}.parquet" for shard in SHARDS)
+TARGETS = tuple(f"results/{SMALL_RUN}/samples/{shard}.parquet" for shard in SHARDS)
+TOKENS = tuple(f"results/{SMALL_RUN}/tokens/{shard}.parquet" for shard in SHARDS)
 # Only what a single test node lacks: no accounting database (so no account and no sacct), and a
 # first status check after 2 s instead of 40 (the jobs here take seconds).
 SLURM_TEST_ARGS = (
@@ -216,7 +223,7 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 def prepared_workdir(workdir: Path, target_dir: Path) -> Path:
     """The workflow with the demo target already in place (built once per session)."""
     copy_workflow(workdir)
-    shutil.copytree(target_dir, workdir / "results" / "demo" / "target")
+    shutil.copytree(target_dir, workdir / "results" / SMALL_RUN / "target")
     return workdir
 
 

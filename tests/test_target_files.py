@@ -15,19 +15,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import eaglenest.hidden_states as hs
-from eaglenest.evaluate import eos_token_ids
-from eaglenest.hidden_states import (
-    HiddenSettings,
-    TargetHeadError,
-    load_target,
-    save_target_head,
-    sha256_file,
-    target_config_hash,
-)
-from eaglenest.probe import think_token_ids
-from eaglenest.target_files import TargetNotFoundError, resolve_target_dir
-from eaglenest.tokenize import TokenizeSettings, load_tokenizer, resolve_target_tokens
+import eaglenest.stages.hidden_states.extract as hs
+from eaglenest.common.config import settings_from_sections
+from eaglenest.common.io import sha256_file
+from eaglenest.formats.target_head import TargetHeadError, save_target_head
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.stages.evaluate.evaluate import eos_token_ids
+from eaglenest.stages.tokenize import TargetTokens, resolve_target_tokens
+from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
+from eaglenest.target.loading import load_target, target_config_hash
+from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
 
 torch.set_num_threads(1)
 
@@ -100,11 +98,18 @@ def test_a_missing_local_directory_is_named(tmp_path):
         resolve_target_dir(missing)
 
 
+def target_tokens(target: dict) -> TargetTokens:
+    """resolve_target_tokens as tokenize runs it, with the think ids the probe resolved."""
+    settings = settings_from_sections(TokenizeSettings, target=target)
+    think_ids = think_token_ids(target.get("tokenizer") or target["path"])
+    return resolve_target_tokens(load_tokenizer(target), think_ids, settings)
+
+
 def test_tokenizer_and_end_of_turn_from_a_hub_name(offline_cache, demo_target_dir):
     by_name = {"path": HUB_NAME, "trust_remote_code": False}
     by_dir = {"path": str(demo_target_dir), "trust_remote_code": False}
-    tokens = resolve_target_tokens(load_tokenizer(by_name), by_name, TokenizeSettings())
-    assert tokens == resolve_target_tokens(load_tokenizer(by_dir), by_dir, TokenizeSettings())
+    tokens = target_tokens(by_name)
+    assert tokens == target_tokens(by_dir)
     assert (tokens.end_of_turn, tokens.end_of_turn_source) == ("<|im_end|>", "generation_config")
     assert tokens.vocab_size == 512
     assert think_token_ids(HUB_NAME) == think_token_ids(str(demo_target_dir))
@@ -120,8 +125,8 @@ def test_end_of_turn_without_a_generation_config_says_where_it_came_from(
     shutil.copytree(demo_target_dir, target_dir, ignore=shutil.ignore_patterns("*.safetensors"))
     (target_dir / "generation_config.json").unlink()
     target = {"path": str(target_dir), "trust_remote_code": False}
-    with caplog.at_level(logging.WARNING, logger="eaglenest.tokenize"):
-        tokens = resolve_target_tokens(load_tokenizer(target), target, TokenizeSettings())
+    with caplog.at_level(logging.WARNING, logger="eaglenest.stages.tokenize"):
+        tokens = target_tokens(target)
     assert tokens.end_of_turn_source == "tokenizer"
     warning = caplog.text
     assert f"{target_dir / 'generation_config.json'} does not exist" in warning
@@ -129,8 +134,8 @@ def test_end_of_turn_without_a_generation_config_says_where_it_came_from(
 
 
 def test_every_reader_of_the_target_takes_a_hub_name(offline_cache, demo_target_dir):
-    settings = HiddenSettings(device="cpu", model_dtype="float32")
-    by_name, by_dir = load_target(HUB_NAME, settings), load_target(demo_target_dir, settings)
+    on_cpu = {"device": "cpu", "model_dtype": "float32"}
+    by_name, by_dir = load_target(HUB_NAME, **on_cpu), load_target(demo_target_dir, **on_cpu)
     for (name, a), (_, b) in zip(by_name.state_dict().items(), by_dir.state_dict().items()):
         assert torch.equal(a, b), name
     assert target_config_hash(HUB_NAME) == sha256_file(demo_target_dir / "config.json")
@@ -173,7 +178,9 @@ def no_model(monkeypatch):
 
 
 def saved_head(target_path: str | Path, out: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    save_target_head(target_path=target_path, out=out, settings=HiddenSettings())
+    save_target_head(
+        target_path=target_path, out=out, settings=settings_from_sections(HiddenSettings)
+    )
     with safe_open(str(out), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}, f.metadata()  # noqa: SIM118
 

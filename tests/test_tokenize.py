@@ -16,18 +16,20 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eaglenest.config import validate_config
-from eaglenest.io import read_json
-from eaglenest.schemas import SamplesSchema, TokensSchema
-from eaglenest.tokenize import (
+from eaglenest.common.config import settings_from_sections, validate_config
+from eaglenest.common.io import read_json, write_json
+from eaglenest.formats.samples import SAMPLE_SCHEMA, SamplesSchema
+from eaglenest.formats.token_counts import read_token_counts
+from eaglenest.formats.tokens import TokensSchema, loss_mask
+from eaglenest.settings.probe import ProbeSettings
+from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.stages.probe import probe_think_ids
+from eaglenest.stages.tokenize import (
     MISMATCH_WINDOW,
     TokenizeError,
-    loss_mask,
     tokenize_samples,
     tokenize_shard,
 )
-from eaglenest.validate import SAMPLE_SCHEMA
-from eaglenest.vocab import read_token_counts
 
 THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
@@ -179,6 +181,23 @@ def config_for(tokenizer_dir: Path, **tokenize) -> dict:
     )
 
 
+def think_ids_of(config: dict) -> dict:
+    """The think ids as the probe resolves them into probe.json, where tokenize reads them."""
+    return probe_think_ids(ProbeSettings.from_config(config))
+
+
+def tokenize(samples: pl.DataFrame, config: dict, shard: str = ""):
+    """tokenize_samples as a samples job runs it on `config`: its settings, the probe's ids."""
+    return tokenize_samples(
+        samples, TokenizeSettings.from_config(config), think_ids_of(config), shard
+    )
+
+
+def write_probe(path: Path, config: dict) -> Path:
+    write_json(path, {"think_token_ids": think_ids_of(config)})
+    return path
+
+
 def server_ids(tokenizer, sample_row: dict, generated_prefix: str = THINK_START) -> dict:
     """What a server returns for a model that wrote this answer with the tokenizer's own merges."""
     prompt = tokenizer.apply_chat_template(
@@ -204,7 +223,7 @@ def rebuilt_completion_text(tokenizer, frame: pl.DataFrame, row: int = 0) -> str
 def test_leading_space_content_and_newline_reasoning_round_trip(qwen3_dir):
     reasoning = "\n\nFirst add the units: 2 + 2 = 4.\n\n"
     content = " 2 + 2 = **4**"
-    frame, _, report = tokenize_samples(
+    frame, _, report = tokenize(
         samples_frame([sample("What is 2 + 2?", reasoning, content)]), config_for(qwen3_dir)
     )
     tokenizer = load(qwen3_dir)
@@ -239,7 +258,7 @@ def test_server_ids_are_used_and_compared_with_the_rebuild(qwen3_dir):
     )
     odd["completion_token_ids"] = completion[:split_at] + as_bytes + completion[split_at + 1 :]
     assert tokenizer.decode(odd["completion_token_ids"]) == tokenizer.decode(completion)
-    frame, _, report = tokenize_samples(samples_frame(rows), config_for(qwen3_dir))
+    frame, _, report = tokenize(samples_frame(rows), config_for(qwen3_dir))
     assert frame["token_source"].to_list() == ["server"] * 6
     assert frame["rebuild_agrees"].to_list() == [True] * 5 + [False]
     assert frame["input_ids"][5].to_list() == odd["prompt_token_ids"] + odd["completion_token_ids"]
@@ -256,7 +275,7 @@ def test_server_ids_are_used_and_compared_with_the_rebuild(qwen3_dir):
     assert report["server_ids_text_mismatch"] == 0
 
     with pytest.raises(TokenizeError, match=r"agree with the server's for 5 of 6 samples"):
-        tokenize_samples(samples_frame(rows), config_for(qwen3_dir, min_agreement=0.9))
+        tokenize(samples_frame(rows), config_for(qwen3_dir, min_agreement=0.9))
 
 
 def test_server_text_that_its_ids_do_not_hold_is_reported(qwen3_dir):
@@ -265,7 +284,7 @@ def test_server_text_that_its_ids_do_not_hold_is_reported(qwen3_dir):
     tokenizer = load(qwen3_dir)
     row = server_ids(tokenizer, sample("What is 2 + 2?", "\nadd\n", "\n\n4"))
     stripped = dict(row, reasoning="add", content="4")
-    frame, _, report = tokenize_samples(samples_frame([stripped]), config_for(qwen3_dir))
+    frame, _, report = tokenize(samples_frame([stripped]), config_for(qwen3_dir))
     assert frame["input_ids"][0].to_list() == row["prompt_token_ids"] + row["completion_token_ids"]
     assert report["server_ids_text_mismatch"] == 1 and report["agreement"]["exact"] == 0
 
@@ -277,9 +296,7 @@ def test_a_rebuild_that_does_not_decode_back_is_dropped(tmp_path):
     tokenizer = load(tokenizer_dir)
     decomposed = sample("Spell cafe\u0301.", "\nc-a-f-e\u0301\n", "\n\ncafe\u0301")
     plain = sample("What is 2 + 2?", "\nadd\n", "\n\n4")
-    frame, _, report = tokenize_samples(
-        samples_frame([decomposed, plain]), config_for(tokenizer_dir)
-    )
+    frame, _, report = tokenize(samples_frame([decomposed, plain]), config_for(tokenizer_dir))
     assert frame["id"].to_list() == [plain["id"]]
     assert report["dropped_rebuild_decode_mismatch"] == 1 == report["rebuild_decode_mismatch"]
 
@@ -299,7 +316,7 @@ def test_a_rebuild_that_does_not_decode_back_is_dropped(tmp_path):
         *byte_ids(decomposed["content"]),
         end,
     ]
-    frame, _, report = tokenize_samples(samples_frame([with_ids]), config_for(tokenizer_dir))
+    frame, _, report = tokenize(samples_frame([with_ids]), config_for(tokenizer_dir))
     assert frame["token_source"].to_list() == ["server"]
     assert report["rebuild_decode_mismatch"] == 1 and report["dropped_rebuild_decode_mismatch"] == 0
     assert report["server_ids_text_mismatch"] == 0 and report["agreement"]["exact"] == 0
@@ -309,7 +326,7 @@ def test_server_ids_without_end_of_turn_get_it_appended(qwen3_dir):
     tokenizer = load(qwen3_dir)
     row = server_ids(tokenizer, sample("What is 2 + 2?", "\nadd\n", "\n\n4"))
     row["completion_token_ids"] = row["completion_token_ids"][:-1]  # a server that drops the stop
-    frame, _, report = tokenize_samples(samples_frame([row]), config_for(qwen3_dir))
+    frame, _, report = tokenize(samples_frame([row]), config_for(qwen3_dir))
     assert frame["input_ids"][0].to_list()[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN)
     assert report["end_of_turn_appended"] == 1 and frame["rebuild_agrees"].to_list() == [True]
 
@@ -323,7 +340,7 @@ def test_prompt_that_opens_the_think_block_gets_no_second_think(tmp_path, templa
     think_id = tokenizer.convert_tokens_to_ids(THINK_START)
     row = sample("What is 2 + 2?", "First add the units.\n", "\n\n4")
     server_row = server_ids(tokenizer, dict(row, id=sample_id("s")), generated_prefix="")
-    frame, _, report = tokenize_samples(samples_frame([row, server_row]), config_for(tokenizer_dir))
+    frame, _, report = tokenize(samples_frame([row, server_row]), config_for(tokenizer_dir))
     for k in range(2):
         ids = frame["input_ids"][k].to_list()
         prompt_len = frame["prompt_len"][k]
@@ -354,7 +371,7 @@ def test_template_that_drops_reasoning_from_assistant_turns_keeps_it_in_the_sequ
         tokenize=False,
     )
     assert reasoning not in rendered and "earlier reasoning" not in rendered
-    frame, _, _ = tokenize_samples(samples_frame([row]), config_for(tokenizer_dir))
+    frame, _, _ = tokenize(samples_frame([row]), config_for(tokenizer_dir))
     assert rebuilt_completion_text(tokenizer, frame) == (
         THINK_START + reasoning + THINK_END + content + END_OF_TURN
     )
@@ -366,7 +383,7 @@ def test_request_chat_template_kwargs_win_over_the_config(qwen3_dir):
         sample("What is 2 + 2?", "\nadd\n", "\n\n4", kwargs={"enable_thinking": False}),
         sample("What is 2 + 3?", "\nadd\n", "\n\n5"),  # no kwargs in the request: the config's
     ]
-    frame, _, _ = tokenize_samples(samples_frame(rows), config_for(qwen3_dir))
+    frame, _, _ = tokenize(samples_frame(rows), config_for(qwen3_dir))
     prompts = [
         tokenizer.decode(frame["input_ids"][k].to_list()[: frame["prompt_len"][k]]) for k in (0, 1)
     ]
@@ -383,21 +400,21 @@ def test_a_failing_chat_template_names_the_sample(tmp_path):
     bad = sample("2 + 2?", "\nadd\n", "\n\n4", history=[{"role": "system", "content": "Be brief."}])
     rows = [sample("What is 2 + 2?", "\nadd\n", "\n\n4"), bad]
     with pytest.raises(TokenizeError, match=f"sample {bad['id']}: the chat template failed"):
-        tokenize_samples(samples_frame(rows), config_for(tokenizer_dir))
+        tokenize(samples_frame(rows), config_for(tokenizer_dir))
 
 
 def test_tokenizer_without_think_tokens_fails_naming_them(tmp_path):
     tokenizer_dir = make_tokenizer(tmp_path / "tok", think_tokens=False)
     samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
     with pytest.raises(TokenizeError) as err:
-        tokenize_samples(samples, config_for(tokenizer_dir))
+        tokenize(samples, config_for(tokenizer_dir))
     message = str(err.value)
     assert "'<think>'" in message and "target.think_tokens" in message
 
     # With the ids given in config, the same tokenizer works (as for Kimi-K2.5 or Qwen3).
     config = config_for(tokenizer_dir)
     config["target"]["think_tokens"].update(start_id=1, end_id=2)
-    frame, _, report = tokenize_samples(samples, config)
+    frame, _, report = tokenize(samples, config)
     completion = frame["input_ids"][0].to_list()[frame["prompt_len"][0] :]
     assert completion[0] == 1 and 2 in completion
     assert report["target_tokens"]["think_source"] == "config"
@@ -406,10 +423,8 @@ def test_tokenizer_without_think_tokens_fails_naming_them(tmp_path):
 def test_unknown_end_of_turn_token_is_named(qwen3_dir):
     samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
     with pytest.raises(TokenizeError, match=r"tokenize.end_of_turn_token '<\|eot\|>'"):
-        tokenize_samples(samples, config_for(qwen3_dir, end_of_turn_token="<|eot|>"))
-    frame, _, report = tokenize_samples(
-        samples, config_for(qwen3_dir, end_of_turn_token="<|endoftext|>")
-    )
+        tokenize(samples, config_for(qwen3_dir, end_of_turn_token="<|eot|>"))
+    frame, _, report = tokenize(samples, config_for(qwen3_dir, end_of_turn_token="<|endoftext|>"))
     assert report["target_tokens"]["end_of_turn"]["source"] == "config"
     assert frame["input_ids"][0].to_list()[-1] == load(qwen3_dir).convert_tokens_to_ids(
         "<|endoftext|>"
@@ -418,7 +433,7 @@ def test_unknown_end_of_turn_token_is_named(qwen3_dir):
 
 def test_loss_mask_covers_the_completion_through_end_of_turn(qwen3_dir):
     tokenizer = load(qwen3_dir)
-    frame, counts, report = tokenize_samples(
+    frame, counts, report = tokenize(
         samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")]), config_for(qwen3_dir)
     )
     ids = frame["input_ids"][0].to_list()
@@ -441,16 +456,16 @@ def test_max_length_drop_and_truncate_are_counted(qwen3_dir):
         sample("Count the letters in banana, then sort them. " * 20, "\nx\n", "\n\n6"),
     ]
     samples = samples_frame(rows)
-    full, _, _ = tokenize_samples(samples, config_for(qwen3_dir, max_length=None))
+    full, _, _ = tokenize(samples, config_for(qwen3_dir, max_length=None))
     lengths, prompt_lens = full["n_tokens"].to_list(), full["prompt_len"].to_list()
     max_length = lengths[0] + 5
     assert lengths[1] > max_length and prompt_lens[2] >= max_length
 
-    dropped, _, report = tokenize_samples(samples, config_for(qwen3_dir, max_length=max_length))
+    dropped, _, report = tokenize(samples, config_for(qwen3_dir, max_length=max_length))
     assert dropped["id"].to_list() == [rows[0]["id"]]
     assert report["overlength"]["dropped"] == 2 and report["overlength"]["truncated"] == 0
 
-    cut, counts, report = tokenize_samples(
+    cut, counts, report = tokenize(
         samples, config_for(qwen3_dir, max_length=max_length, overlength="truncate")
     )
     assert cut["id"].to_list() == [rows[0]["id"], rows[1]["id"]]
@@ -475,7 +490,10 @@ def test_shard_files_and_an_empty_shard(tmp_path, qwen3_dir):
     samples = tmp_path / "samples.parquet"
     samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")]).write_parquet(samples)
     out = {name: tmp_path / name for name in ("t.parquet", "c.safetensors", "r.json")}
-    report = tokenize_shard(samples, *out.values(), config_for(qwen3_dir), shard="00001")
+    config = config_for(qwen3_dir)
+    settings, probe = TokenizeSettings.from_config(config), tmp_path / "probe.json"
+    write_probe(probe, config)
+    report = tokenize_shard(samples, probe, *out.values(), settings, shard="00001")
     tokens = pl.read_parquet(out["t.parquet"])
     TokensSchema.validate(tokens)
     assert read_json(out["r.json"]) == json.loads(json.dumps(report))
@@ -486,7 +504,7 @@ def test_shard_files_and_an_empty_shard(tmp_path, qwen3_dir):
 
     empty = tmp_path / "empty.parquet"
     samples_frame([]).write_parquet(empty)
-    report = tokenize_shard(empty, *out.values(), config_for(qwen3_dir), shard="00002")
+    report = tokenize_shard(empty, probe, *out.values(), settings, shard="00002")
     assert report["written"] == 0 and pl.read_parquet(out["t.parquet"]).height == 0
     assert read_token_counts(out["c.safetensors"]).counts.sum() == 0
 
@@ -496,12 +514,14 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
     """The real demo target behind the real server (vLLM dialect): the ids rebuilt from the text
     equal the server's ids, sample for sample, and the server's ids are what is written."""
     import torch
+    from test_generate import shard_settings
 
-    from eaglenest.demo_tasks import heldout_examples
-    from eaglenest.generate import generate_shard
-    from eaglenest.io import write_json
-    from eaglenest.server_process import running_server
-    from eaglenest.validate import validate_frame
+    from eaglenest.common.io import write_json
+    from eaglenest.demo.server_process import running_server
+    from eaglenest.demo.tasks import heldout_examples
+    from eaglenest.settings.samples import ValidationSettings
+    from eaglenest.stages.generate import generate_shard
+    from eaglenest.stages.validate import validate_frame
 
     torch.set_num_threads(1)
     examples = heldout_examples(seed=3, n=12)
@@ -538,19 +558,19 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
             tmp_path / "prompts.parquet",
             tmp_path / "probe.json",
             tmp_path / "raw.parquet",
-            config,
+            *shard_settings(config),
             tmp_path / "journal.jsonl",
         )
     samples, _ = validate_frame(
         pl.read_parquet(tmp_path / "raw.parquet"),
         prompts,
         probe,
-        {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.5},
+        settings_from_sections(ValidationSettings, validation={"max_truncated_fraction": 0.5}),
         "00000",
     )
     assert samples.height >= 8
 
-    frame, _, report = tokenize_samples(samples, config, "00000")
+    frame, _, report = tokenize(samples, config, "00000")
     assert report["agreement"]["compared"] == samples.height
     assert report["agreement"]["share"] == 1.0, report["agreement"]["first_mismatches"]
     assert frame["token_source"].unique().to_list() == ["server"]
@@ -561,7 +581,7 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
         pl.lit(None, dtype=pl.List(pl.Int64)).alias("prompt_token_ids"),
         pl.lit(None, dtype=pl.List(pl.Int64)).alias("completion_token_ids"),
     )
-    rebuilt, _, report = tokenize_samples(no_ids, config, "00000")
+    rebuilt, _, report = tokenize(no_ids, config, "00000")
     assert rebuilt["token_source"].unique().to_list() == ["rebuilt"]
     assert rebuilt["input_ids"].to_list() == frame["input_ids"].to_list()
     assert rebuilt["prompt_len"].to_list() == frame["prompt_len"].to_list()

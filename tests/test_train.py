@@ -3,6 +3,7 @@ kill, a clear stop on a diverging loss, and the export vLLM and SGLang load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,23 +16,20 @@ import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig
+from workflow_helpers import SMALL_RUN
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward
-from eaglenest.export import ExportError, export_drafter, load_drafter
-from eaglenest.train import (
+from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
+from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.target_head import TargetHead
+from eaglenest.stages.train.train import (
     TrainingDiverged,
     TrainSettings,
     build_drafter,
     train_drafter,
     ttt_loss,
-)
-from eaglenest.train_data import (
-    BatchPlan,
-    DraftVocab,
-    TargetHead,
-    TargetSignal,
-    build_batch,
-    open_shards,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(finished_run: Path) -> dict[str, Path]:
-    results = finished_run / "results" / "demo"
+    results = finished_run / "results" / SMALL_RUN
     return {
         "train": results / "hidden" / "00000.safetensors",
         "heldout": results / "hidden" / "00001.safetensors",
@@ -67,7 +65,7 @@ def test_overfits_a_handful_of_samples(run):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
     shards = open_shards([run["train"]], head, vocab)
     signal = TargetSignal(head, vocab)
-    settings = TrainSettings(ttt_steps=2)
+    settings = settings_from_sections(TrainSettings, train={"ttt_steps": 2})
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
     plan = BatchPlan(shards, max_batch_tokens=4096, seed=0, limit=6)
     batch = signal.fill(build_batch(plan.epoch_order(0)[0], shards))
@@ -102,11 +100,18 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     def spec(name: str) -> Path:
         path = tmp_path / f"{name}.json"
         path.write_text(
-            json.dumps({"arguments": arguments(run, tmp_path / name), "settings": settings})
+            json.dumps(
+                {
+                    "arguments": arguments(run, tmp_path / name),
+                    "settings": dataclasses.asdict(
+                        settings_from_sections(TrainSettings, train=settings)
+                    ),
+                }
+            )
         )
         return path
 
-    command = [sys.executable, "-m", "eaglenest.train"]
+    command = [sys.executable, "-m", "eaglenest.stages.train.train"]
     straight = subprocess.run(
         [*command, str(spec("straight"))], env=env, capture_output=True, check=False
     )
@@ -158,7 +163,9 @@ def test_a_nan_loss_stops_naming_step_and_batch(run, tmp_path: Path):
     broken = tmp_path / "broken" / "00000.safetensors"
     broken.parent.mkdir()
     save_file(tensors, str(broken), metadata=metadata)
-    settings = TrainSettings(max_steps=40, max_batch_tokens=256, ttt_steps=2)
+    settings = settings_from_sections(
+        TrainSettings, train={"max_steps": 40, "max_batch_tokens": 256, "ttt_steps": 2}
+    )
     with pytest.raises(
         TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*'00000.safetensors', 3\)"
     ):
@@ -239,7 +246,7 @@ def test_the_pipelines_export_has_the_layout_both_servers_load(run):
 
 def test_reloading_the_export_reproduces_the_logits(run, tmp_path: Path):
     head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
-    settings = TrainSettings()
+    settings = settings_from_sections(TrainSettings)
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings).eval()
     shards = open_shards([run["heldout"]], head, vocab)
     batch = build_batch(BatchPlan(shards, 2048, 0).epoch_order(0)[0], shards)
@@ -266,13 +273,14 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     save_file(tensors, str(other), metadata=metadata)
     with pytest.raises(ValueError, match=r"00000\.safetensors: field aux_layer_ids"):
         train_drafter(
-            **{**arguments(run, tmp_path), "target_head": str(other)}, settings=TrainSettings()
+            **{**arguments(run, tmp_path), "target_head": str(other)},
+            settings=settings_from_sections(TrainSettings),
         )
 
 
 def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
     """train.gpus > 1 runs DDP under torchrun; on CPU the processes talk over gloo."""
-    from eaglenest.train import run_under_torchrun
+    from eaglenest.stages.train.train import run_under_torchrun
 
     section = {
         "gpus": 2,
@@ -284,7 +292,8 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
         "export_dtype": "float32",
     }
     log = tmp_path / "torchrun.log"
-    run_under_torchrun(section, arguments(run, tmp_path), str(log))
+    settings = settings_from_sections(TrainSettings, train=section)
+    run_under_torchrun(settings, arguments(run, tmp_path), str(log))
     report = json.loads((tmp_path / "drafter" / "train_report.json").read_text())
     assert report["world_size"] == 2 and report["steps"] == 4
     assert (tmp_path / "drafter" / "model.safetensors").exists()
@@ -310,7 +319,7 @@ class _Payload:
 def test_a_journal_that_is_not_plain_training_state_is_moved_aside_unrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content
 ):
-    from eaglenest.train import load_checkpoint
+    from eaglenest.stages.train.checkpoint import load_checkpoint
 
     monkeypatch.chdir(tmp_path)
     state = tmp_path / "journal" / "state.pt"
@@ -335,7 +344,7 @@ def test_the_random_state_round_trips_through_a_safe_checkpoint(tmp_path: Path):
 
     import numpy as np
 
-    from eaglenest.train import load_checkpoint, rng_state, set_rng_state
+    from eaglenest.stages.train.checkpoint import load_checkpoint, rng_state, set_rng_state
 
     path = tmp_path / "state.pt"
     torch.save({"rng": [rng_state()]}, path)

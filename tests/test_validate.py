@@ -1,25 +1,26 @@
 """Validation: the empty-reasoning hard stop, drop reasons counted, pandera on real frames."""
 
 import json
+from dataclasses import replace
 
 import httpx
 import pandera.errors
 import polars as pl
 import pytest
-from test_generate import MODEL, prompt_frame
+from test_generate import MODEL, prompt_frame, shard_settings
 
-from eaglenest.config import validate_config
-from eaglenest.generate import RAW_SCHEMA, generate_shard
-from eaglenest.io import read_json, write_json
-from eaglenest.server_process import running_server
-from eaglenest.validate import (
-    ShardValidationError,
-    target_vocab_size_of,
-    validate_frame,
-    validate_shard,
+from eaglenest.common.config import validate_config
+from eaglenest.common.io import read_json, write_json
+from eaglenest.demo.server_process import running_server
+from eaglenest.formats.raw import RAW_SCHEMA
+from eaglenest.settings.samples import ValidationSettings
+from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.validate import ShardValidationError, validate_frame, validate_shard
+from eaglenest.target.tokenizer import target_vocab_size_of
+
+SETTINGS = ValidationSettings(
+    max_empty_reasoning_fraction=0.0, max_truncated_fraction=0.1, max_bad_token_ids_fraction=0.0
 )
-
-SETTINGS = {"max_empty_reasoning_fraction": 0.0, "max_truncated_fraction": 0.1}
 PROBE = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
 
 
@@ -130,7 +131,9 @@ def test_a_server_that_drops_reasoning_stops_validation(tmp_path):
         model_name=MODEL, echo=True, faults={"drop_reasoning": 0.2}, fault_seed=1
     ) as url:
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
-        generate_shard(prompts_path, probe, raw, config, tmp_path / "j.jsonl", shard="00003")
+        generate_shard(
+            prompts_path, probe, raw, *shard_settings(config), tmp_path / "j.jsonl", shard="00003"
+        )
     with pytest.raises(ShardValidationError) as err:
         validate_shard(
             raw,
@@ -138,13 +141,13 @@ def test_a_server_that_drops_reasoning_stops_validation(tmp_path):
             probe,
             tmp_path / "s.parquet",
             tmp_path / "r.json",
-            config["validation"],
+            ValidationSettings.from_config(config),
             "00003",
         )
     assert "shard 00003" in str(err.value) and "empty reasoning" in str(err.value)
     assert not (tmp_path / "s.parquet").exists()
 
-    relaxed = dict(config["validation"], max_empty_reasoning_fraction=0.5)
+    relaxed = replace(ValidationSettings.from_config(config), max_empty_reasoning_fraction=0.5)
     report = validate_shard(
         raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json", relaxed, "00003"
     )
@@ -171,7 +174,7 @@ def bad_id_rows() -> dict[int, dict]:
 
 def test_bad_token_ids_are_dropped_and_counted():
     raw, prompts = frames(10, bad_id_rows())
-    settings = dict(SETTINGS, max_bad_token_ids_fraction=0.5)
+    settings = replace(SETTINGS, max_bad_token_ids_fraction=0.5)
     samples, report = validate_frame(raw, prompts, PROBE, settings, "00005", vocab_size=VOCAB)
     assert report["dropped"] == {"bad_token_ids": 4}
     assert samples.height == report["kept"] == 6
@@ -187,7 +190,7 @@ def test_bad_token_ids_are_dropped_and_counted():
 
 def test_without_a_vocabulary_only_negative_and_null_ids_are_bad():
     raw, prompts = frames(10, bad_id_rows())
-    settings = dict(SETTINGS, max_bad_token_ids_fraction=0.5)
+    settings = replace(SETTINGS, max_bad_token_ids_fraction=0.5)
     _, report = validate_frame(raw, prompts, PROBE, settings, "00005")
     assert report["dropped"] == {"bad_token_ids": 3}  # id 1000 is fine with no bound known
 
@@ -205,7 +208,7 @@ def test_one_bad_token_id_stops_the_shard_by_default_naming_row_and_value(row):
 
 
 def test_samples_schema_bounds_ids_by_the_vocabulary():
-    from eaglenest.schemas import samples_schema
+    from eaglenest.formats.samples import samples_schema
 
     raw, prompts = frames(2, {})
     samples, _ = validate_frame(raw, prompts, PROBE, SETTINGS, "00000", vocab_size=VOCAB)
@@ -229,7 +232,7 @@ def test_vocab_size_comes_from_the_targets_config(tmp_path):
 
 
 def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
-    from eaglenest.demo_target import build_demo_tokenizer
+    from eaglenest.demo.target import build_demo_tokenizer
 
     tokenizer = build_demo_tokenizer(["one two three", "four five"], vocab_size=300)
     tokenizer.save_pretrained(tmp_path)
@@ -248,7 +251,9 @@ def test_a_server_sending_malformed_token_ids_is_caught_by_validation(tmp_path):
         model_name=MODEL, echo=True, faults={"bad_token_ids": 0.2}, fault_seed=1
     ) as url:
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
-        generate_shard(prompts_path, probe, raw, config, tmp_path / "j.jsonl", shard="00008")
+        generate_shard(
+            prompts_path, probe, raw, *shard_settings(config), tmp_path / "j.jsonl", shard="00008"
+        )
         n_faults = httpx.get(f"{url}/stats").json()["faults"]["bad_token_ids"]
     assert n_faults > 0
     frame = pl.read_parquet(raw)
@@ -261,12 +266,12 @@ def test_a_server_sending_malformed_token_ids_is_caught_by_validation(tmp_path):
 
     args = (raw, prompts_path, probe, tmp_path / "s.parquet", tmp_path / "r.json")
     with pytest.raises(ShardValidationError) as err:
-        validate_shard(*args, config["validation"], "00008", vocab_size=VOCAB)
+        validate_shard(*args, ValidationSettings.from_config(config), "00008", vocab_size=VOCAB)
     assert f"shard 00008: {n_faults} of 30 answered rows have bad token ids" in str(err.value)
     assert f"row {marked['id'][0]}: {NOT_INTEGER}" in str(err.value)
     assert not (tmp_path / "s.parquet").exists()
 
-    relaxed = dict(config["validation"], max_bad_token_ids_fraction=0.5)
+    relaxed = replace(ValidationSettings.from_config(config), max_bad_token_ids_fraction=0.5)
     report = validate_shard(*args, relaxed, "00008", vocab_size=VOCAB)
     assert report["dropped"] == {"bad_token_ids": n_faults}
     assert report["kept"] == 30 - n_faults

@@ -19,19 +19,22 @@ from test_tokenize import make_tokenizer
 from test_validate import raw_row
 from test_workflow import planned_jobs
 
-from eaglenest.generate import RAW_SCHEMA
-from eaglenest.io import read_json, write_json
-from eaglenest.vocab import (
+from eaglenest.common.io import read_json, write_json
+from eaglenest.formats.raw import RAW_SCHEMA
+from eaglenest.formats.token_counts import (
     TokenCounts,
+    merge_token_counts,
+    read_token_counts,
+    write_token_counts,
+)
+from eaglenest.stages.vocab import (
     VocabError,
     build_draft_vocab,
     coverage,
     draft_mapping,
-    merge_token_counts,
-    read_token_counts,
     select_draft_vocab,
-    write_token_counts,
 )
+from eaglenest.target.tokenizer import think_token_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,7 +146,12 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     run_dir = tmp_path / "results" / "t"
     # A server without token ids: validation keeps the rows and tokenize rebuilds the ids.
     write_json(
-        run_dir / "probe.json", {"reasoning_field": "reasoning", "token_ids": {"supported": False}}
+        run_dir / "probe.json",
+        {
+            "reasoning_field": "reasoning",
+            "token_ids": {"supported": False},
+            "think_token_ids": think_token_ids(str(tokenizer_dir)),  # what the probe writes
+        },
     )
     for shard in ("00000", "00001"):
         prompts = prompt_frame(2, tag=shard)
@@ -175,8 +183,8 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     assert summary["draft_vocab_size"] == 64 and summary["shards"] == 2
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
     # One log per job, each step's lines named by its module.
-    log = (tmp_path / "logs/t/samples/00000.log").read_text()
-    assert "eaglenest.validate" in log and "eaglenest.tokenize" in log
+    log = (tmp_path / "logs/t/prepare_samples/00000.log").read_text()
+    assert "eaglenest.stages.validate" in log and "eaglenest.stages.tokenize" in log
     assert log.count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32

@@ -5,6 +5,7 @@ evaluation, report) and a rerun does nothing; what a change reruns is in test_in
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,13 +13,41 @@ import polars as pl
 import pytest
 
 # Shared with other workflow tests; `finished_run` is a session fixture in conftest.py.
-from workflow_helpers import SMALL_DEMO, merged, planned_jobs, snakemake
+from workflow_helpers import (
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    load_test_config,
+    merged,
+    planned_jobs,
+    snakemake,
+)
 
 pytestmark = pytest.mark.slow
 
 
+ONCE_PER_RUN = (
+    "build_demo_target",
+    "prepare_prompts",
+    "probe_endpoints",
+    "build_draft_vocab",
+    "save_target_head",
+    "train_drafter",
+    "evaluate_drafter",
+    "build_report",
+)
+PER_SHARD = ("generate_responses", "prepare_samples", "extract_hidden_states")
+EXPECTED_LOGS = (
+    {f"{rule}.log" for rule in ONCE_PER_RUN}
+    | {f"{rule}/{shard}.log" for rule in PER_SHARD for shard in ("00000", "00001")}
+    | {"probe_endpoints.server.log", "generate_responses/00000.server.log"}
+    | {"generate_responses/00001.server.log"}
+)
+
+
 def test_demo_pipeline_runs_end_to_end(finished_run: Path):
-    run = finished_run / "results" / "demo"
+    run = finished_run / "results" / SMALL_RUN
     probe = json.loads((run / "probe.json").read_text())
     assert probe["reasoning_field"] == "reasoning"
     assert probe["token_ids"] == {"supported": True, "layout": "vllm"}
@@ -33,10 +62,13 @@ def test_demo_pipeline_runs_end_to_end(finished_run: Path):
         assert all(r.strip() for r in samples["reasoning"].to_list())
         assert samples["reasoning_field"].unique().to_list() == ["reasoning"]
         assert samples["completion_token_ids"].null_count() == 0
-    # Logs per job, the server's beside the job that started it (and it is gone now).
-    logs = finished_run / "logs" / "demo"
+    # One log per job: <rule>.log once per run, <rule>/<shard>.log per shard, the embedded server's
+    # beside the job that started it (and the server is gone now).
+    logs = finished_run / "logs" / SMALL_RUN
+    assert {str(p.relative_to(logs)) for p in logs.rglob("*.log")} == EXPECTED_LOGS
     assert (logs / "build_demo_target.log").read_text()
-    assert "listening on http://127.0.0.1" in (logs / "generate" / "00000.server.log").read_text()
+    server_log = logs / "generate_responses" / "00000.server.log"
+    assert "listening on http://127.0.0.1" in server_log.read_text()
     assert subprocess.run(["pgrep", "-f", "eaglenest.cli serve"], check=False).returncode == 1
 
 
@@ -60,9 +92,7 @@ def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Pat
     """The usual set-up: a server the workflow does not start (here the real eaglenest server on
     127.0.0.1 over the demo target, as vLLM would be). Probe, prompts, generation and samples of
     one shard run through Snakemake, and no embedded-server log is planned or written."""
-    from workflow_helpers import copy_workflow, job_logs
-
-    from eaglenest.server_process import running_server
+    from eaglenest.demo.server_process import running_server
 
     workdir = copy_workflow(tmp_path / "workflow")
     target = "results/ext/tokens/00000.parquet"
@@ -93,7 +123,7 @@ def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Pat
     assert raw.height == 8 and raw["error_kind"].null_count() == 8
     assert pl.read_parquet(run / "tokens" / "00000.parquet").height > 0
     logs = workdir / "logs" / "ext"
-    assert "prompt shard 00000" in (logs / "generate" / "00000.log").read_text()
+    assert "prompt shard 00000" in (logs / "generate_responses" / "00000.log").read_text()
     assert not list(logs.rglob("*.server.log"))
 
 
@@ -103,9 +133,8 @@ def test_a_sampling_change_regenerates_and_a_client_change_asks_nothing(tmp_path
     request); the raw rows carry the new temperature. Changing only concurrency asks nothing,
     even when the job is forced to rerun."""
     import httpx
-    from workflow_helpers import copy_workflow, job_logs
 
-    from eaglenest.server_process import running_server
+    from eaglenest.demo.server_process import running_server
 
     workdir = copy_workflow(tmp_path / "workflow")
     target = "results/jr/raw/00000.parquet"
@@ -142,7 +171,7 @@ def test_a_sampling_change_regenerates_and_a_client_change_asks_nothing(tmp_path
         assert second.returncode == 0, second.stderr[-3000:] + job_logs(workdir)
         assert requests_total(url) == 10 + 8
         assert raw_temperatures() == {0.9}
-        log = (workdir / "logs" / "jr" / "generate" / "00000.log").read_text()
+        log = (workdir / "logs" / "jr" / "generate_responses" / "00000.log").read_text()
         assert "0 answers reused" in log and "8 re-asked because the request changed" in log
 
         faster = merged(hotter, {"generation": {"concurrency": 3}})
@@ -153,3 +182,39 @@ def test_a_sampling_change_regenerates_and_a_client_change_asks_nothing(tmp_path
         assert raw_temperatures() == {0.9}
     raw = pl.read_parquet(workdir / "results" / "jr" / "raw" / "00000.parquet")
     assert raw["origin"].unique().to_list() == ["journal"]
+
+
+@pytest.mark.parametrize(
+    ("name", "reasoning_field", "token_ids", "token_source"),
+    [
+        ("rebuild-path", "reasoning", {"supported": False}, "rebuilt"),
+        ("sglang-dialect", "reasoning_content", {"supported": True, "layout": "sglang"}, "server"),
+    ],
+)
+def test_a_test_config_runs_as_a_person_runs_it(
+    tmp_path: Path,
+    demo_target_dir: Path,
+    name: str,
+    reasoning_field: str,
+    token_ids: dict,
+    token_source: str,
+):
+    """config/tests/<name>.yaml through one shard's samples, with the command line a person uses
+    (`--configfile`, over config/config.yaml). The demo target it would build (demo-small's,
+    tests/test_config.py) is copied in: prompts, probe, generation and samples run."""
+    run_name = load_test_config(name)["run"]
+    workdir = copy_workflow(tmp_path / "workflow")
+    shutil.copytree(demo_target_dir, workdir / "results" / run_name / "target")
+    target = f"results/{run_name}/tokens/00000.parquet"
+    result = snakemake(workdir, target, "--configfile", f"config/tests/{name}.yaml")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    run = workdir / "results" / run_name
+    probe = json.loads((run / "probe.json").read_text())
+    assert probe["reasoning_field"] == reasoning_field
+    assert {k: probe["token_ids"][k] for k in token_ids} == token_ids
+    samples = pl.read_parquet(run / "samples" / "00000.parquet")
+    assert samples.height > 0
+    assert samples["reasoning_field"].unique().to_list() == [reasoning_field]
+    tokens = pl.read_parquet(run / "tokens" / "00000.parquet")
+    assert tokens.height > 0
+    assert tokens["token_source"].unique().to_list() == [token_source]

@@ -1,6 +1,6 @@
-"""Helpers of the workflow tests: a small demo config, a copy of the workflow in a temp dir, real
-Snakemake runs in it and the job counts of a dry run. The finished run itself is a session fixture
-in conftest.py (`finished_run`), built once for every module that needs it."""
+"""Helpers of the workflow tests: the test configs of config/tests/, a copy of the workflow in a
+temp dir, real Snakemake runs in it and the job counts of a dry run. The finished run itself is a
+session fixture in conftest.py (`finished_run`), built once for every module that needs it."""
 
 from __future__ import annotations
 
@@ -12,23 +12,25 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import DEMO_TARGET_TEST_SETTINGS
 
 REPO = Path(__file__).resolve().parents[1]
 # src/ goes along: rules/common.smk puts the workdir's src/ first on sys.path, so code versions are
 # hashed from this snapshot (edits elsewhere in the tree during a test session change nothing).
 WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
 
-SMALL_DEMO = {
-    "demo_target": {"enabled": True, **DEMO_TARGET_TEST_SETTINGS},
-    "prompts": {"source": "demo", "max_samples": 40, "shard_size": 20},
-    "generation": {"max_tokens": 160},
-    # The test target is trained briefly: allow some answers to run past max_tokens.
-    "validation": {"max_truncated_fraction": 0.5},
-    # Enough to exercise training, export, evaluation and the report, not to train well.
-    "train": {"epochs": 2, "max_batch_tokens": 1024, "ttt_steps": 3},
-    "evaluate": {"ks": [2, 3], "live_prompts": 3, "live_max_new_tokens": 32},
-}
+# The configs a person can also run by hand (`snakemake --cores 2 --configfile <file>`), each
+# over config/config.yaml and under its own `run:` name.
+TEST_CONFIGS = REPO / "config" / "tests"
+
+
+def load_test_config(name: str) -> dict:
+    """config/tests/<name>.yaml as a dict."""
+    return yaml.safe_load((TEST_CONFIGS / f"{name}.yaml").read_text())
+
+
+# The small demo (2 shards of 20 prompts, a small target, short training) that `finished_run` runs.
+SMALL_DEMO = load_test_config("demo-small")
+SMALL_RUN = SMALL_DEMO["run"]
 
 
 def copy_workflow(workdir: Path) -> Path:

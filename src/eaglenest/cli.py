@@ -8,15 +8,18 @@ import argparse
 import importlib
 import sys
 
-from eaglenest.logs import setup_cli_logging
+from eaglenest.common.logs import setup_cli_logging
 
 SUBCOMMANDS = {
-    "serve": ("eaglenest.server", "OpenAI-compatible server for a local causal LM (or echo mode)"),
+    "serve": (
+        "eaglenest.demo.server",
+        "OpenAI-compatible server for a local causal LM (or echo mode)",
+    ),
     "probe": (
-        "eaglenest.probe",
+        "eaglenest.stages.probe",
         "send one minimal request to an endpoint and report what it returns",
     ),
-    "build-demo-target": ("eaglenest.demo_target", "build and train the tiny demo target model"),
+    "build-demo-target": ("eaglenest.demo.target", "build and train the tiny demo target model"),
 }
 
 

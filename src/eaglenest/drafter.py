@@ -13,13 +13,14 @@ vLLM and SGLang chain draft steps, and how training-time test (TTT) unrolls them
 Training-time test: step i feeds step i-1's output hidden states back at every position at once,
 with the tokens shifted by one more. The attention pattern of step i: a query at position t sees
 the step-0 keys of positions <= t (causal) and the keys of steps 1..i at position t only (each
-position's own draft chain), as in the EAGLE-3 reference training code. `ttt_step` implements it
-with one [T, T] score block plus one diagonal column per earlier step.
+position's own draft chain), as in the EAGLE-3 reference training code. `Attention.forward`
+implements it with one [T, T] score block plus one diagonal column per earlier step.
 
 Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
 (`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
-post_attention_layernorm}, norm, lm_head; see export.py. The token embedding is the target's,
-frozen, and is never written to training checkpoints (it is reloaded from the target head).
+post_attention_layernorm}, norm, lm_head; see eaglenest.formats.drafter_export. The token
+embedding is the target's, frozen, and is never written to training checkpoints (it is reloaded
+from the target head).
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        # The draft vocabulary (see vocab.py): draft id i is target id i + d2t[i].
+        # The draft vocabulary (see eaglenest.stages.vocab): draft id i is target id i + d2t[i].
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
 

@@ -1,0 +1,94 @@
+"""Running a module of ours under the serving engine's own interpreter (vLLM's `vllm.python`),
+and talking to it.
+
+vLLM pins another transformers than ours, so it never shares the project's environment: a stage
+that needs it starts `python -m <module>` from that environment, with our source on PYTHONPATH,
+and the module imports only the engine, torch, numpy and this file (stdlib only). The child
+writes messages to stdout as lines `EAGLENEST <json>` (`say`); every other line there is the
+engine's own log (vLLM logs to stdout), which the parent logs and keeps the end of for errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MARKER = "EAGLENEST "
+LOG_TAIL_LINES = 40
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or failed; the message ends with the end of its log."""
+
+
+def say(message: dict[str, Any]) -> None:
+    """In the child: one message to the parent."""
+    print(MARKER + json.dumps(message), flush=True)
+
+
+def engine_python(python: str, key: str = "vllm.python") -> str:
+    """The engine's interpreter, checked: relative paths are from the working directory (for a
+    workflow, its directory). Not resolved: a venv's python is a link that must stay one."""
+    path = Path(python)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise EngineError(
+            f"{key} {python!r}: no such interpreter (from {Path.cwd()}); `make vllm` creates "
+            ".venv-vllm, or name the python of an environment with vLLM"
+        )
+    return str(path)
+
+
+@contextlib.contextmanager
+def engine_process(
+    python: str, module: str, args: list[str], env: dict[str, str]
+) -> Iterator[subprocess.Popen]:
+    """`python -m module args` with our source importable, in its own process group (the engine
+    starts processes of its own): all of them are stopped when the block ends, however it ends."""
+    source_root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [python, "-m", module, *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **env, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            if process.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(wait_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
+
+
+def engine_messages(process: subprocess.Popen, tail: list[str]) -> Iterator[dict[str, Any]]:
+    """The child's messages; its other lines are logged, and the last ones kept in `tail`."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith(MARKER):
+            yield json.loads(line[len(MARKER) :])
+            continue
+        log.info("engine: %s", line.rstrip())
+        tail.append(line.rstrip())
+        del tail[:-LOG_TAIL_LINES]
+
+
+def reply(process: subprocess.Popen, text: str = "next") -> None:
+    """A line to the child's stdin (it waits for one between batches)."""
+    assert process.stdin is not None
+    process.stdin.write(text + "\n")
+    process.stdin.flush()

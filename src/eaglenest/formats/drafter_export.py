@@ -1,0 +1,133 @@
+"""The drafter checkpoint that vLLM and SGLang load: `config.json` + `model.safetensors`.
+
+Layout (checked against the loaders' code; see tests/test_train.py for where each key comes from):
+- config.json: `architectures: ["LlamaForCausalLMEagle3"]` (SGLang's EntryClass; vLLM maps it to
+  Eagle3LlamaForCausalLM), Llama sizes, `num_hidden_layers: 1`, `vocab_size` (the target's),
+  `draft_vocab_size`, `target_hidden_size`, `tie_word_embeddings: false`, `rope_theta` as trained.
+- Aux layer ids: vLLM reads a top-level `eagle_aux_hidden_state_layer_ids` in HF-index form (id k
+  = input of decoder layer k = `output_hidden_states[k]`), which is our convention, so it is
+  written as captured. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` and captures
+  layer id + 1, so the nested list holds ids - 1 (newer SGLang adds the 1 only when the first
+  nested id is 1, which holds for the default (2, N//2, N-3)).
+- Tensors, unprefixed: fc, midlayer.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+  input_layernorm, hidden_norm, post_attention_layernorm}, norm, lm_head, d2t (int64), t2d (bool).
+  No embed_tokens: both servers share the target's embedding, and for a large target it would be
+  the biggest tensor of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglenest.common.io import atomic_path, write_json
+from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+INTEGER_TENSORS = ("d2t", "t2d")
+
+
+class ExportError(ValueError):
+    """An export disagrees with the run it came from; the message names the file and field."""
+
+
+def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
+    ids = list(config.aux_layer_ids)
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": config.hidden_size,
+        "target_hidden_size": config.target_hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bias": False,
+        "torch_dtype": dtype,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+            "use_aux_hidden_state": True,
+        },
+        "eaglenest": {"aux_layer_ids": ids, "format": "eagle3/1"},
+    }
+
+
+def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: str = "bfloat16") -> None:
+    out_dir = Path(out_dir)
+    tensors = {}
+    for name, value in model.trainable_state_dict().items():
+        value = value.detach().cpu()
+        tensors[name] = value if name in INTEGER_TENSORS else value.to(DTYPES[dtype])
+        tensors[name] = tensors[name].contiguous()
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", export_config(model.config, dtype))
+    log.info("exported %d tensors (%s) to %s", len(tensors), dtype, out_dir)
+
+
+def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=config["hidden_size"],
+        target_hidden_size=config.get("target_hidden_size", config["hidden_size"]),
+        intermediate_size=config["intermediate_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+        vocab_size=config["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"],
+        aux_layer_ids=tuple(config["eagle_aux_hidden_state_layer_ids"]),
+        rms_norm_eps=config["rms_norm_eps"],
+        rope_theta=config.get("rope_theta", 10000.0),
+        max_position_embeddings=config["max_position_embeddings"],
+    )
+
+
+def load_drafter(
+    drafter_dir: str | Path,
+    embed: torch.Tensor,
+    expect_layer_ids: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Eagle3Drafter:
+    """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
+    drafter_dir = Path(drafter_dir)
+    config = drafter_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
+    if expect_layer_ids is not None and list(config.aux_layer_ids) != list(expect_layer_ids):
+        raise ExportError(
+            f"{drafter_dir / 'config.json'}: eagle_aux_hidden_state_layer_ids "
+            f"{list(config.aux_layer_ids)} but the hidden states were captured at "
+            f"{list(expect_layer_ids)}"
+        )
+    if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
+        raise ExportError(
+            f"{drafter_dir / 'config.json'}: vocab_size x hidden_size "
+            f"{config.vocab_size} x {config.hidden_size} but the target embedding is "
+            f"{tuple(embed.shape)}"
+        )
+    model = Eagle3Drafter(config)
+    with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
+        state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+    state["embed_tokens.weight"] = embed
+    model.load_state_dict(
+        {k: v.to(dtype) if k not in INTEGER_TENSORS else v for k, v in state.items()}
+    )
+    return model.to(dtype)

@@ -1,0 +1,190 @@
+"""Training data for the drafter: memory-mapped hidden shards in token-budget batches, and the
+target's distribution over the draft vocabulary at every position.
+
+Nothing is loaded whole: a batch reads its samples' rows from the shard files (safetensors
+`get_slice`, see formats/hidden_shard.py) when it is built. The order is a function of (seed, epoch), so
+a resumed run builds exactly the batches the killed run would have built.
+
+The target signal is either the target's final normed hidden state (logits = head(final), computed
+here a chunk of rows at a time) or the stored top-k logits; either way the loss sees the target's
+logits restricted to the draft vocabulary and a flag saying whether the target's argmax lies in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eaglenest.common.batching import pack_batches
+from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
+from eaglenest.formats.target_head import TargetHead
+
+HEAD_CHUNK_ROWS = 2048
+
+
+class TrainDataError(ValueError):
+    """Hidden shards, target head and draft vocab disagree; the message names the file."""
+
+
+@dataclass
+class Batch:
+    aux: torch.Tensor  # [B, T, 3H] float32
+    input_ids: torch.Tensor  # [B, T] int64 (0 past each sample's end)
+    loss_mask: torch.Tensor  # [B, T] bool (False past the end)
+    target_logits: torch.Tensor | None  # [B, T, D] float32 over the draft vocab (TargetSignal)
+    in_draft_vocab: torch.Tensor | None  # [B, T] bool: the target's argmax is a draft token
+    samples: list[tuple[str, int]]  # (shard file name, sample index)
+    # What the target signal is computed from (on the training device), one of:
+    final_hidden: torch.Tensor | None = None  # [B, T, H]
+    topk_ids: torch.Tensor | None = None  # [B, T, k]
+    topk_values: torch.Tensor | None = None  # [B, T, k]
+
+    TENSORS = (
+        "aux",
+        "input_ids",
+        "loss_mask",
+        "target_logits",
+        "in_draft_vocab",
+        "final_hidden",
+        "topk_ids",
+        "topk_values",
+    )
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: str | torch.device) -> Batch:
+        moved = {
+            name: None if getattr(self, name) is None else getattr(self, name).to(device)
+            for name in self.TENSORS
+        }
+        return Batch(**moved, samples=self.samples)
+
+
+def open_shards(paths: list[str | Path], head: TargetHead, vocab: DraftVocab) -> list[HiddenShard]:
+    """Open every shard, checking layer ids and sizes against the target head and draft vocab."""
+    shards = [
+        open_hidden_shard(
+            p, expect_layer_ids=head.aux_layer_ids, expect_hidden_size=head.hidden_size
+        )
+        for p in paths
+    ]
+    if len(vocab.t2d) != head.vocab_size:
+        raise TrainDataError(
+            f"draft vocab t2d covers {len(vocab.t2d)} target ids but the target head "
+            f"{head.path} has vocab_size {head.vocab_size}"
+        )
+    return shards
+
+
+class TargetSignal:
+    """Target logits over the draft vocab (+ whether the full-vocab argmax is a draft token),
+    computed on the training device: for a large vocabulary this is a real matmul."""
+
+    def __init__(self, head: TargetHead, vocab: DraftVocab, device: str | torch.device = "cpu"):
+        self.head = head.lm_head.to(device, torch.float32)
+        self.draft_ids = vocab.draft_ids.to(device)
+        self.t2d = vocab.t2d.to(device)
+        self.target_to_draft = vocab.target_to_draft.to(device)
+
+    def from_final_hidden(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, in_vocab = [], []
+        for rows in final.float().split(HEAD_CHUNK_ROWS):
+            full = rows @ self.head.T
+            logits.append(full[:, self.draft_ids])
+            in_vocab.append(self.t2d[full.argmax(-1)])
+        return torch.cat(logits), torch.cat(in_vocab)
+
+    def from_topk(
+        self, ids: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = ids.long()
+        logits = torch.full(
+            (ids.shape[0], len(self.draft_ids)), float("-inf"), device=values.device
+        )
+        draft = self.target_to_draft[ids]
+        rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
+        keep = draft >= 0
+        logits[rows[keep], draft[keep]] = values.float()[keep]
+        best = ids.gather(1, values.argmax(-1, keepdim=True))[:, 0]
+        return logits, self.t2d[best]
+
+    def fill(self, batch: Batch) -> Batch:
+        """The batch with target_logits and in_draft_vocab set (on the batch's device)."""
+        b, t = batch.input_ids.shape
+        if batch.final_hidden is not None:
+            logits, in_vocab = self.from_final_hidden(batch.final_hidden.reshape(b * t, -1))
+        else:
+            k = batch.topk_ids.shape[-1]
+            logits, in_vocab = self.from_topk(
+                batch.topk_ids.reshape(b * t, k), batch.topk_values.reshape(b * t, k)
+            )
+        batch.target_logits = logits.reshape(b, t, -1)
+        batch.in_draft_vocab = in_vocab.reshape(b, t)
+        return batch
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    shard: int
+    index: int
+    length: int
+
+
+class BatchPlan:
+    """Which samples go into which batch, in which order, for every epoch."""
+
+    def __init__(
+        self,
+        shards: list[HiddenShard],
+        max_batch_tokens: int,
+        seed: int,
+        limit: int | None = None,
+    ):
+        self.shards = shards
+        self.seed = seed
+        self.refs = [
+            SampleRef(s, i, int(shard.offsets[i + 1] - shard.offsets[i]))
+            for s, shard in enumerate(shards)
+            for i in range(len(shard))
+        ][:limit]
+        # Length-sorted batches waste little padding; the order of batches is shuffled per epoch.
+        self.batches = pack_batches([r.length for r in self.refs], max_batch_tokens)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
+        return [[self.refs[i] for i in self.batches[b]] for b in order]
+
+
+def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
+    """Right-padded tensors of these samples, read from the shard files (target signal raw)."""
+    longest = max(r.length for r in refs)
+    samples = [shards[r.shard].sample(r.index) for r in refs]
+
+    def padded(name: str, dtype: torch.dtype) -> torch.Tensor:
+        first = samples[0][name]
+        out = torch.zeros((len(refs), longest, *first.shape[1:]), dtype=dtype)
+        for row, (ref, sample) in enumerate(zip(refs, samples, strict=True)):
+            out[row, : ref.length] = sample[name].to(dtype)
+        return out
+
+    has_final = "final_hidden" in samples[0]
+    return Batch(
+        aux=padded("aux", torch.float32),
+        input_ids=padded("input_ids", torch.long),
+        loss_mask=padded("loss_mask", torch.bool),
+        target_logits=None,
+        in_draft_vocab=None,
+        samples=[(shards[r.shard].path.name, r.index) for r in refs],
+        final_hidden=padded("final_hidden", torch.float32) if has_final else None,
+        topk_ids=None if has_final else padded("topk_ids", torch.long),
+        topk_values=None if has_final else padded("topk_values", torch.float32),
+    )

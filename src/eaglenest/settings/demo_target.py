@@ -1,0 +1,34 @@
+"""Settings of the demo target's build: the `demo_target` section less `enabled` (which decides
+whether the rule runs at all)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+
+
+@dataclass(frozen=True)
+class DemoTargetSettings(Settings):
+    seed: int
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    train_steps: int
+    batch_size: int
+    learning_rate: float
+    heldout_prompts: int
+    min_reasoning_share: float
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DemoTargetSettings:
+        return cls(**{k: config["demo_target"][k] for k in cls.__dataclass_fields__})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `eaglenest.demo.target.build_demo_target`."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -1,0 +1,36 @@
+"""Settings of the evaluate stage: the `evaluate` section and the seed of the run's training (the
+untrained baseline and the batch order draw from it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+from eaglenest.settings.vllm import VllmEngine
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(Settings):
+    ks: tuple[int, ...]
+    live: bool
+    live_prompts: int
+    live_max_new_tokens: int
+    device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
+    prompt_lookup_ngram: int
+    max_batch_tokens: int
+    seed: int  # train.seed
+    engine: str | None  # "vllm": also decode in the serving engine
+    vllm: VllmEngine | None  # with engine "vllm" only: a vllm section change reruns only then
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EvaluateSettings:
+        section = config["evaluate"]
+        names = [f for f in cls.__dataclass_fields__ if f not in ("ks", "seed", "vllm")]
+        return cls(
+            ks=tuple(section["ks"]),
+            seed=config["train"]["seed"],
+            vllm=VllmEngine.from_config(config) if section["engine"] == "vllm" else None,
+            **{k: section[k] for k in names},
+        )

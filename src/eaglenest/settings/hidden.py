@@ -1,0 +1,33 @@
+"""Settings of the hidden-state stage (and of the target head, which shares the aux layer ids
+and how the target is loaded): the `hidden` section."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+from eaglenest.settings.vllm import VllmEngine
+
+
+@dataclass(frozen=True)
+class HiddenSettings(Settings):
+    aux_layer_ids: tuple[int, ...] | None  # None: vLLM's default (2, N//2, N-3)
+    target_signal: str  # "final_hidden" or "topk"
+    top_k: int
+    dtype: str  # storage: "bf16", "fp8" or "fp32"
+    model_dtype: str
+    max_batch_tokens: int
+    device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
+    backend: str  # "transformers" or "vllm"
+    engine: VllmEngine | None  # with the vllm backend only: a vllm section change reruns only it
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> HiddenSettings:
+        section = config["hidden"]
+        values = {k: section[k] for k in cls.__dataclass_fields__ if k != "engine"}
+        values["engine"] = VllmEngine.from_config(config) if section["backend"] == "vllm" else None
+        if values["aux_layer_ids"] is not None:
+            values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
+        return cls(**values)

@@ -1,0 +1,81 @@
+"""Settings of the probe stage: what it asks each endpoint and what it requires of the answers
+(the rule's `settings`), and how it reaches them (its client settings, no reason to rerun).
+
+Where eaglenest's embedded server is the endpoint, how that server answers (its dialect, whether
+it returns token ids, its faults) is part of the settings: the pipeline runs that server, so it
+can see what changed, and probe.json (which every later stage reads) records what it found. A
+real endpoint's own configuration is out of sight; after changing it, rerun the probe:
+`snakemake --forcerun probe_endpoints`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+from eaglenest.settings.endpoints import EndpointSettings
+
+
+@dataclass(frozen=True)
+class ProbeSettings(Settings):
+    model: str
+    chat_template_kwargs: dict[str, Any]
+    extra_body: dict[str, Any]  # generation.extra_body: the probe asks as the run will
+    # The think token ids go into probe.json, where every later stage reads them.
+    tokenizer: str | None  # target.tokenizer, else target.path
+    trust_remote_code: bool
+    think_tokens: dict[str, Any]  # start, end, start_id, end_id
+    prompts: int
+    prompt: str | None
+    max_tokens: int
+    require_token_ids: bool
+    require_reasoning: bool
+    embedded_server: dict[str, Any] | None  # the `server` section less client settings, if enabled
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ProbeSettings:
+        target, probe = config["target"], config["probe"]
+        return cls(
+            model=target["model"],
+            chat_template_kwargs=target["chat_template_kwargs"],
+            extra_body=config["generation"]["extra_body"],
+            tokenizer=target["tokenizer"] or target["path"],
+            trust_remote_code=target["trust_remote_code"],
+            think_tokens=dict(target["think_tokens"]),
+            embedded_server=_answer_settings(config["server"]),
+            **{
+                k: probe[k]
+                for k in (
+                    "prompts",
+                    "prompt",
+                    "max_tokens",
+                    "require_token_ids",
+                    "require_reasoning",
+                )
+            },
+        )
+
+
+# How long the embedded server may take to start and how many requests it batches: how it runs,
+# not what it answers.
+SERVER_CLIENT_KEYS = ("enabled", "max_batch_size", "startup_timeout_s")
+
+
+def _answer_settings(server: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not server["enabled"]:
+        return None
+    return {k: v for k, v in server.items() if k not in SERVER_CLIENT_KEYS}
+
+
+@dataclass(frozen=True)
+class ProbeClientSettings(Settings):
+    endpoints: EndpointSettings
+    timeout_s: float
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ProbeClientSettings:
+        return cls(
+            endpoints=EndpointSettings.from_config(config), timeout_s=config["probe"]["timeout_s"]
+        )

@@ -1,0 +1,39 @@
+"""Settings of vLLM where the pipeline runs it itself (`hidden.backend: vllm`, `evaluate.engine:
+vllm`): the `vllm` section, in two objects. `VllmEngine` is what shapes the numbers vLLM returns
+(weights' quantization, engine arguments): part of the stages' settings, so a change reruns them.
+`VllmRuntime` is where and how big it runs (the interpreter, tensor parallelism, memory, batch):
+passed untracked, so moving to another node or another venv reruns nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+
+
+@dataclass(frozen=True)
+class VllmEngine(Settings):
+    quantization: str | None
+    engine_args: dict[str, Any]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> VllmEngine:
+        section = config["vllm"]
+        return cls(quantization=section["quantization"], engine_args=section["engine_args"])
+
+
+@dataclass(frozen=True)
+class VllmRuntime(Settings):
+    python: str
+    tensor_parallel_size: int
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+    cpu_kvcache_space_gb: float
+    requests_per_batch: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> VllmRuntime:
+        section = config["vllm"]
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__})

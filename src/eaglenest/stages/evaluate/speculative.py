@@ -1,0 +1,203 @@
+"""Greedy speculative decoding with a transformers target, as serving engines do it.
+
+Each round a proposer drafts K tokens; the target verifies them in ONE forward pass over
+[last token, d1..dK]; the longest prefix of drafts equal to the target's greedy tokens is
+accepted, plus the target's own next token (the "bonus" token). Acceptance length of a round =
+accepted drafts + 1, the figure vLLM and SGLang report. The output is, by construction, the
+target's greedy output; `greedy_generate` is the reference it is checked against.
+
+Decoding stops at the first end-of-turn token wherever it lands in a round (an accepted draft or
+the bonus token), and at max_new_tokens. Only what lies inside the output is counted: in the last
+round, drafts past the end of the output are neither accepted nor drafted, and no later round
+runs or is timed. (vLLM's counters take a request's last round whole, before its stop check, so
+they can count drafts accepted past the end of turn in that one round.)
+
+Proposers: `EagleProposer` (the EAGLE-3 drafter, fed the target's aux hidden states of every
+verified position, with its own KV cache) and `PromptLookupProposer` (n-gram lookup in the
+context, the usual training-free baseline).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglenest.drafter import DecodeCache, Eagle3Drafter
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    target_forwards: int
+    wall_s: float
+    accept_lengths: list[int] = field(default_factory=list)  # per verification round
+    # Drafts per round that lie inside the output (all of them but in the last round).
+    draft_lengths: list[int] = field(default_factory=list)
+
+    def accepted_per_position(self, k: int) -> list[int]:
+        """Rounds whose draft at position i (0-based) was accepted; acceptance is a prefix."""
+        return [sum(a - 1 > i for a in self.accept_lengths) for i in range(k)]
+
+    def drafted_per_position(self, k: int) -> list[int]:
+        return [sum(d > i for d in self.draft_lengths) for i in range(k)]
+
+
+def _target_forward(target, ids: list[int], cache, layer_ids, device):
+    out = target(
+        input_ids=torch.tensor([ids], device=device),
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=layer_ids is not None,
+    )
+    aux = None
+    if layer_ids is not None:
+        # hidden_states[k] is the INPUT of decoder layer k: the convention of the hidden stage.
+        aux = torch.cat([out.hidden_states[k][0] for k in layer_ids], dim=-1)
+    return out.logits[0], aux
+
+
+def _inside_output(new: list[int], room: int, eos_ids: set[int]) -> list[int]:
+    """A round's new tokens cut at max_new_tokens and after the first end-of-turn token."""
+    new = new[:room]
+    for i, token in enumerate(new):
+        if token in eos_ids:
+            return new[: i + 1]
+    return new
+
+
+@torch.inference_mode()
+def greedy_generate(
+    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int]
+) -> Generation:
+    from transformers import DynamicCache
+
+    device = next(target.parameters()).device
+    started = time.perf_counter()
+    cache = DynamicCache()
+    logits, _ = _target_forward(target, prompt, cache, None, device)
+    tokens = [int(logits[-1].argmax())]
+    forwards = 1
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
+        logits, _ = _target_forward(target, tokens[-1:], cache, None, device)
+        tokens.append(int(logits[-1].argmax()))
+        forwards += 1
+    return Generation(tokens, forwards, time.perf_counter() - started)
+
+
+class EagleProposer:
+    """The drafter keeps step-0 keys of every verified position; each round's chain is dropped."""
+
+    needs_hidden = True
+
+    def __init__(self, drafter: Eagle3Drafter):
+        self.drafter = drafter
+        self.device = drafter.fc.weight.device
+
+    def _extend(self, next_tokens: list[int], aux: torch.Tensor) -> None:
+        # Position p takes the target's aux state at p and the token at p + 1.
+        n = len(next_tokens)
+        positions = torch.arange(self.length, self.length + n, device=self.device)[None]
+        hidden = self.drafter.project(aux[None].to(self.device))
+        ids = torch.tensor([next_tokens], device=self.device)
+        logits, hidden = self.drafter.step(ids, hidden, positions, self.cache)
+        self.length += n
+        self.logits, self.hidden = logits[0, -1], hidden[:, -1:]
+
+    def start(self, prompt: list[int], aux: torch.Tensor, first_token: int) -> None:
+        self.cache = DecodeCache()
+        self.length = 0
+        self._extend([*prompt[1:], first_token], aux)
+
+    def propose(self, k: int) -> list[int]:
+        drafts: list[int] = []
+        logits, hidden = self.logits, self.hidden
+        for j in range(k):
+            token = int(self.drafter.draft_to_target(logits.argmax()))
+            drafts.append(token)
+            if j + 1 == k:
+                break
+            position = torch.tensor([[self.length - 1 + j + 1]], device=self.device)
+            ids = torch.tensor([[token]], device=self.device)
+            step_logits, hidden = self.drafter.step(ids, hidden, position, self.cache)
+            logits = step_logits[0, -1]
+        self.cache.truncate(self.length)
+        return drafts
+
+    def accept(self, new_tokens: list[int], aux: torch.Tensor) -> None:
+        self._extend(new_tokens, aux)
+
+
+class PromptLookupProposer:
+    """Drafts the tokens that followed the latest earlier occurrence of the context's last n-gram
+    (n from `max_ngram` down to 1); nothing when there is none."""
+
+    needs_hidden = False
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+
+    def start(self, prompt: list[int], aux, first_token: int) -> None:
+        self.tokens = [*prompt, first_token]
+
+    def propose(self, k: int) -> list[int]:
+        return prompt_lookup(self.tokens, k, self.max_ngram)
+
+    def accept(self, new_tokens: list[int], aux) -> None:
+        self.tokens.extend(new_tokens)
+
+
+def prompt_lookup(context: list[int], k: int, max_ngram: int) -> list[int]:
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + k]
+    return []
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target,
+    proposer: EagleProposer | PromptLookupProposer,
+    prompt: list[int],
+    k: int,
+    max_new_tokens: int,
+    eos_ids: set[int],
+    layer_ids: list[int] | tuple[int, ...],
+) -> Generation:
+    from transformers import DynamicCache
+
+    device = next(target.parameters()).device
+    layers = layer_ids if proposer.needs_hidden else None
+    started = time.perf_counter()
+    cache = DynamicCache()
+    logits, aux = _target_forward(target, prompt, cache, layers, device)
+    tokens = [int(logits[-1].argmax())]
+    forwards = 1
+    proposer.start(prompt, aux, tokens[0])
+    accept_lengths: list[int] = []
+    draft_lengths: list[int] = []
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
+        drafts = proposer.propose(k)
+        logits, aux = _target_forward(target, [tokens[-1], *drafts], cache, layers, device)
+        forwards += 1
+        greedy = logits.argmax(-1).tolist()
+        n = 0
+        while n < len(drafts) and drafts[n] == greedy[n]:
+            n += 1
+        if n < len(drafts):
+            # Drop the rejected drafts' entries (transformers wants a negative count).
+            cache.crop(-(len(drafts) - n))
+        new = _inside_output([*drafts[:n], greedy[n]], max_new_tokens - len(tokens), eos_ids)
+        tokens.extend(new)
+        ended = len(tokens) >= max_new_tokens or new[-1] in eos_ids
+        accept_lengths.append(min(n, len(new)) + 1)
+        draft_lengths.append(min(len(drafts), len(new)) if ended else len(drafts))
+        if ended:
+            break
+        proposer.accept(new, aux[: n + 1] if aux is not None else None)
+    return Generation(
+        tokens, forwards, time.perf_counter() - started, accept_lengths, draft_lengths
+    )

@@ -1,0 +1,94 @@
+"""The engine side of the evaluation in vLLM (`evaluate.engine: vllm`): runs under vLLM's
+interpreter, started by vllm_evaluate.py, once per configuration.
+
+    python -m eaglenest.stages.evaluate.vllm_decode <request.json>
+
+Decodes the held-out prompts (token ids) at temperature 0 with offline `vllm.LLM`: plainly, or
+with EAGLE-3 speculative decoding by the exported drafter and K draft tokens. Answers one message
+(eaglenest.common.engine_process.say): the generated token ids per prompt, the wall time of
+`generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`), which are the
+figures users see in production.
+
+Imports vLLM and eaglenest.common.engine_process only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from eaglenest.common.engine_process import say
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_position",
+}
+
+
+def engine(request: dict):
+    from vllm import LLM
+
+    args = dict(request["engine_args"])
+    args.update(
+        model=request["target"],
+        dtype=request["dtype"],
+        tensor_parallel_size=request["tensor_parallel_size"],
+        quantization=request["quantization"],
+        max_model_len=request["max_model_len"],
+        gpu_memory_utilization=request["gpu_memory_utilization"],
+        trust_remote_code=request["trust_remote_code"],
+        disable_log_stats=False,  # the spec_decode counters are stats
+    )
+    if request["k"] is not None:
+        args["speculative_config"] = {
+            "method": "eagle3",
+            "model": request["drafter"],
+            "num_speculative_tokens": request["k"],
+        }
+    return LLM(**{k: v for k, v in args.items() if v is not None})
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters, summed over engines (one per data-parallel rank)."""
+    found: dict = {}
+    for metric in llm.get_metrics():
+        name = SPEC_COUNTERS.get(metric.name)
+        if name is None:
+            continue
+        value = getattr(metric, "values", None)
+        if value is None:
+            value = getattr(metric, "value", 0)
+        if isinstance(value, list):
+            previous = found.get(name, [0] * len(value))
+            found[name] = [a + b for a, b in zip(previous, value, strict=True)]
+        else:
+            found[name] = found.get(name, 0) + value
+    return found
+
+
+def main(request_path: str) -> None:
+    from vllm import SamplingParams
+
+    request = json.loads(Path(request_path).read_text())
+    started = time.perf_counter()
+    llm = engine(request)
+    say({"engine_ready_s": round(time.perf_counter() - started, 3)})
+    sampling = SamplingParams(max_tokens=request["max_new_tokens"], temperature=0.0)
+    prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
+    tick = time.perf_counter()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    wall_s = time.perf_counter() - tick
+    say({
+        "done": True,
+        "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+        "wall_s": round(wall_s, 4),
+        "spec": spec_counters(llm),
+    })  # fmt: skip
+
+
+if __name__ == "__main__":  # LLM(...) starts its workers with spawn
+    main(sys.argv[1])

@@ -1,0 +1,118 @@
+"""Acceptance measured by the serving engine (`evaluate.engine: vllm`): the held-out prompts are
+decoded by vLLM at temperature 0 once plainly and once per K with EAGLE-3 and the exported
+drafter, each in a fresh engine (vllm_decode.py under vLLM's interpreter).
+
+Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
+(accepted at position i / drafts), the tokens, the wall time, and whether the speculative
+outputs equal the plain ones prompt for prompt, which greedy speculative decoding promises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from eaglenest.common.engine_process import (
+    EngineError,
+    engine_messages,
+    engine_process,
+    engine_python,
+)
+from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+
+log = logging.getLogger(__name__)
+
+DECODE_MODULE = "eaglenest.stages.evaluate.vllm_decode"
+
+
+def decode(request: dict[str, Any], runtime: VllmRuntime, work_dir: Path) -> dict[str, Any]:
+    """One engine, one configuration; its answer (tokens, wall time, counters)."""
+    python = engine_python(runtime.python)
+    name = f"k{request['k']}" if request["k"] is not None else "plain"
+    path = work_dir / f"{name}.json"
+    path.write_text(json.dumps(request))
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)}
+    tail: list[str] = []
+    with engine_process(python, DECODE_MODULE, [str(path)], env) as process:
+        for message in engine_messages(process, tail):
+            if "engine_ready_s" in message:
+                log.info("vLLM (%s) ready after %.1f s", name, message["engine_ready_s"])
+            elif message.get("done"):
+                return message
+        code = process.wait()
+    raise EngineError(
+        f"vLLM decoding ({name}) ended (exit code {code}) without an answer; end of its log:\n"
+        + "\n".join(tail)
+    )
+
+
+def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[str, Any]:
+    spec = answer["spec"]
+    drafts = spec.get("drafts", 0)
+    accepted_per_position = list(spec.get("accepted_per_position", [0] * k))
+    tokens = sum(len(t) for t in answer["tokens"])
+    return {
+        "acceptance_length": 1 + spec.get("accepted_tokens", 0) / drafts if drafts else 1.0,
+        "rounds": drafts,
+        "per_position_acceptance": [a / drafts if drafts else 0.0 for a in accepted_per_position],
+        "accepted_per_position": accepted_per_position,
+        "drafted_per_position": [drafts] * k,
+        "draft_tokens": spec.get("draft_tokens", 0),
+        "accepted_tokens": spec.get("accepted_tokens", 0),
+        "tokens": tokens,
+        "prompts": len(answer["tokens"]),
+        "identical_to_plain": answer["tokens"] == plain["tokens"],
+        "spec_wall_s": answer["wall_s"],
+        "plain_wall_s": plain["wall_s"],
+        "speedup": plain["wall_s"] / max(answer["wall_s"], 1e-9),
+    }
+
+
+def evaluate_in_vllm(
+    *,
+    prompts: list[list[int]],
+    drafter_dir: str | Path,
+    target_path: str | Path,
+    ks: tuple[int, ...],
+    max_new_tokens: int,
+    model_dtype: str,
+    engine: VllmEngine,
+    runtime: VllmRuntime,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`."""
+    longest = max((len(p) for p in prompts), default=0)
+    request = {
+        "target": str(target_path),
+        "drafter": str(Path(drafter_dir).resolve()),
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+        "dtype": model_dtype,
+        "tensor_parallel_size": runtime.tensor_parallel_size,
+        "quantization": engine.quantization,
+        "engine_args": engine.engine_args,
+        "max_model_len": runtime.max_model_len or longest + max_new_tokens,
+        "gpu_memory_utilization": runtime.gpu_memory_utilization,
+        "trust_remote_code": trust_remote_code,
+    }
+    work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
+    try:
+        plain = decode({**request, "k": None}, runtime, work_dir)
+        per_k = {}
+        for k in ks:
+            per_k[str(k)] = acceptance(decode({**request, "k": k}, runtime, work_dir), plain, k)
+            log.info("vLLM K=%d: %s", k, per_k[str(k)])
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return {
+        "engine": "vllm",
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "plain": {"tokens": sum(len(t) for t in plain["tokens"]), "wall_s": plain["wall_s"]},
+        "per_k": per_k,
+        "definition": "vLLM's spec_decode counters: acceptance length = 1 + accepted / drafts",
+    }

@@ -1,0 +1,247 @@
+"""The vLLM backend of the hidden-state stage (`hidden.backend: vllm`): the target runs in vLLM
+itself, as users serve it (tensor parallel, quantized weights), and its states are packed into the
+same `hidden/{shard}.safetensors` as the transformers backend writes.
+
+vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours), as a
+child process running vllm_capture.py, the only module of ours it imports besides the connector.
+That process writes one file per request, `hidden_states` [T, 4, H] (the three aux layers and
+layer N, the output of the last decoder layer *before* the final norm) and `token_ids` [T]; this
+one packs each file as it comes and deletes it:
+- `aux` [T, 3H]: layers 0-2 side by side: vLLM's layer id k is transformers' hidden_states[k],
+  the same rows the transformers backend keeps;
+- `final_hidden` [T, H]: the target's final norm (weights read by name from its checkpoint,
+  RMSNorm as transformers computes it) applied to layer N; for `topk`, the LM head on that.
+Every file's `token_ids` must equal the ids sent, or the job fails naming the sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from eaglenest.common.engine_process import (
+    EngineError,
+    engine_messages,
+    engine_process,
+    engine_python,
+    reply,
+)
+from eaglenest.common.io import sha256_file, write_json
+from eaglenest.formats.hidden_shard import create_hidden_shard, tensor_specs
+from eaglenest.formats.tokens import read_tokens
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.extract import (
+    TOPK_CHUNK_ROWS,
+    checked_aux_layer_ids,
+    log_planned_size,
+    sample_offsets,
+    sample_rows,
+    shard_metadata,
+    shard_summary,
+)
+from eaglenest.target.checkpoint import checkpoint_head_tensors
+from eaglenest.target.files import resolve_target_dir
+
+log = logging.getLogger(__name__)
+
+CAPTURE_MODULE = "eaglenest.stages.hidden_states.vllm_capture"
+
+
+class VllmCaptureError(EngineError):
+    """vLLM failed, or returned states that are not those of the tokens sent."""
+
+
+class FinalSignal:
+    """The target signal from layer N's states: the final norm, then the LM head for top-k."""
+
+    def __init__(self, target_dir: Path, model_config, settings: HiddenSettings):
+        tied = bool(getattr(model_config, "tie_word_embeddings", False))
+        tensors, tied = checkpoint_head_tensors(target_dir, tied)
+        self.norm = tensors["norm.weight"]
+        self.eps = float(model_config.rms_norm_eps)
+        self.settings = settings
+        if settings.target_signal == "topk":
+            self.head = tensors["embed_tokens.weight" if tied else "lm_head.weight"]
+
+    def rms_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """As transformers' Llama/Qwen RMSNorm: in float32, cast back, then the weight."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.norm * h.to(x.dtype)
+
+    def __call__(self, last_layer: torch.Tensor) -> dict[str, torch.Tensor]:
+        final = self.rms_norm(last_layer)
+        if self.settings.target_signal != "topk":
+            return {"final_hidden": final}
+        values, ids = [], []
+        for chunk in final.split(TOPK_CHUNK_ROWS):
+            top = torch.topk((chunk.to(self.head.dtype) @ self.head.T).float(), self.settings.top_k)
+            values.append(top.values)
+            ids.append(top.indices.to(torch.int32))
+        return {"topk_ids": torch.cat(ids), "topk_values": torch.cat(values)}
+
+
+def read_request_file(path: str) -> dict[str, torch.Tensor]:
+    """One request's states once vLLM has finished writing them (it holds a lock until then),
+    then the file and its lock are deleted."""
+    lock = path + ".lock"
+    with contextlib.suppress(FileNotFoundError), open(lock) as stream:
+        fcntl.flock(stream, fcntl.LOCK_SH)
+    states = load_file(path)
+    for name in (path, lock):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
+    return states
+
+
+def engine_request(
+    *, target_dir: Path, layer_ids: list[int], settings: HiddenSettings, runtime: VllmRuntime,
+    work_dir: Path, longest: int, trust_remote_code: bool,
+) -> dict[str, Any]:  # fmt: skip
+    engine = settings.engine
+    if runtime.max_model_len is not None and longest + 1 > runtime.max_model_len:
+        raise VllmCaptureError(
+            f"vllm.max_model_len {runtime.max_model_len}: the longest sample has {longest} tokens "
+            "(plus the one token vLLM generates)"
+        )
+    return {
+        "target": str(target_dir),
+        "dtype": settings.model_dtype,
+        "tensor_parallel_size": runtime.tensor_parallel_size,
+        "quantization": engine.quantization if engine else None,
+        "engine_args": engine.engine_args if engine else {},
+        "max_model_len": runtime.max_model_len or longest + 1,
+        "gpu_memory_utilization": runtime.gpu_memory_utilization,
+        "requests_per_batch": runtime.requests_per_batch,
+        "trust_remote_code": trust_remote_code,
+        "layer_ids": layer_ids,
+        "out_dir": str(work_dir),
+    }
+
+
+def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -> None:
+    ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])
+    returned = states["token_ids"].to(torch.int64)
+    if not torch.equal(returned, ids):
+        same = min(len(returned), len(ids))
+        differ = (returned[:same] != ids[:same]).nonzero()
+        where = int(differ[0]) if len(differ) else same
+        raise VllmCaptureError(
+            f"{tokens}: sample {frame['id'][i]!r} (row {i}): vLLM returned states for other "
+            f"tokens than were sent ({len(returned)} vs {len(ids)} tokens, first difference at "
+            f"position {where})"
+        )
+    hidden = states["hidden_states"]  # [T, 4, H]: the aux layers, then layer N
+    aux = hidden[:, :3, :].reshape(hidden.shape[0], -1)
+    writer.write_sample(int(offsets[i]), aux, signal(hidden[:, 3, :]), ids, mask)
+
+
+def pack_as_they_come(process, writer, frame, offsets, signal, tokens: Path) -> float:
+    """Pack each request's file as the capture announces it, let it go on after each batch;
+    returns the seconds vLLM spent generating. Fails, with the end of vLLM's log, unless every
+    sample was packed and the capture said it was done."""
+    from tqdm import tqdm
+
+    tail: list[str] = []
+    packed, generate_s = 0, None
+    with tqdm(total=len(frame), desc=f"hidden {tokens.stem} (vllm)", file=sys.stderr) as bar:
+        for message in engine_messages(process, tail):
+            if "index" in message:
+                states = read_request_file(message["path"])
+                pack_request(writer, frame, message["index"], offsets, states, signal, tokens)
+                packed += 1
+                bar.update()
+            elif "batch_done" in message:
+                reply(process)
+            elif "done" in message:
+                generate_s = message["generate_s"]
+            elif "engine_ready_s" in message:
+                log.info("vLLM engine ready after %.1f s", message["engine_ready_s"])
+    if generate_s is None or packed != len(frame):
+        code = process.wait()
+        raise VllmCaptureError(
+            f"{tokens}: vLLM capture ended (exit code {code}) with {packed} of {len(frame)} "
+            "samples packed; end of its log:\n" + "\n".join(tail)
+        )
+    return generate_s
+
+
+def capture_hidden_states_vllm(
+    *,
+    tokens: str | Path,
+    target_path: str | Path,
+    out: str | Path,
+    settings: HiddenSettings,
+    runtime: VllmRuntime,
+    target_name: str = "",
+    trust_remote_code: bool = False,
+    summary_out: str | Path | None = None,
+) -> dict[str, Any]:
+    """Run the target in vLLM over a tokens shard and write its hidden-state shard."""
+    from transformers import AutoConfig
+
+    started = time.perf_counter()
+    tokens, target_dir = Path(tokens), resolve_target_dir(target_path)
+    frame = read_tokens(tokens)
+    model_config = AutoConfig.from_pretrained(target_dir, trust_remote_code=trust_remote_code)
+    model_config = model_config.get_text_config()
+    layer_ids = checked_aux_layer_ids(model_config, settings)
+    lengths, offsets = sample_offsets(frame)
+    n_tokens, hidden_size = int(offsets[-1]), model_config.hidden_size
+    specs = tensor_specs(len(frame), n_tokens, hidden_size, len(layer_ids), settings)
+    log_planned_size(tokens, len(frame), n_tokens, specs)
+    metadata = shard_metadata(
+        model_config=model_config, backend="vllm", target_path=target_path,
+        target_name=target_name, layer_ids=layer_ids, settings=settings,
+        tokens_sha256=sha256_file(tokens), sample_ids=frame["id"].to_list(),
+        model_dtype=settings.model_dtype,
+    )  # fmt: skip
+    signal = FinalSignal(target_dir, model_config, settings)
+    python = engine_python(runtime.python)
+    work_dir = Path(out).with_name(f".{Path(out).name}.vllm")
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    try:
+        ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in frame["input_ids"].to_list()])
+        np.save(work_dir / "ids.npy", ids)
+        np.save(work_dir / "offsets.npy", offsets)
+        request = engine_request(
+            target_dir=target_dir, layer_ids=[*layer_ids, model_config.num_hidden_layers],
+            settings=settings, runtime=runtime, work_dir=work_dir,
+            longest=int(lengths.max(initial=0)), trust_remote_code=trust_remote_code,
+        )  # fmt: skip
+        (work_dir / "request.json").write_text(json.dumps(request, indent=1))
+        with (
+            create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer,
+            engine_process(
+                python,
+                CAPTURE_MODULE,
+                [str(work_dir / "request.json")],
+                {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)},
+            ) as process,  # fmt: skip
+        ):
+            writer.write("offsets", 0, torch.from_numpy(offsets))
+            generate_s = pack_as_they_come(process, writer, frame, offsets, signal, tokens)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    summary = shard_summary(
+        frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
+        hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=generate_s,
+        backend="vllm",
+    )  # fmt: skip
+    if summary_out is not None:
+        write_json(summary_out, summary)
+    return summary

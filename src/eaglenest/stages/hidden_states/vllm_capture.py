@@ -1,0 +1,97 @@
+"""The engine side of the vLLM backend of the hidden-state stage: runs under vLLM's interpreter
+(`make vllm`, or the `vllm.python` of the config), started by vllm_backend.py.
+
+    python -m eaglenest.stages.hidden_states.vllm_capture <request.json>
+
+The request names the target, the engine arguments, the layers to capture and a folder of token
+ids (ids.npy, offsets.npy: sample i is ids[offsets[i]:offsets[i+1]]). Each sample is one prompt of
+`max_tokens=1` through offline `vllm.LLM` with the `extract_hidden_states` speculative method;
+our connector (vllm_connector.py) writes one safetensors file per request into the folder.
+
+Batches of `requests_per_batch`; after each, one line per request on stdout,
+`EAGLENEST {"index": i, "path": ...}`, then a wait for a line on stdin before the next batch: the
+packer deletes each file as it packs it, so at most one batch of files is ever on disk. vLLM logs
+to stdout too; the packer keeps only the lines with the marker and logs the others.
+
+Imports vLLM, torch, numpy and eaglenest.common.engine_process only (not the rest of eaglenest):
+vLLM's environment has its own transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from eaglenest.common.engine_process import say
+
+CONNECTOR_MODULE = "eaglenest.stages.hidden_states.vllm_connector"
+CONNECTOR_CLASS = "HostHiddenStatesConnector"
+
+
+def engine(request: dict, out_dir: Path):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    args = dict(request["engine_args"])
+    args.update(
+        model=request["target"],
+        dtype=request["dtype"],
+        tensor_parallel_size=request["tensor_parallel_size"],
+        quantization=request["quantization"],
+        max_model_len=request["max_model_len"],
+        # Both cut a request's captured states short or leave them incomplete (vLLM's docs of
+        # extract_hidden_states; NVIDIA Model-Optimizer's dump script says the same).
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        trust_remote_code=request["trust_remote_code"],
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {
+                "hf_config": {"eagle_aux_hidden_state_layer_ids": request["layer_ids"]}
+            },
+        },
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=CONNECTOR_CLASS,
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role="kv_producer",
+            kv_connector_extra_config={"shared_storage_path": str(out_dir)},
+        ),
+    )
+    if request["gpu_memory_utilization"] is not None:
+        args["gpu_memory_utilization"] = request["gpu_memory_utilization"]
+    return LLM(**{k: v for k, v in args.items() if v is not None})
+
+
+def main(request_path: str) -> None:
+    import numpy as np
+    from vllm import SamplingParams
+
+    request = json.loads(Path(request_path).read_text())
+    out_dir = Path(request["out_dir"])
+    ids = np.load(out_dir / "ids.npy")
+    offsets = np.load(out_dir / "offsets.npy")
+    started = time.perf_counter()
+    llm = engine(request, out_dir)
+    say({"engine_ready_s": round(time.perf_counter() - started, 3)})
+    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+    per_batch = request["requests_per_batch"]
+    generate_s = 0.0
+    for first in range(0, len(offsets) - 1, per_batch):
+        indices = range(first, min(first + per_batch, len(offsets) - 1))
+        prompts = [{"prompt_token_ids": ids[offsets[i] : offsets[i + 1]].tolist()} for i in indices]
+        tick = time.perf_counter()
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        generate_s += time.perf_counter() - tick
+        for i, output in zip(indices, outputs, strict=True):
+            say({"index": i, "path": output.kv_transfer_params["hidden_states_path"]})
+        say({"batch_done": indices[-1]})
+        if not sys.stdin.readline():
+            return  # the packer is gone: nothing would read the files
+    say({"done": True, "generate_s": round(generate_s, 3)})
+
+
+if __name__ == "__main__":  # LLM(...) starts its workers with spawn
+    main(sys.argv[1])

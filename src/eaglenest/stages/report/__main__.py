@@ -1,0 +1,35 @@
+"""The report by hand, without Snakemake, of whatever files a run has so far:
+`python -m eaglenest.stages.report results/RUN [--benchmarks benchmarks/RUN] [--out DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from eaglenest.stages.report.inputs import RunFiles
+from eaglenest.stages.report.report import build_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write RUN_DIR/report/index.html and its PNGs from whatever files the run has so far."""
+    parser = argparse.ArgumentParser(
+        prog="python -m eaglenest.stages.report", description=main.__doc__
+    )
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--benchmarks", type=Path, help="benchmarks/RUN (generation wall times)")
+    parser.add_argument("--out", type=Path, help="report folder (default RUN_DIR/report)")
+    args = parser.parse_args(argv)
+    out = args.out or args.run_dir / "report"
+    figures = build_report(
+        RunFiles.from_run_dir(args.run_dir, args.benchmarks),
+        out / "index.html",
+        run=args.run_dir.name,
+    )
+    print(json.dumps(figures, indent=2, default=str))
+    print(f"wrote {out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

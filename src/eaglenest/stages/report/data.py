@@ -1,0 +1,141 @@
+"""The report's data: a run's files loaded into one `RunData`, and the counts and statistics the
+sections and key figures show (rows per stage, drops by reason, quantiles, throughput per shard).
+
+Nothing here draws or formats: figures.py plots these numbers, sections.py and page.py print them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+# The untrained drafter and prompt lookup: what evaluate measures the drafter against.
+BASELINE_NAMES = ("untrained", "prompt_lookup")
+
+
+@dataclass
+class RunData:
+    """Everything the report shows of one run; None (or empty) where the files are absent."""
+
+    prompts: dict | None
+    probe: dict | None
+    samples_reports: dict[str, dict]
+    tokens_reports: dict[str, dict]
+    hidden: dict[str, dict]
+    raw: pl.DataFrame | None
+    samples: pl.DataFrame | None
+    tokens: pl.DataFrame | None
+    generate_wall_s: dict[str, float]
+    train_lines: list[dict] | None
+    heldout_lines: list[dict] | None
+    train_report: dict | None
+    eval: dict | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts and statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def sum_reports(reports: Iterable[dict], key: str) -> Counter:
+    """The counts under `key` of per-shard reports, summed (zero counts left out)."""
+    total: Counter = Counter()
+    for report in reports:
+        total.update({k: v for k, v in (report.get(key) or {}).items() if v})
+    return total
+
+
+def value_counts(series: pl.Series) -> dict[str, int]:
+    return dict(sorted(Counter(series.to_list()).items()))
+
+
+def median(series: pl.Series) -> float | None:
+    series = series.drop_nulls()
+    return None if series.is_empty() else float(series.median())
+
+
+def quantiles(values: pl.Series) -> dict[str, Any]:
+    values = values.drop_nulls()
+    if values.is_empty():
+        return {"n": 0, "mean": None, "median": None, "p90": None, "max": None}
+    return {
+        "n": values.len(),
+        "mean": float(values.mean()),
+        "median": float(values.median()),
+        "p90": float(values.quantile(0.9, interpolation="linear")),
+        "max": values.max(),
+    }
+
+
+def funnel_counts(data: RunData) -> list[tuple[str, int]]:
+    """How many rows each stage had, in pipeline order (stages without files left out)."""
+    stages: list[tuple[str, int]] = []
+    if data.prompts:
+        stages.append(("prompts read", data.prompts.get("rows_read", data.prompts.get("rows", 0))))
+        stages.append(("usable prompts", data.prompts.get("prompts", 0)))
+    samples = data.samples_reports.values()
+    if samples:
+        stages.append(("requested (in shards)", sum(r.get("raw_rows", 0) for r in samples)))
+        stages.append(("answered", sum(r.get("answered", 0) for r in samples)))
+        stages.append(("validated", sum(r.get("kept", 0) for r in samples)))
+    if data.tokens_reports:
+        stages.append(("tokenized", sum(r.get("written", 0) for r in data.tokens_reports.values())))
+    if data.hidden:
+        stages.append(("hidden states", sum(r.get("samples", 0) for r in data.hidden.values())))
+    return stages
+
+
+def drop_counts(data: RunData) -> list[tuple[str, int]]:
+    """Every reason a row was dropped, as `stage: reason` with its count over all shards."""
+    drops: list[tuple[str, int]] = []
+    if data.prompts:
+        drops += [(f"prompts: {k}", v) for k, v in (data.prompts.get("skipped") or {}).items() if v]
+    drops += [
+        (f"validate: {k}", v)
+        for k, v in sum_reports(data.samples_reports.values(), "dropped").items()
+    ]
+    tokens: Counter = Counter()
+    for report in data.tokens_reports.values():
+        overlength = report.get("overlength") or {}
+        tokens["overlength"] += overlength.get("dropped", 0)
+        tokens["prompt_over_max_length"] += overlength.get("dropped_prompt_over_max_length", 0)
+        tokens["rebuild_decode_mismatch"] += report.get("dropped_rebuild_decode_mismatch", 0)
+    drops += [(f"tokenize: {k}", v) for k, v in tokens.items() if v]
+    return drops
+
+
+def answered_requests(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+    """(the requests that got an answer, their completion tokens per second of latency)."""
+    answered = raw.filter(pl.col("error_kind").is_null())
+    rate = answered.filter(pl.col("latency_s") > 0).select(
+        (pl.col("completion_tokens") / pl.col("latency_s")).alias("rate")
+    )["rate"]
+    return answered, rate
+
+
+def shard_throughput(raw: pl.DataFrame, wall_s: dict[str, float]) -> list[list[Any]]:
+    """Per shard with a wall time: [shard, requests, completion tokens, wall s, tokens/s,
+    requests/s]."""
+    rows = []
+    for shard, frame in sorted(raw.group_by("shard"), key=lambda g: g[0][0]):
+        shard = shard[0]
+        if shard not in wall_s or wall_s[shard] <= 0:
+            continue
+        tokens = int(frame["completion_tokens"].fill_null(0).sum())
+        seconds = wall_s[shard]
+        rows.append(
+            [shard, frame.height, tokens, seconds, tokens / seconds, frame.height / seconds]
+        )
+    return rows
+
+
+def hidden_totals(summaries: Iterable[dict]) -> tuple[int, int, float | None]:
+    """(tokens, bytes, bytes per token) over the hidden-state summaries."""
+    summaries = list(summaries)
+    tokens = sum(s.get("tokens", 0) for s in summaries)
+    size = sum(s.get("bytes", 0) for s in summaries)
+    return tokens, size, size / tokens if tokens else None

@@ -1,0 +1,373 @@
+"""The report's inputs: which run files there are (`RunFiles`), and reading and checking them.
+
+Every file the report reads is read here, and checked against what the stage that writes it
+promises: a file that is present but malformed is a `ReportInputError` naming the file (and the
+line or key). Absent files are not errors: `RunFiles` leaves them out and the page says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from eaglenest.formats.lengths import (
+    CHAR_LENGTHS,
+    COMPLETION_LEN,
+    SAMPLE_LENGTH_COLUMNS,
+    TOKEN_LENGTH_COLUMNS,
+    read_shard_lengths,
+)
+from eaglenest.stages.report.data import RunData
+
+
+class ReportInputError(ValueError):
+    """A file the report reads is malformed; the message names the file and what is wrong."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Which files: explicit lists (the rule's inputs), or found in a run directory
+# ---------------------------------------------------------------------------------------------
+
+
+def _paths(values: str | Path | Iterable[str | Path] | None) -> list[Path]:
+    if isinstance(values, (str, Path)):
+        return [Path(values)]
+    return [Path(v) for v in values or []]
+
+
+def _optional(value: str | Path | None) -> Path | None:
+    return Path(value) if value else None
+
+
+@dataclass
+class RunFiles:
+    """The files a report reads. Any list may be empty and any path None: that section is a note.
+
+    Shard files are matched by their shard id (the file name up to the first dot). Benchmark tables
+    (Snakemake's `benchmark:` of generate) are optional: those that do not exist are skipped.
+    """
+
+    prompts_report: Path | None = None
+    probe: Path | None = None
+    raw: list[Path] = field(default_factory=list)
+    samples: list[Path] = field(default_factory=list)
+    samples_reports: list[Path] = field(default_factory=list)
+    tokens: list[Path] = field(default_factory=list)
+    tokens_reports: list[Path] = field(default_factory=list)
+    lengths: list[Path] = field(default_factory=list)
+    hidden_summaries: list[Path] = field(default_factory=list)
+    generate_benchmarks: list[Path] = field(default_factory=list)
+    train_metrics: Path | None = None
+    train_report: Path | None = None
+    eval_metrics: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_report", "probe", "train_metrics", "train_report", "eval_metrics"):
+            setattr(self, name, _optional(getattr(self, name)))
+        for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):
+            setattr(self, name, _paths(getattr(self, name)))
+        self.hidden_summaries = _paths(self.hidden_summaries)
+        self.generate_benchmarks = _paths(self.generate_benchmarks)
+
+    @classmethod
+    def from_run_dir(
+        cls, run_dir: str | Path, benchmarks_dir: str | Path | None = None
+    ) -> RunFiles:
+        """Every report input that exists in results/{run}/ (and benchmarks/{run}/)."""
+        run_dir = Path(run_dir)
+
+        def shard_files(folder: str, suffix: str) -> list[Path]:
+            return sorted((run_dir / folder).glob(f"[0-9][0-9][0-9][0-9][0-9]{suffix}"))
+
+        def existing(relative: str) -> Path | None:
+            path = run_dir / relative
+            return path if path.exists() else None
+
+        benchmarks = []
+        if benchmarks_dir is not None:
+            benchmarks = sorted((Path(benchmarks_dir) / "generate").glob("*.tsv"))
+        return cls(
+            prompts_report=existing("prompts/report.json"),
+            probe=existing("probe.json"),
+            raw=shard_files("raw", ".parquet"),
+            samples=shard_files("samples", ".parquet"),
+            samples_reports=shard_files("samples", ".report.json"),
+            tokens=shard_files("tokens", ".parquet"),
+            tokens_reports=shard_files("tokens", ".report.json"),
+            lengths=shard_files("tokens", ".lengths.parquet"),
+            hidden_summaries=shard_files("hidden", ".json"),
+            generate_benchmarks=benchmarks,
+            train_metrics=existing("drafter/metrics.jsonl"),
+            train_report=existing("drafter/train_report.json"),
+            eval_metrics=existing("eval/metrics.json"),
+        )
+
+
+def shard_of(path: Path) -> str:
+    return path.name.split(".")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and checking files: every error names the file
+# ---------------------------------------------------------------------------------------------
+
+
+def read_json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportInputError(f"{path}: not readable as JSON ({err})") from err
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    data = read_json_file(path)
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_number_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_number(v) for v in value)
+
+
+CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "number": (_is_number, "a number"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "numbers": (_is_number_list, "a list of numbers"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "strs": (lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "strings"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def check_fields(
+    data: Any, where: str, required: dict[str, str], optional: dict[str, str] | None = None
+) -> None:
+    """Raise ReportInputError unless `data` has the required keys with the right kinds (and the
+    optional ones, when present and not null, too)."""
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    for key, kind in {**required, **(optional or {})}.items():
+        if key not in data or data[key] is None:
+            if key in required:
+                raise ReportInputError(f"{where}: missing {key!r} ({CHECKS[kind][1]})")
+            continue
+        check, description = CHECKS[kind]
+        if not check(data[key]):
+            shown = json.dumps(data[key])[:80]
+            raise ReportInputError(f"{where}: {key!r} must be {description}, got {shown}")
+
+
+TRAIN_LINE_FIELDS = {"step": "int", "loss": "number", "acc": "numbers"}
+TRAIN_LINE_OPTIONAL = {
+    "epoch": "number",
+    "lr": "number",
+    "loss_tokens": "int",
+    "skipped_outside_vocab": "int",
+    "tokens_per_s": "number",
+    "elapsed_s": "number",
+}
+TRAIN_REPORT_FIELDS = {"steps": "int", "ttt_steps": "int", "train_acc": "numbers"}
+TRAIN_REPORT_OPTIONAL = {
+    "epochs": "number",
+    "train_tokens": "int",
+    "wall_s": "number",
+    "tokens_per_s": "number",
+    "heldout_acc": "numbers",
+    "heldout_loss": "number",
+    "skipped_outside_vocab_share": "number",
+    "eval_shards": "strs",
+    "train_shards": "strs",
+}
+ACCEPTANCE_FIELDS = {"acceptance_length": "number", "conditional_acceptance": "numbers"}
+LIVE_FIELDS = {"acceptance_length": "number"}
+ENGINE_FIELDS = {"acceptance_length": "number"}
+ENGINE_OPTIONAL = {"rounds": "int", "per_position_acceptance": "numbers", "tokens": "int"}
+LIVE_OPTIONAL = {
+    "target_forwards_per_token": "number",
+    "speedup": "number",
+    "tokens": "int",
+    "prompts": "int",
+    "identical_to_greedy": "bool",
+    "spec_wall_s": "number",
+    "greedy_wall_s": "number",
+}
+
+
+def read_train_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """(train lines, held-out lines) of drafter/metrics.jsonl, each checked against the contract."""
+    train, heldout = [], []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ReportInputError(f"{path}: not readable ({err})") from err
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ReportInputError(f"{where}: not JSON ({err})") from err
+        check_fields(record, where, {"split": "str", **TRAIN_LINE_FIELDS}, TRAIN_LINE_OPTIONAL)
+        if record["split"] == "train":
+            train.append(record)
+        elif record["split"] == "heldout":
+            heldout.append(record)
+        else:
+            raise ReportInputError(
+                f"{where}: 'split' must be train or heldout, got {record['split']!r}"
+            )
+    return train, heldout
+
+
+def read_train_report(path: Path) -> dict[str, Any]:
+    report = read_json_object(path)
+    check_fields(report, str(path), TRAIN_REPORT_FIELDS, TRAIN_REPORT_OPTIONAL)
+    return report
+
+
+def read_eval_metrics(path: Path) -> dict[str, Any]:
+    """eval/metrics.json, checked: simulated acceptance per K, live (or null), baselines."""
+    metrics = read_json_object(path)
+    check_fields(
+        metrics,
+        str(path),
+        {"ks": "numbers", "simulated": "object"},
+        {
+            "live": "object",
+            "live_skipped_reason": "str",
+            "baselines": "object",
+            "live_baselines": "object",
+            "engine": "object",
+        },
+    )
+    engine = metrics.get("engine") or {}
+    check_fields(engine, f"{path} engine", {}, {"per_k": "object", "engine": "str"})
+    for k in metrics["ks"]:
+        key = str(k)
+        if key not in metrics["simulated"]:
+            raise ReportInputError(f"{path}: 'simulated' has no entry for K={key}")
+        check_fields(
+            metrics["simulated"][key],
+            f"{path} simulated[{key}]",
+            ACCEPTANCE_FIELDS,
+            {"positions": "int"},
+        )
+        if metrics.get("live") is not None and key in metrics["live"]:
+            check_fields(metrics["live"][key], f"{path} live[{key}]", LIVE_FIELDS, LIVE_OPTIONAL)
+        for name, per_k in (metrics.get("live_baselines") or {}).items():
+            check_fields(per_k, f"{path} live_baselines[{name}]", {})
+            if key in per_k:
+                where = f"{path} live_baselines[{name}][{key}]"
+                check_fields(per_k[key], where, LIVE_FIELDS, LIVE_OPTIONAL)
+        if key in (engine.get("per_k") or {}):
+            where = f"{path} engine.per_k[{key}]"
+            check_fields(engine["per_k"][key], where, ENGINE_FIELDS, ENGINE_OPTIONAL)
+        for name, per_k in (metrics.get("baselines") or {}).items():
+            check_fields(per_k, f"{path} baselines[{name}]", {})
+            if key in per_k:
+                check_fields(per_k[key], f"{path} baselines[{name}][{key}]", ACCEPTANCE_FIELDS)
+    return metrics
+
+
+def _scan(path: Path, columns: list[str]) -> pl.DataFrame:
+    try:
+        frame = pl.read_parquet(path, columns=columns)
+    except Exception as err:  # polars raises several kinds for a bad or foreign file
+        raise ReportInputError(f"{path}: cannot read columns {columns} ({err})") from err
+    return frame.with_columns(pl.lit(shard_of(path)).alias("shard"))
+
+
+def concat_shards(paths: list[Path], read: Callable[[Path], pl.DataFrame]) -> pl.DataFrame | None:
+    """The frames `read` makes of each file, one under the other; None without files."""
+    frames = [read(p) for p in paths]
+    return pl.concat(frames, how="vertical_relaxed") if frames else None
+
+
+def read_raw(path: Path) -> pl.DataFrame:
+    columns = ["latency_s", "prompt_tokens", "completion_tokens", "attempts", "error_kind"]
+    return _scan(path, columns)
+
+
+def read_sample_lengths(path: Path) -> pl.DataFrame:
+    frame = _scan(path, ["reasoning", "content", "reasoning_field"])
+    return frame.select("shard", "reasoning_field", *CHAR_LENGTHS)
+
+
+def read_token_lengths(path: Path) -> pl.DataFrame:
+    frame = _scan(path, TOKEN_LENGTH_COLUMNS)
+    return frame.with_columns(COMPLETION_LEN)
+
+
+def _read_lengths_file(path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    try:
+        samples, tokens = read_shard_lengths(path)
+    except Exception as err:  # polars raises several kinds for a bad or foreign file
+        raise ReportInputError(f"{path}: not a lengths file ({err})") from err
+    shard = pl.lit(shard_of(path)).alias("shard")
+    samples = samples.with_columns(shard).select("shard", *SAMPLE_LENGTH_COLUMNS)
+    tokens = tokens.with_columns(shard).select(*TOKEN_LENGTH_COLUMNS, "shard", "completion_len")
+    return samples, tokens
+
+
+def read_lengths(files: RunFiles) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """Sample and token lengths: from the lengths files when there are any (the pipeline's
+    report), else from the samples and tokens files (a run made before those files existed)."""
+    if not files.lengths:
+        return concat_shards(files.samples, read_sample_lengths), concat_shards(
+            files.tokens, read_token_lengths
+        )
+    pairs = [_read_lengths_file(p) for p in files.lengths]
+    return (
+        pl.concat([s for s, _ in pairs], how="vertical_relaxed"),
+        pl.concat([t for _, t in pairs], how="vertical_relaxed"),
+    )
+
+
+def read_benchmark_wall_s(path: Path) -> float:
+    """Wall seconds of a Snakemake benchmark table (the mean over repeats)."""
+    try:
+        table = pl.read_csv(path, separator="\t")
+        return float(table["s"].mean())
+    except Exception as err:
+        raise ReportInputError(f"{path}: not a Snakemake benchmark table ({err})") from err
+
+
+def read_by_shard(paths: list[Path]) -> dict[str, dict]:
+    """Per-shard JSON reports (or summaries), by shard id, in shard order."""
+    return {shard_of(p): read_json_object(p) for p in sorted(paths)}
+
+
+def load_run(files: RunFiles) -> RunData:
+    train_lines = heldout_lines = None
+    if files.train_metrics is not None:
+        train_lines, heldout_lines = read_train_metrics(files.train_metrics)
+    sample_lengths, token_lengths = read_lengths(files)
+    return RunData(
+        prompts=read_json_object(files.prompts_report) if files.prompts_report else None,
+        probe=read_json_object(files.probe) if files.probe else None,
+        samples_reports=read_by_shard(files.samples_reports),
+        tokens_reports=read_by_shard(files.tokens_reports),
+        hidden=read_by_shard(files.hidden_summaries),
+        raw=concat_shards(files.raw, read_raw),
+        samples=sample_lengths,
+        tokens=token_lengths,
+        generate_wall_s={
+            shard_of(p): read_benchmark_wall_s(p) for p in files.generate_benchmarks if p.exists()
+        },
+        train_lines=train_lines,
+        heldout_lines=heldout_lines,
+        train_report=read_train_report(files.train_report) if files.train_report else None,
+        eval=read_eval_metrics(files.eval_metrics) if files.eval_metrics else None,
+    )

@@ -1,0 +1,445 @@
+"""The report's sections, in page order: each turns RunData into a `Section` (its plot, its
+tables, and notes for what the run lacks). A section whose files are absent is only a note.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from eaglenest.stages.report.data import (
+    BASELINE_NAMES,
+    RunData,
+    answered_requests,
+    drop_counts,
+    funnel_counts,
+    hidden_totals,
+    median,
+    quantiles,
+    shard_throughput,
+    sum_reports,
+    value_counts,
+)
+from eaglenest.stages.report.figures import (
+    acceptance_figure,
+    funnel_figure,
+    generation_figure,
+    hidden_figure,
+    lengths_figure,
+    training_figure,
+)
+from eaglenest.stages.report.page import Section, fmt, key_values, pct, size_text, table
+
+
+def section_funnel(data: RunData) -> Section:
+    section = Section("funnel", "Prompts and drops per stage")
+    stages, drops = funnel_counts(data), drop_counts(data)
+    if not stages:
+        section.notes.append("No prompt, samples or tokens reports: nothing ran yet.")
+        return section
+    section.figure = funnel_figure(stages, drops)
+    section.blocks.append(table(["stage", "rows"], [list(s) for s in stages]))
+    section.blocks.append(
+        table(["drop reason", "rows"], [list(d) for d in drops]) if drops else "<p>No drops.</p>"
+    )
+    section.blocks.append(shard_table(data))
+    truncated = sum(
+        (r.get("overlength") or {}).get("truncated", 0) for r in data.tokens_reports.values()
+    )
+    if truncated:
+        section.notes.append(f"{truncated:,} samples were kept but cut at tokenize.max_length.")
+    return section
+
+
+def shard_table(data: RunData) -> str:
+    shards = sorted(set(data.samples_reports) | set(data.tokens_reports) | set(data.hidden))
+    rows = []
+    for shard in shards:
+        samples = data.samples_reports.get(shard, {})
+        tokens = data.tokens_reports.get(shard, {})
+        overlength = tokens.get("overlength") or {}
+        rows.append(
+            [
+                shard,
+                samples.get("raw_rows"),
+                samples.get("answered"),
+                samples.get("kept"),
+                fmt(samples.get("dropped")) if samples else None,
+                tokens.get("written"),
+                overlength.get("dropped"),
+                overlength.get("truncated"),
+                data.hidden.get(shard, {}).get("samples"),
+            ]
+        )
+    header = [
+        "shard",
+        "requested",
+        "answered",
+        "validated",
+        "validation drops",
+        "tokenized",
+        "overlength dropped",
+        "truncated",
+        "hidden states",
+    ]
+    return table(header, rows)
+
+
+def section_lengths(data: RunData) -> Section:
+    section = Section("lengths", "Reasoning and content lengths")
+    if data.samples is None and data.tokens is None:
+        section.notes.append("No samples or tokens files.")
+        return section
+    section.figure = lengths_figure(data.samples, data.tokens)
+    stats = []
+    if data.samples is not None:
+        for column in ("reasoning_chars", "content_chars"):
+            stats.append([column.replace("_", " "), *quantiles(data.samples[column]).values()])
+    if data.tokens is not None:
+        for column, label in (("prompt_len", "prompt"), ("completion_len", "completion"),
+                              ("n_tokens", "total")):  # fmt: skip
+            stats.append([f"{label} tokens", *quantiles(data.tokens[column]).values()])
+    section.blocks.append(table(["", "n", "mean", "median", "p90", "max"], stats))
+    return section
+
+
+def section_sources(data: RunData) -> Section:
+    """Tables only: which field carried the reasoning, where the token ids came from, agreement."""
+    section = Section("sources", "Reasoning field, token source and agreement")
+    pairs: list[tuple[str, Any]] = []
+    if data.probe:
+        token_ids = data.probe.get("token_ids") or {}
+        pairs += [
+            ("probe: reasoning field", data.probe.get("reasoning_field")),
+            ("probe: token ids returned", token_ids.get("supported")),
+            ("probe: token id layout", token_ids.get("layout")),
+            ("probe: think token ids", _think_ids(data.probe.get("think_token_ids") or {})),
+        ]
+    if data.samples_reports:
+        reports = data.samples_reports.values()
+        pairs.append(
+            ("raw rows by reasoning field", dict(sum_reports(reports, "reasoning_fields")))
+        )
+        pairs.append(("raw rows by token layout", dict(sum_reports(reports, "token_layouts"))))
+    if data.samples is not None:
+        pairs.append(("samples by reasoning field", value_counts(data.samples["reasoning_field"])))
+    if data.tokens is not None:
+        pairs.append(("samples by token source", value_counts(data.tokens["token_source"])))
+    elif data.tokens_reports:
+        pairs.append(
+            (
+                "samples by token source",
+                dict(sum_reports(data.tokens_reports.values(), "token_sources")),
+            )
+        )
+    if not pairs:
+        section.notes.append("No probe, samples or tokens files.")
+        return section
+    section.blocks.append(key_values(pairs))
+    section.blocks.append(agreement_block(data))
+    return section
+
+
+def _think_ids(think: dict) -> str:
+    if not think:
+        return "–"
+    start, end = (f"{think.get(k)} = {think.get(k + '_id')}" for k in ("start", "end"))
+    return f"{start}, {end}"
+
+
+def agreement_block(data: RunData) -> str:
+    """Server ids against the rebuild: exact share per shard, first mismatches."""
+    rows, mismatches = [], []
+    total = Counter()
+    for shard, report in data.tokens_reports.items():
+        agreement = report.get("agreement") or {}
+        counts = {
+            k: agreement.get(k, 0)
+            for k in ("compared", "exact", "prompt_exact", "completion_exact")
+        }
+        total.update(counts)
+        rows.append(
+            [shard, *counts.values(), pct(agreement.get("share")) if counts["compared"] else "–"]
+        )
+        mismatches += agreement.get("first_mismatches") or []
+    if not rows:
+        return "<p class='note'>No tokens reports: agreement unknown.</p>"
+    if not total["compared"]:
+        return (
+            "<p class='note'>Server/rebuild agreement: nothing compared (the server returned no "
+            "token ids, or tokenize.verify_rebuild is off).</p>"
+        )
+    rows.append(["all", *total.values(), pct(total["exact"] / total["compared"])])
+    out = "<h3>Server ids vs rebuild</h3>" + table(
+        ["shard", "compared", "exact", "prompt exact", "completion exact", "share exact"], rows
+    )
+    if mismatches:
+        shown = "\n".join(json.dumps(m, ensure_ascii=False) for m in mismatches[:5])
+        out += f"<p>First mismatches:</p><pre>{html.escape(shown)}</pre>"
+    return out
+
+
+def section_generation(data: RunData) -> Section:
+    section = Section("generation", "Generation latency and throughput")
+    if data.raw is None or data.raw.is_empty():
+        section.notes.append("No raw generation files.")
+        return section
+    raw = data.raw
+    answered, rate = answered_requests(raw)
+    per_shard = shard_throughput(raw, data.generate_wall_s)
+    section.figure = generation_figure(answered["latency_s"], rate, per_shard)
+    latency = quantiles(answered["latency_s"])
+    errors = value_counts(raw["error_kind"].drop_nulls())
+    section.blocks.append(
+        key_values(
+            [
+                ("requests", raw.height),
+                ("answered", answered.height),
+                ("failed (by kind)", errors or "none"),
+                ("retried requests", raw.filter(pl.col("attempts") > 1).height),
+                (
+                    "latency mean / median / p90 / max (s)",
+                    " / ".join(fmt(latency[k]) for k in ("mean", "median", "p90", "max")),
+                ),
+                ("prompt tokens (usage)", int(answered["prompt_tokens"].sum())),
+                ("completion tokens (usage)", int(answered["completion_tokens"].sum())),
+                ("completion tokens / s per request, median", median(rate)),
+            ]
+        )
+    )
+    if per_shard:
+        header = [
+            "shard",
+            "requests",
+            "completion tokens",
+            "wall (s)",
+            "completion tokens/s",
+            "requests/s",
+        ]
+        section.blocks.append(table(header, per_shard))
+    else:
+        section.notes.append(
+            "No Snakemake benchmark tables for generate (benchmarks/{run}/generate/*.tsv): "
+            "throughput per shard is unknown; per-request rates are shown."
+        )
+    return section
+
+
+def section_hidden(data: RunData) -> Section:
+    section = Section("hidden_states", "Hidden states: bytes per token")
+    if not data.hidden:
+        section.notes.append("No hidden-state summaries (hidden/{shard}.json).")
+        return section
+    shards = list(data.hidden)
+    summaries = list(data.hidden.values())
+    hidden_size = summaries[0].get("hidden_size")
+    section.figure = hidden_figure(shards, summaries, hidden_size)
+    tokens, size, per_token = hidden_totals(summaries)
+    section.blocks.append(
+        key_values(
+            [
+                (
+                    "dtype / target signal",
+                    f"{summaries[0].get('dtype')} / {summaries[0].get('target_signal')}",
+                ),
+                ("aux layer ids", summaries[0].get("aux_layer_ids")),
+                ("hidden size H", hidden_size),
+                (
+                    "samples / tokens",
+                    f"{fmt(sum(s.get('samples', 0) for s in summaries))} / {fmt(tokens)}",
+                ),
+                ("bytes on disk", size_text(size)),
+                ("bytes per token", per_token),
+                (
+                    "share of 8·H",
+                    per_token / (8 * hidden_size) if per_token and hidden_size else None,
+                ),
+                ("stage seconds (sum)", sum(s.get("seconds") or 0 for s in summaries)),
+            ]
+        )
+    )
+    return section
+
+
+def section_training(data: RunData) -> Section:
+    section = Section("training", "Training: loss and accuracy per TTT step")
+    if data.train_lines is None and data.train_report is None:
+        section.notes.append(
+            "Not trained yet: no drafter/metrics.jsonl or drafter/train_report.json."
+        )
+        return section
+    train, heldout = data.train_lines or [], data.heldout_lines or []
+    if train or heldout:
+        section.figure = training_figure(train, heldout)
+    else:
+        section.notes.append("drafter/metrics.jsonl has no lines yet.")
+    report = data.train_report
+    if report:
+        section.blocks.append(
+            key_values(
+                [
+                    ("steps / epochs", f"{fmt(report['steps'])} / {fmt(report.get('epochs'))}"),
+                    ("TTT steps", report["ttt_steps"]),
+                    ("train tokens", report.get("train_tokens")),
+                    (
+                        "wall (s) / tokens per s",
+                        f"{fmt(report.get('wall_s'))} / {fmt(report.get('tokens_per_s'))}",
+                    ),
+                    ("held-out loss", report.get("heldout_loss")),
+                    (
+                        "tokens outside the draft vocab (skipped)",
+                        pct(report.get("skipped_outside_vocab_share")),
+                    ),
+                    (
+                        "train / held-out shards",
+                        f"{len(report.get('train_shards') or [])} / "
+                        + f"{len(report.get('eval_shards') or [])}",
+                    ),
+                ]
+            )
+        )
+        accuracy = [
+            [f"step {i + 1}", a, _at(report.get("heldout_acc"), i)]
+            for i, a in enumerate(report["train_acc"])
+        ]
+        section.blocks.append("<h3>Accuracy per TTT step (end of training)</h3>")
+        section.blocks.append(table(["TTT step", "train", "held-out"], accuracy))
+    else:
+        section.notes.append("No drafter/train_report.json: training has not finished.")
+    return section
+
+
+def _at(values: list | None, i: int) -> Any:
+    return values[i] if values and i < len(values) else None
+
+
+def section_acceptance(data: RunData) -> Section:
+    section = Section("acceptance", "Acceptance: by position, live vs simulated, baselines")
+    metrics = data.eval
+    if metrics is None:
+        section.notes.append("Not evaluated yet: no eval/metrics.json.")
+        return section
+    ks = [str(k) for k in metrics["ks"]]
+    live = metrics.get("live")
+    section.figure = acceptance_figure(metrics, ks)
+    section.blocks.append(acceptance_table(metrics, ks))
+    if metrics.get("engine"):
+        section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
+        section.blocks.append(engine_table(metrics, ks))
+    live_baselines = metrics.get("live_baselines") or {}
+    if live_baselines:
+        section.blocks.append("<h3>Live baselines</h3>")
+        section.blocks.append(live_table(live_baselines, ks))
+    conditional = [[k, *metrics["simulated"][k]["conditional_acceptance"]] for k in ks]
+    width = max(len(r) for r in conditional) - 1
+    section.blocks.append("<h3>Simulated conditional acceptance by position</h3>")
+    section.blocks.append(table(["K", *[f"pos {i + 1}" for i in range(width)]], conditional))
+    if live is None:
+        reason = metrics.get("live_skipped_reason") or "no reason given"
+        section.notes.append(f"Live acceptance not measured: {reason}.")
+    else:
+        for k in ks:
+            if (live.get(k) or {}).get("identical_to_greedy") is False:
+                section.notes.append(
+                    f"K={k}: speculative output differs from greedy decoding (identical_to_greedy "
+                    "false): the live figures measure a different sequence."
+                )
+    if metrics.get("heldout_shards"):
+        section.notes.append(f"Held-out shards: {', '.join(metrics['heldout_shards'])}.")
+    return section
+
+
+def acceptance_table(metrics: dict, ks: list[str]) -> str:
+    """Per K: simulated and live acceptance length, live speed-up and baselines."""
+    live = metrics.get("live")
+    baselines = metrics.get("baselines") or {}
+    rows = []
+    for k in ks:
+        live_k = (live or {}).get(k) or {}
+        rows.append(
+            [
+                k,
+                metrics["simulated"][k]["acceptance_length"],
+                live_k.get("acceptance_length"),
+                live_k.get("speedup"),
+                live_k.get("target_forwards_per_token"),
+                live_k.get("identical_to_greedy"),
+                *[
+                    ((baselines.get(name) or {}).get(k) or {}).get("acceptance_length")
+                    for name in BASELINE_NAMES
+                ],
+            ]
+        )
+    header = [
+        "K",
+        "simulated acceptance length",
+        "live acceptance length",
+        "live speedup",
+        "target forwards / token",
+        "identical to greedy",
+        *[f"{name} acceptance length" for name in BASELINE_NAMES],
+    ]
+    return table(header, rows)
+
+
+def engine_table(metrics: dict, ks: list[str]) -> str:
+    """Per K: the engine's acceptance (what users get in production) beside the project's live
+    and simulated ones, rounds and per-position acceptance of both."""
+    engine = metrics["engine"]
+    rows = []
+    for k in ks:
+        served = (engine.get("per_k") or {}).get(k) or {}
+        live_k = (metrics.get("live") or {}).get(k) or {}
+        rounding = [round(x, 3) for x in served.get("per_position_acceptance") or []]
+        live_rounding = [round(x, 3) for x in live_k.get("per_position_acceptance") or []]
+        rows.append(
+            [
+                k,
+                served.get("acceptance_length"),
+                live_k.get("acceptance_length"),
+                metrics["simulated"][k]["acceptance_length"],
+                served.get("rounds"),
+                live_k.get("rounds"),
+                served.get("identical_to_plain"),
+                ", ".join(map(str, rounding)),
+                ", ".join(map(str, live_rounding)),
+            ]
+        )
+    header = [
+        "K",
+        f"{engine['engine']} acceptance length",
+        "live acceptance length",
+        "simulated acceptance length",
+        f"{engine['engine']} rounds",
+        "live rounds",
+        "identical to plain decoding",
+        f"{engine['engine']} acceptance by position",
+        "live acceptance by position",
+    ]
+    return table(header, rows)
+
+
+def live_table(live_by_name: dict[str, dict], ks: list[str]) -> str:
+    keys = ("acceptance_length", "speedup", "target_forwards_per_token", "identical_to_greedy")
+    rows = [
+        [name, k, *[(per_k.get(k) or {}).get(key) for key in keys]]
+        for name, per_k in live_by_name.items()
+        for k in ks
+    ]
+    return table(["proposer", "K", *[key.replace("_", " ") for key in keys]], rows)
+
+
+SECTIONS: tuple[Callable[[RunData], Section], ...] = (
+    section_funnel,
+    section_sources,
+    section_lengths,
+    section_generation,
+    section_hidden,
+    section_training,
+    section_acceptance,
+)

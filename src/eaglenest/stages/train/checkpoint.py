@@ -1,0 +1,185 @@
+"""The training journal of the `train` stage: checkpoints and metrics that let a killed job resume.
+
+Every `checkpoint_every` steps the journal (results/{run}/journal/train/, outside the rule's
+outputs, so Snakemake never deletes it) gets the trainable weights, optimizer, scheduler, step
+and RNG states; the batch order is a function of (seed, epoch), so the step number is the data
+position. Rerunning the rule after a kill resumes exactly where the last checkpoint was. A
+journal written for other inputs or settings (fingerprint) is set aside, not resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from eaglenest.common.io import atomic_path
+from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+from eaglenest.settings.train import TrainSettings
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+METRICS_FILE = "metrics.jsonl"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator's state in types `torch.load(weights_only=True)` reads (tensors, numbers,
+    strings, tuples, lists): a checkpoint is then loaded without unpickling arbitrary objects."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (name, keys.tolist(), pos, has_gauss, cached_gaussian),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def move_aside(path: Path) -> str:
+    """Rename a journal file that will not be resumed to `<name>.stale`; return the new name. Every
+    rank of a multi-GPU run reads the same file, so one of them may have moved it already."""
+    stale = path.with_name(f"{path.name}.stale")
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, stale)
+    return stale.name
+
+
+def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
+    """The training state at `path`, read with `weights_only=True` (a journal on a shared disk is
+    not trusted to run code); None when there is none. A file that cannot be read that way (an
+    older format, a foreign or damaged file) is moved aside as `<name>.stale` with a warning, and
+    training starts over: the journal only saves time, the outputs never depend on it."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    # Objects outside the allowed types and garbage bytes: UnpicklingError; a damaged zip:
+    # RuntimeError; a truncated file: EOFError.
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        log.warning(
+            "journal %s is not a readable training state (%s): moved to %s",
+            path,
+            str(err).splitlines()[0][:200],
+            move_aside(path),
+        )
+        return None
+
+
+def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[Path]) -> str:
+    """What a checkpoint is valid for: settings, drafter shape and the inputs' identity."""
+    digest = hashlib.sha256()
+    unchanging = {k: v for k, v in asdict(settings).items() if k not in ("log_every", "device")}
+    digest.update(json.dumps([unchanging, config.to_dict()], sort_keys=True).encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+class Processes(Protocol):
+    rank: int
+    world_size: int
+    device: str
+
+    @property
+    def is_main(self) -> bool: ...
+
+
+class Training(Protocol):
+    """What the journal saves and restores; `train.Training` has it (described here by shape, so
+    that the journal does not import the loop that uses it)."""
+
+    processes: Processes
+    model: Eagle3Drafter
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    total_steps: int
+    fingerprint: str
+
+    @property
+    def state_path(self) -> Path: ...
+
+
+class MetricsLog:
+    """metrics.jsonl in the journal; on resume, lines past the checkpoint's step are dropped."""
+
+    def __init__(self, path: Path, keep_until_step: int):
+        self.path = path
+        kept: list[str] = []
+        if path.exists() and keep_until_step > 0:
+            for line in path.read_text().splitlines():
+                if line.strip() and json.loads(line)["step"] <= keep_until_step:
+                    kept.append(line)
+        path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as stream:
+            stream.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def save_checkpoint(training: Training, step: int) -> None:
+    """Write the training state after `step` to the journal. Every rank takes part (the random
+    states of all of them are saved); rank 0 writes."""
+    processes = training.processes
+    rngs = [rng_state()]
+    if processes.world_size > 1:
+        import torch.distributed as dist
+
+        rngs = [None] * processes.world_size
+        dist.all_gather_object(rngs, rng_state())
+    if not processes.is_main:
+        return
+    state = {
+        "fingerprint": training.fingerprint,
+        "step": step,
+        "model": training.model.trainable_state_dict(),
+        "optimizer": training.optimizer.state_dict(),
+        "scheduler": training.scheduler.state_dict(),
+        "rng": rngs,
+    }
+    with atomic_path(training.state_path) as tmp:
+        torch.save(state, tmp)
+
+
+def resume(training: Training) -> int:
+    """Load the journal's state into `training` when it was written for the same fingerprint and
+    return its step; 0 (start over) when there is none or it is for something else."""
+    state_path = training.state_path
+    state = load_checkpoint(state_path, training.processes.device)
+    if state is None:
+        return 0
+    if state.get("fingerprint") != training.fingerprint:
+        log.warning(
+            "journal %s was written for other inputs or settings: moved to %s",
+            state_path,
+            move_aside(state_path),
+        )
+        return 0
+    training.model.load_state_dict(state["model"], strict=False)
+    training.optimizer.load_state_dict(state["optimizer"])
+    training.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"][min(training.processes.rank, len(state["rng"]) - 1)])
+    log.info("resuming from %s at step %d of %d", state_path, state["step"], training.total_steps)
+    return state["step"]

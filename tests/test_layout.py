@@ -1,0 +1,130 @@
+"""Layout properties of the library (src/eaglenest), checked on its source with ast: how long
+its functions may be, that stages stay isolated from one another, what the demo
+code may reach, and which levels of the package may import which."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+LIBRARY = Path(__file__).resolve().parents[1] / "src" / "eaglenest"
+MAX_FUNCTION_LINES = 80
+
+
+def library_modules() -> list[Path]:
+    return sorted(LIBRARY.rglob("*.py"))
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A function reads without scrolling: at most 80 lines, signature and docstring included."""
+    too_long = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    where = f"{path.relative_to(LIBRARY)}:{node.lineno}"
+                    too_long.append(f"{where} {node.name}: {lines} lines")
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
+
+
+# ---- imports: read from the source with ast, lazy imports inside functions included ----------
+
+PACKAGE = LIBRARY
+MAX_IMPORT_LEVELS = 6
+# The only modules outside demo/ that may import it: the endpoints start the embedded server, and
+# the prompt source `demo` draws the demo's held-out tasks.
+DEMO_REACH = {"eaglenest.client.endpoints", "eaglenest.stages.prompts"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of the tree but those under `if TYPE_CHECKING:` (imports for annotations only,
+    which never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def library_imports() -> dict[str, set[str]]:
+    """Every library module -> the library modules it imports when it runs (anywhere in its
+    source, lazy imports included; `if TYPE_CHECKING:` blocks aside)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    imported.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.split(".")[0] == "eaglenest"}
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def stage_of(module: str) -> str | None:
+    """`eaglenest.stages.<stage>[...]` -> <stage>; None outside stages/."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "stages" else None
+
+
+def test_no_stage_imports_another_stage():
+    crossings = [
+        f"{module} imports {target}"
+        for module, targets in library_imports().items()
+        for target in targets
+        if stage_of(module) and stage_of(target) and stage_of(module) != stage_of(target)
+    ]
+    assert not crossings, (
+        "stages share through formats/, target/, common/ or client/:\n" + "\n".join(crossings)
+    )
+
+
+def test_only_the_endpoints_and_the_demo_prompt_source_reach_into_demo():
+    reaching = {
+        module
+        for module, targets in library_imports().items()
+        if not module.startswith("eaglenest.demo")
+        and any(t.startswith("eaglenest.demo") for t in targets)
+    }
+    assert reaching == DEMO_REACH
+
+
+def import_levels(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Levels of each module (1 = imports no library module); raises on a cycle, naming it."""
+    levels: dict[str, int] = {}
+
+    def level(module: str, path: tuple[str, ...]) -> int:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join((*path, module)))
+        if module not in levels:
+            levels[module] = 1 + max((level(t, (*path, module)) for t in graph[module]), default=0)
+        return levels[module]
+
+    for module in graph:
+        level(module, ())
+    return levels
+
+
+def test_the_import_graph_is_shallow_and_has_no_cycles():
+    levels = import_levels(library_imports())
+    deepest = max(levels, key=levels.get)
+    assert levels[deepest] <= MAX_IMPORT_LEVELS, f"{deepest}: {levels[deepest]} levels"
+
+
+def test_the_level_count_sees_cycles_and_depth():
+    with pytest.raises(AssertionError, match="a -> b -> a"):
+        import_levels({"a": {"b"}, "b": {"a"}})
+    assert import_levels({"a": {"b"}, "b": {"c"}, "c": set()})["a"] == 3
