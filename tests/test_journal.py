@@ -64,21 +64,23 @@ def test_a_sampling_change_asks_every_prompt_again_and_keeps_the_old_answers(tmp
         assert requests_total(url) == 12
         assert {r["origin"] for r in records.values()} == {"new"}
         # Client-only settings: everything reused, nothing asked.
-        records = run_generation(url, prompts, replace(first, concurrency=3, timeout_s=9), journal)
+        client = replace(first.client, concurrency=3, timeout_s=9)
+        records = run_generation(url, prompts, replace(first, client=client), journal)
         assert requests_total(url) == 12
         assert {r["origin"] for r in records.values()} == {"journal"}
         for changed in (
-            replace(first, temperature=0.9),
-            replace(first, temperature=0.9, max_tokens=77),
-            replace(first, temperature=0.9, max_tokens=77, extra_body={"top_k": 5}),
+            {"temperature": 0.9},
+            {"temperature": 0.9, "max_tokens": 77},
+            {"temperature": 0.9, "max_tokens": 77, "extra_body": {"top_k": 5}},
         ):
+            changed = replace(first, request=replace(first.request, **changed))
             before = requests_total(url)
             records = run_generation(url, prompts, changed, journal)
             assert requests_total(url) - before == 12, changed
             assert {r["origin"] for r in records.values()} == {"settings_changed"}
             bodies = [json.loads(r["request"]) for r in records.values()]
             assert {b["temperature"] for b in bodies} == {0.9}
-            assert {b["max_tokens"] for b in bodies} == {changed.max_tokens}
+            assert {b["max_tokens"] for b in bodies} == {changed.request.max_tokens}
         # Back to the first settings: their answers are still in the journal.
         before = requests_total(url)
         records = run_generation(url, prompts, first, journal)

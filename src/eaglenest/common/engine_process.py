@@ -35,6 +35,18 @@ def say(message: dict[str, Any]) -> None:
     print(MARKER + json.dumps(message), flush=True)
 
 
+def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
+    """In the child: the keyword arguments of `vllm.LLM` for a request written by the parent:
+    its `engine_args`, then the target and sizes it names, then the method's own; a None is left
+    to vLLM's default."""
+    args = dict(request["engine_args"])
+    for key in ("dtype", "tensor_parallel_size", "quantization", "max_model_len",
+                "gpu_memory_utilization", "trust_remote_code"):  # fmt: skip
+        args[key] = request[key]
+    args.update(model=request["target"], **method)
+    return {key: value for key, value in args.items() if value is not None}
+
+
 def engine_python(python: str, key: str = "vllm.python") -> str:
     """The engine's interpreter, checked: relative paths are from the working directory (for a
     workflow, its directory). Not resolved: a venv's python is a link that must stay one."""

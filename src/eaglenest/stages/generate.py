@@ -25,7 +25,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,30 +59,15 @@ class GenerationSettings:
     """What one shard job runs with: the request settings (the rule's rerun trigger), the client
     settings (no reason to rerun) and whether to ask for token ids (what the probe found)."""
 
-    model: str
-    temperature: float
-    top_p: float
-    max_tokens: int
-    concurrency: int
-    timeout_s: float
-    max_attempts: int
-    backoff_base_s: float
-    backoff_max_s: float
-    retry_after_max_s: float
-    max_error_fraction: float
-    bench_after_failures: int
-    bench_s: float
-    chat_template_kwargs: dict[str, Any]
-    extra_body: dict[str, Any]
+    request: RequestSettings
+    client: GenerationClientSettings
     return_token_ids: bool
-    seed: int
 
     @classmethod
     def from_parts(
         cls, request: RequestSettings, client: GenerationClientSettings, return_token_ids: bool
     ) -> GenerationSettings:
-        client_values = {k: v for k, v in asdict(client).items() if k != "endpoints"}
-        return cls(**asdict(request), **client_values, return_token_ids=return_token_ids)
+        return cls(request, client, return_token_ids)
 
 
 def sample_seed(run_seed: int, sample_id: str) -> int:
@@ -93,18 +78,18 @@ def sample_seed(run_seed: int, sample_id: str) -> int:
 
 def request_body(sample_id: str, messages: list[dict], settings: GenerationSettings) -> dict:
     body: dict[str, Any] = {
-        "model": settings.model,
+        "model": settings.request.model,
         "messages": messages,
-        "temperature": settings.temperature,
-        "top_p": settings.top_p,
-        "max_tokens": settings.max_tokens,
-        "seed": sample_seed(settings.seed, sample_id),
+        "temperature": settings.request.temperature,
+        "top_p": settings.request.top_p,
+        "max_tokens": settings.request.max_tokens,
+        "seed": sample_seed(settings.request.seed, sample_id),
     }
-    if settings.chat_template_kwargs:
-        body["chat_template_kwargs"] = settings.chat_template_kwargs
+    if settings.request.chat_template_kwargs:
+        body["chat_template_kwargs"] = settings.request.chat_template_kwargs
     if settings.return_token_ids:
         body["return_token_ids"] = True
-    body.update(settings.extra_body)
+    body.update(settings.request.extra_body)
     return body
 
 
@@ -312,10 +297,12 @@ class Progress:
 
 
 def _backoff_s(attempt: int, settings: GenerationSettings, server_wait_s: float | None) -> float:
-    backoff = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (attempt - 1))
+    backoff = min(
+        settings.client.backoff_max_s, settings.client.backoff_base_s * 2 ** (attempt - 1)
+    )
     backoff *= random.uniform(0.5, 1.5)  # jitter: retries of a burst do not arrive together
     # A server's wait is honoured up to a cap: one odd header must not park a worker for hours.
-    return max(backoff, min(server_wait_s or 0.0, settings.retry_after_max_s))
+    return max(backoff, min(server_wait_s or 0.0, settings.client.retry_after_max_s))
 
 
 async def request_with_retries(
@@ -329,19 +316,19 @@ async def request_with_retries(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     last_kind, last_error, last_url = "none", "", ""
-    for attempt in range(1, settings.max_attempts + 1):
+    for attempt in range(1, settings.client.max_attempts + 1):
         state = await pool.acquire()
         url = last_url = state.endpoint.url
         progress.in_flight += 1
         try:
             response, text = await post_once(
-                session, state.endpoint, body, headers_by_url[url], settings.timeout_s
+                session, state.endpoint, body, headers_by_url[url], settings.client.timeout_s
             )
         except RetryableError as err:
             await pool.release(state, ok=False)
             last_kind, last_error = err.kind, str(err)
             progress.retries[err.kind] += 1
-            if attempt < settings.max_attempts:
+            if attempt < settings.client.max_attempts:
                 await asyncio.sleep(_backoff_s(attempt, settings, err.retry_after_s))
             continue
         except TerminalError as err:
@@ -360,8 +347,8 @@ async def request_with_retries(
         last_url,
         body,
         last_kind,
-        f"gave up after {settings.max_attempts} attempts: {last_error}",
-        settings.max_attempts,
+        f"gave up after {settings.client.max_attempts} attempts: {last_error}",
+        settings.client.max_attempts,
         time.perf_counter() - started,
     )
 
@@ -486,12 +473,12 @@ async def generate_records(
     _log_plan(shard, len(prompts), len(todo), matched, journal)
     secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
     headers_by_url = {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)}
-    pool = EndpointPool(endpoints, settings.bench_after_failures, settings.bench_s)
+    pool = EndpointPool(endpoints, settings.client.bench_after_failures, settings.client.bench_s)
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for prompt in todo:
         queue.put_nowait(prompt)
     journal.parent.mkdir(parents=True, exist_ok=True)
-    connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=settings.client.concurrency, limit_per_host=0)
     progress = _progress(shard, len(prompts), already_done=len(prompts) - len(todo))
     with journal.open("a") as journal_file:
         if journal_file.tell() and not journal.read_bytes().endswith(b"\n"):
@@ -522,7 +509,7 @@ async def generate_records(
                 progress.update_postfix()
 
         async with aiohttp.ClientSession(connector=connector) as session:
-            workers = min(settings.concurrency, max(1, len(todo)))
+            workers = min(settings.client.concurrency, max(1, len(todo)))
             await asyncio.gather(*(worker(session) for _ in range(workers)))
     progress.bar.close()
     log.info(
@@ -559,10 +546,10 @@ def generate_shard(
     rows = [records[p["id"]] for p in prompt_rows]
     errors = Counter(r["error_kind"] for r in rows if r["error_kind"] is not None)
     n_errors = sum(errors.values())
-    if rows and n_errors / len(rows) > settings.max_error_fraction:
+    if rows and n_errors / len(rows) > settings.client.max_error_fraction:
         raise GenerationError(
             f"shard {shard}: {n_errors} of {len(rows)} requests failed terminally "
-            f"(> generation.max_error_fraction {settings.max_error_fraction}); by kind: "
+            f"(> generation.max_error_fraction {settings.client.max_error_fraction}); by kind: "
             f"{dict(errors)}. The {len(rows) - n_errors} answers are kept in {journal}; "
             "fix the cause and rerun: only the failed ones are requested again."
         )

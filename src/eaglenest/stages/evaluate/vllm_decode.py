@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.common.engine_process import say
+from eaglenest.common.engine_process import llm_arguments, say
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -32,24 +32,14 @@ SPEC_COUNTERS = {
 def engine(request: dict):
     from vllm import LLM
 
-    args = dict(request["engine_args"])
-    args.update(
-        model=request["target"],
-        dtype=request["dtype"],
-        tensor_parallel_size=request["tensor_parallel_size"],
-        quantization=request["quantization"],
-        max_model_len=request["max_model_len"],
-        gpu_memory_utilization=request["gpu_memory_utilization"],
-        trust_remote_code=request["trust_remote_code"],
-        disable_log_stats=False,  # the spec_decode counters are stats
-    )
+    method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
-        args["speculative_config"] = {
+        method["speculative_config"] = {
             "method": "eagle3",
             "model": request["drafter"],
             "num_speculative_tokens": request["k"],
         }
-    return LLM(**{k: v for k, v in args.items() if v is not None})
+    return LLM(**llm_arguments(request, **method))
 
 
 def spec_counters(llm) -> dict:

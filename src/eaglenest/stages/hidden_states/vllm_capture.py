@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.common.engine_process import say
+from eaglenest.common.engine_process import llm_arguments, say
 
 CONNECTOR_MODULE = "eaglenest.stages.hidden_states.vllm_connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
@@ -34,35 +34,28 @@ def engine(request: dict, out_dir: Path):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    args = dict(request["engine_args"])
-    args.update(
-        model=request["target"],
-        dtype=request["dtype"],
-        tensor_parallel_size=request["tensor_parallel_size"],
-        quantization=request["quantization"],
-        max_model_len=request["max_model_len"],
-        # Both cut a request's captured states short or leave them incomplete (vLLM's docs of
-        # extract_hidden_states; NVIDIA Model-Optimizer's dump script says the same).
-        enable_chunked_prefill=False,
-        enable_prefix_caching=False,
-        trust_remote_code=request["trust_remote_code"],
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {
-                "hf_config": {"eagle_aux_hidden_state_layer_ids": request["layer_ids"]}
+    return LLM(
+        **llm_arguments(
+            request,
+            # Both cut a request's captured states short or leave them incomplete (vLLM's docs of
+            # extract_hidden_states; NVIDIA Model-Optimizer's dump script says the same).
+            enable_chunked_prefill=False,
+            enable_prefix_caching=False,
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {
+                    "hf_config": {"eagle_aux_hidden_state_layer_ids": request["layer_ids"]}
+                },
             },
-        },
-        kv_transfer_config=KVTransferConfig(
-            kv_connector=CONNECTOR_CLASS,
-            kv_connector_module_path=CONNECTOR_MODULE,
-            kv_role="kv_producer",
-            kv_connector_extra_config={"shared_storage_path": str(out_dir)},
-        ),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector=CONNECTOR_CLASS,
+                kv_connector_module_path=CONNECTOR_MODULE,
+                kv_role="kv_producer",
+                kv_connector_extra_config={"shared_storage_path": str(out_dir)},
+            ),
+        )
     )
-    if request["gpu_memory_utilization"] is not None:
-        args["gpu_memory_utilization"] = request["gpu_memory_utilization"]
-    return LLM(**{k: v for k, v in args.items() if v is not None})
 
 
 def main(request_path: str) -> None:
