@@ -13,7 +13,15 @@ CPU: the demo's sizes (H 128, vocab 1024, draft 256). On a CUDA GPU (when presen
 128256, draft 32000) with bf16 autocast, and its model FLOPs utilisation against `--peak-tflops`
 (default: 989, H100/H200 dense bf16).
 
+`--long-context`: peak memory and tokens/s of one 7-step TTT training step (forward, loss,
+backward) on one sample of T = 2K, 8K, 16K and 32K tokens (`--lengths`), each T in a fresh
+process: H 256, 4 heads on CPU (peak resident memory over the step), Llama-8B sizes on CUDA (peak
+allocated). One line per T, `long-context T=<T> peak_mib=<M> tokens_per_s=<R>`, then the ratio of
+peak memory at 32K to 8K. Goal: memory linear in T (ratio <= 4.5; a [T, T] block kept per step
+would make it ~16).
+
 Usage: python bench/train.py [--quick] [--device cpu|cuda] [--steps N] [--json out.json]
+       python bench/train.py --long-context [--lengths 2048 8192 ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ import itertools
 import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,9 +43,15 @@ import torch
 from safetensors.torch import save_file
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter import ttt_forward
+from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.feature_batches import (
+    Batch,
+    BatchPlan,
+    TargetSignal,
+    build_batch,
+    open_shards,
+)
 from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.train.train import TrainSettings, build_drafter, train_drafter, ttt_loss
@@ -178,8 +195,80 @@ def flops_per_token(size: dict, ttt_steps: int, mean_length: float) -> float:
     return 3 * (2 * 3 * h * h + ttt_steps * (per_step + attention))
 
 
+LONG_CONTEXT_LENGTHS = (2048, 8192, 16384, 32768)
+LONG_CONTEXT_SIZES = {
+    "cpu": {"hidden": 256, "heads": 4, "kv_heads": 4, "mlp": 768, "vocab": 4096, "draft": 1024},
+    "cuda": {"hidden": 4096, "heads": 32, "kv_heads": 8, "mlp": 14336, "vocab": 128256,
+             "draft": 32000},
+}  # fmt: skip
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def long_context_step(length: int, device: str) -> dict:
+    """One TTT training step on one sample of `length` tokens, in this (fresh) process."""
+    s = LONG_CONTEXT_SIZES["cuda" if device.startswith("cuda") else "cpu"]
+    config = DrafterConfig(
+        hidden_size=s["hidden"], target_hidden_size=s["hidden"], intermediate_size=s["mlp"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        head_dim=s["hidden"] // s["heads"], vocab_size=s["vocab"], draft_vocab_size=s["draft"],
+        aux_layer_ids=(2, 4, 6), max_position_embeddings=length + 8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Eagle3Drafter(config).to(device).train()
+    aux = torch.randn(1, length, 3 * s["hidden"], device=device)
+    ids = torch.randint(0, s["vocab"], (1, length), device=device)
+    mask = torch.ones(1, length, dtype=torch.bool, device=device)
+    target = torch.randn(1, length, s["draft"], device=device)
+    batch = Batch(aux, ids, mask, target, mask, [])
+    gpu = device.startswith("cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu)
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
+    else:
+        before = resident_mib()
+    started = time.perf_counter()
+    with autocast:
+        loss, _ = ttt_loss(ttt_forward(model, aux, ids, 7), batch, 0.8)
+    loss.backward()
+    synchronize(device)
+    seconds = time.perf_counter() - started
+    if gpu:
+        peak = torch.cuda.max_memory_allocated() / 2**20 - before
+    else:  # ru_maxrss is in KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    return {"T": length, "peak_mib": peak, "tokens_per_s": length / seconds, "seconds": seconds}
+
+
+def long_context(args) -> dict:
+    rows = []
+    for length in args.lengths:
+        command = [sys.executable, __file__, "--long-context-one", str(length),
+                   "--device", args.device, "--threads", str(args.threads)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"long-context T={row['T']} peak_mib={row['peak_mib']:.0f} "
+              f"tokens_per_s={row['tokens_per_s']:.0f}", flush=True)  # fmt: skip
+    by_t = {row["T"]: row["peak_mib"] for row in rows}
+    results = {"device": args.device, "rows": rows}
+    if 32768 in by_t and 8192 in by_t:
+        results["peak_ratio_32k_to_8k"] = by_t[32768] / by_t[8192]
+        print(f"long-context peak memory 32K / 8K = {results['peak_ratio_32k_to_8k']:.2f} "
+              "(goal <= 4.5: linear in T)")  # fmt: skip
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--long-context", action="store_true")
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LONG_CONTEXT_LENGTHS))
+    parser.add_argument("--long-context-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
@@ -188,6 +277,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.long_context_one:
+        print(json.dumps(long_context_step(args.long_context_one, args.device)))
+        return
+    if args.long_context:
+        results = long_context(args)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        return
     gpu = args.device.startswith("cuda")
     name = "llama-8b" if gpu else "demo"
     size = SIZES[name]

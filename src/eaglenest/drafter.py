@@ -14,7 +14,9 @@ Training-time test: step i feeds step i-1's output hidden states back at every p
 with the tokens shifted by one more. The attention pattern of step i: a query at position t sees
 the step-0 keys of positions <= t (causal) and the keys of steps 1..i at position t only (each
 position's own draft chain), as in the EAGLE-3 reference training code. `Attention.forward`
-implements it with one [T, T] score block plus one diagonal column per earlier step.
+implements it in memory linear in T: the causal part is `scaled_dot_product_attention` over the
+step-0 keys, and each earlier step adds one diagonal score per position; the two are merged by
+log-sum-exp. No [T, T] block is kept for backward, so 32K-token samples train.
 
 Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
 (`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
@@ -32,6 +34,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# Scores of one chunk of queries in the causal log-sum-exp (elements; 64 MiB in float32): the
+# chunk's [rows, T] block exists only while its log-sum-exp is computed, in forward and again
+# in backward.
+LSE_CHUNK_SCORES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,24 @@ class Attention(nn.Module):
             self.config.num_attention_heads // self.config.num_key_value_heads, 1
         )
 
+    def _merged(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Step >= 1: softmax over [causal step-0 scores, one diagonal score per earlier step],
+        as the prefix attention's output and log-sum-exp merged with the diagonal terms."""
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        prefix = F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True)
+        wide = torch.promote_types(q.dtype, torch.float32)  # bf16 scores merged in float32
+        # [B, heads, T, 1 + steps]: the prefix's log-sum-exp, then each step's own score.
+        scores = torch.stack(
+            [causal_logsumexp(q, keys[0], scale),
+             *[(q * key).sum(-1).to(wide) * scale for key in keys[1:]]],
+            dim=-1,
+        )  # fmt: skip
+        weights = scores.softmax(-1).to(q.dtype)
+        out = weights[..., :1] * prefix
+        for j, value in enumerate(values[1:]):
+            out = out + weights[..., 1 + j : 2 + j] * value
+        return out
+
     def _out(self, out: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -190,19 +216,7 @@ class Attention(nn.Module):
         values = [self._expand(value) for value in cache.values]
         if len(cache) == 1:
             return self._out(F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True))
-        t = x.shape[1]
-        scale = 1.0 / math.sqrt(self.config.head_dim)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        prefix = (q @ keys[0].transpose(-1, -2)) * scale
-        prefix = prefix.masked_fill(~causal, float("-inf"))
-        # Step j's key at position t is seen only by the query at position t.
-        diagonal = [(q * key).sum(-1, keepdim=True) * scale for key in keys[1:]]
-        wide = torch.promote_types(q.dtype, torch.float32)  # bf16 scores softmaxed in float32
-        probs = torch.cat([prefix, *diagonal], dim=-1).softmax(-1, dtype=wide).to(q.dtype)
-        out = probs[..., :t] @ values[0]
-        for j, value in enumerate(values[1:]):
-            out = out + probs[..., t + j : t + j + 1] * value
-        return self._out(out)
+        return self._out(self._merged(q, keys, values))
 
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
@@ -216,6 +230,32 @@ class Attention(nn.Module):
             q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
         )
         return self._out(out)
+
+
+def _chunk_logsumexp(q: torch.Tensor, k: torch.Tensor, first: int, scale: float) -> torch.Tensor:
+    """Causal log-sum-exp of the scores of queries first.. (q [B, h, n, d]) over keys k[:first+n]."""
+    wide = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * scale
+    rows = torch.arange(first, first + q.shape[2], device=q.device)[:, None]
+    visible = torch.arange(k.shape[2], device=q.device)[None, :] <= rows
+    return scores.masked_fill(~visible, float("-inf")).logsumexp(-1)
+
+
+def causal_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """log sum_{s<=t} exp(scale * q_t . k_s) [B, h, T] in float32, a chunk of queries at a time.
+    Under autograd each chunk is recomputed in backward (checkpoint) rather than kept: memory
+    stays linear in T."""
+    b, h, t, _ = q.shape
+    rows = max(1, LSE_CHUNK_SCORES // (b * h * t))
+    parts = []
+    for first in range(0, t, rows):
+        last = min(first + rows, t)
+        args = (q[:, :, first:last], k[:, :, :last], first, scale)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            parts.append(checkpoint(_chunk_logsumexp, *args, use_reentrant=False))
+        else:
+            parts.append(_chunk_logsumexp(*args))
+    return torch.cat(parts, dim=-1)
 
 
 class DecodeCache:

@@ -2,14 +2,17 @@
 
 Loss of TTT step i (weight `step_weight`**i): cross-entropy of the drafter's distribution against
 the target's distribution restricted to the draft vocabulary, at the loss-masked positions whose
-target argmax is a draft token, divided by their count. Masked positions whose target argmax lies
-outside the draft vocabulary are skipped and counted (`skipped_outside_vocab`).
+target argmax is a draft token, divided by their count (over all processes under DDP). Masked
+positions whose target argmax lies outside the draft vocabulary are skipped and counted
+(`skipped_outside_vocab`).
 
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
 
 Several GPUs: under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
-W-th batch of the epoch's order; one step = one batch per rank. Rank 0 writes everything.
+W-th batch of the epoch's order; one step = one batch per rank. The step's loss is the mean over
+the positions of all ranks' batches, however unequal (`ttt_loss`), and the logged loss and
+accuracy are those of all ranks (`global_step`). Rank 0 writes everything.
 """
 
 from __future__ import annotations
@@ -73,30 +76,41 @@ class StepStats:
 
 
 def ttt_loss(
-    step_logits: list[torch.Tensor], batch: Batch, step_weight: float
+    step_logits: list[torch.Tensor],
+    batch: Batch,
+    step_weight: float,
+    processes: Processes | None = None,
 ) -> tuple[torch.Tensor, StepStats]:
-    """Weighted TTT loss over the steps' logits [B, T, D], and per-step statistics."""
+    """Weighted TTT loss over the steps' logits [B, T, D], and this process's statistics.
+
+    With `processes` of several ranks (DDP), step i's sum is divided by the count of valid
+    positions over all ranks, and the loss is multiplied by the world size: DDP averages the
+    gradients, so their average is the gradient of the mean over every rank's positions.
+    `stats.loss[i]` is then this rank's share of that mean (the shares add up to it)."""
     total = step_logits[0].new_zeros((), dtype=torch.float32)
     stats = StepStats([], [], [], 0)
+    # Step i at position t predicts what the target predicts at position t + 1 + i.
+    masked = [shift_left(batch.loss_mask, 1 + i, False) for i in range(len(step_logits))]
+    valid = [m & shift_left(batch.in_draft_vocab, 1 + i, False) for i, m in enumerate(masked)]
+    counts = [int(v.sum()) for v in valid]
+    world_size = processes.world_size if processes else 1
+    denominators = global_counts(counts, processes) if world_size > 1 else counts
     for i, logits in enumerate(step_logits):
-        # Step i at position t predicts what the target predicts at position t + 1 + i.
-        masked = shift_left(batch.loss_mask, 1 + i, False)
-        valid = masked & shift_left(batch.in_draft_vocab, 1 + i, False)
         target = shift_left(batch.target_logits, 1 + i)
-        n = int(valid.sum())
         # Zero the target off the valid positions before it meets the log-probs: a row of -inf
         # (top-k with no draft token) would put NaN into the gradient even behind a mask.
-        p = torch.where(valid[..., None], target.float().softmax(-1), 0.0).nan_to_num(0.0)
+        p = torch.where(valid[i][..., None], target.float().softmax(-1), 0.0).nan_to_num(0.0)
         log_q = F.log_softmax(logits.float(), dim=-1)
-        loss_i = -(p * log_q).sum() / max(n, 1)
+        loss_i = -(p * log_q).sum() / max(denominators[i], 1)
         total = total + (step_weight**i) * loss_i
         with torch.no_grad():
-            hits = (logits.argmax(-1) == target.argmax(-1)) & valid
+            hits = (logits.argmax(-1) == target.argmax(-1)) & valid[i]
         stats.loss.append(float(loss_i.detach()))
         stats.correct.append(int(hits.sum()))
-        stats.counted.append(n)
-        if i == 0:
-            stats.skipped_outside_vocab = int((masked & ~valid).sum())
+        stats.counted.append(counts[i])
+    stats.skipped_outside_vocab = int((masked[0] & ~valid[0]).sum())
+    if world_size > 1:
+        total = total * world_size
     return total, stats
 
 
@@ -152,6 +166,34 @@ def all_reduce_sum(values: list[float], processes: Processes) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=processes.device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def global_counts(counts: list[int], processes: Processes) -> list[int]:
+    """Each TTT step's count of loss positions, summed over the processes."""
+    return [round(n) for n in all_reduce_sum([float(n) for n in counts], processes)]
+
+
+def global_step(
+    loss: torch.Tensor, stats: StepStats, processes: Processes
+) -> tuple[float, StepStats]:
+    """The step's loss (the mean over every process's positions) and statistics summed over
+    the processes; in one process, `loss` and `stats` as they are."""
+    if processes.world_size == 1:
+        return float(loss.detach()), stats
+    steps = len(stats.loss)
+    values = all_reduce_sum(
+        [
+            float(loss.detach()) / processes.world_size,  # ttt_loss scaled it up for DDP
+            *stats.loss,
+            *stats.correct,
+            *stats.counted,
+            stats.skipped_outside_vocab,
+        ],
+        processes,
+    )
+    counts = [round(x) for x in values[1 + steps :]]
+    total = StepStats(values[1 : 1 + steps], counts[:steps], counts[steps:-1], counts[-1])
+    return values[0], total
 
 
 def data_parallel(model: Eagle3Drafter, processes: Processes) -> torch.nn.Module:
@@ -381,10 +423,12 @@ def train_step(
     batch = training.signal.fill(batch.to(device))
     with autocast(device, settings.precision):
         logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-    loss, stats = ttt_loss(logits, batch, settings.step_weight)
-    if not torch.isfinite(loss):
+    loss, stats = ttt_loss(logits, batch, settings.step_weight, training.processes)
+    # Over all processes, so that a NaN on one rank stops every rank at the same step.
+    value, stats = global_step(loss, stats, training.processes)
+    if not math.isfinite(value):
         raise TrainingDiverged(
-            f"loss is {float(loss.detach())} at step {progress.step} (epoch {epoch}, "
+            f"loss is {value} at step {progress.step} (epoch {epoch}, "
             f"batch {position}); samples (shard file, index): {batch.samples[:8]}"
             + (" ..." if len(batch.samples) > 8 else "")
         )
@@ -398,7 +442,7 @@ def train_step(
     progress.loss_tokens += stats.counted[0]
     progress.skipped_outside_vocab += stats.skipped_outside_vocab
     progress.last = stats
-    return float(loss.detach())
+    return value
 
 
 def log_step(
