@@ -176,6 +176,37 @@ def test_no_score_block_is_kept_for_backward(model):
     assert large / small < 4.6, (small, large)  # 4x T: a [T, T] block would make it ~10x
 
 
+def test_activation_checkpointing_changes_nothing_but_memory(model):
+    """With the layer recomputed in backward: the same loss and gradients, less kept for it."""
+    model = model.float().train()
+    aux, ids = inputs(batch=2, length=64)
+    aux = aux.float()
+    loss_mask = torch.ones(2, 64, dtype=torch.bool)
+    torch.manual_seed(4)
+    target = torch.randn(2, 64, CONFIG.draft_vocab_size)
+
+    def run(checkpointed: bool):
+        model.checkpoint_layer = checkpointed
+        saved = 0
+
+        def pack(tensor):
+            nonlocal saved
+            saved += tensor.numel() * tensor.element_size()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss, grads = loss_and_gradients(model, aux, ids, loss_mask, target, 7)
+        return loss, grads, saved
+
+    loss, grads, kept = run(False)
+    ckpt_loss, ckpt_grads, ckpt_kept = run(True)
+    torch.testing.assert_close(ckpt_loss, loss, rtol=1e-6, atol=1e-7)
+    assert ckpt_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert ckpt_kept < 0.7 * kept, (ckpt_kept, kept)
+
+
 LONG_SAMPLE_STEP = """
 import resource, sys, torch
 torch.set_num_threads(2)

@@ -314,6 +314,9 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
+        # Training only: recompute the decoder layer in backward instead of keeping its
+        # activations (train.activation_checkpointing), for long samples.
+        self.checkpoint_layer = False
         c = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
@@ -347,8 +350,30 @@ class Eagle3Drafter(nn.Module):
         the next step takes in place of fc(aux)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        hidden = self.midlayer(embeds, hidden, cos, sin, cache)
+        if self.checkpoint_layer and isinstance(cache, KVCache) and torch.is_grad_enabled():
+            hidden = self._checkpointed_layer(embeds, hidden, cos, sin, cache)
+        else:
+            hidden = self.midlayer(embeds, hidden, cos, sin, cache)
         return self.lm_head(self.norm(hidden)), hidden
+
+    def _checkpointed_layer(self, embeds, hidden, cos, sin, cache: KVCache) -> torch.Tensor:
+        """The decoder layer recomputed in backward. The recomputation must see the cache as the
+        step did, so the layer runs on a copy of the earlier steps' keys and values and its own
+        ones are added to the real cache afterwards."""
+        steps = len(cache)
+
+        def layer(embeds, hidden, cos, sin, *earlier):
+            copy = KVCache()
+            copy.keys, copy.values = list(earlier[:steps]), list(earlier[steps:])
+            out = self.midlayer(embeds, hidden, cos, sin, copy)
+            return out, copy.keys[-1], copy.values[-1]
+
+        hidden, key, value = checkpoint(
+            layer, embeds, hidden, cos, sin, *cache.keys, *cache.values, use_reentrant=False
+        )
+        cache.keys.append(key)
+        cache.values.append(value)
+        return hidden
 
     def forward(
         self, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int

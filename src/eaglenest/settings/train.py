@@ -30,6 +30,7 @@ class TrainSettings(Settings):
     device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
     precision: str  # auto = bf16 autocast on CUDA, float32 on CPU
     export_dtype: str
+    activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
     drafter: dict[str, Any]  # overrides of the drafter's sizes
 
     @classmethod

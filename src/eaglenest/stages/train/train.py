@@ -221,6 +221,7 @@ def build_drafter(
     )
     torch.manual_seed(settings.seed)
     model = Eagle3Drafter(config)
+    model.checkpoint_layer = settings.activation_checkpointing
     with torch.no_grad():
         model.embed_tokens.weight.copy_(head.embed)
     model.set_vocab(vocab.d2t, vocab.t2d)
