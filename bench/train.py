@@ -21,7 +21,8 @@ peak memory at 32K to 8K. Goal: memory linear in T (ratio <= 4.5; a [T, T] block
 would make it ~16).
 
 Usage: python bench/train.py [--quick] [--device cpu|cuda] [--steps N] [--json out.json]
-       python bench/train.py --long-context [--lengths 2048 8192 ...] [--json out.json]
+       python bench/train.py --long-context [--lengths 2048 8192 ...] [--activation-checkpointing]
+                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def resident_mib() -> float:
         return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def long_context_step(length: int, device: str) -> dict:
+def long_context_step(length: int, device: str, checkpointed: bool = False) -> dict:
     """One TTT training step on one sample of `length` tokens, in this (fresh) process."""
     s = LONG_CONTEXT_SIZES["cuda" if device.startswith("cuda") else "cpu"]
     config = DrafterConfig(
@@ -219,6 +220,7 @@ def long_context_step(length: int, device: str) -> dict:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Eagle3Drafter(config).to(device).train()
+    model.checkpoint_layer = checkpointed
     aux = torch.randn(1, length, 3 * s["hidden"], device=device)
     ids = torch.randint(0, s["vocab"], (1, length), device=device)
     mask = torch.ones(1, length, dtype=torch.bool, device=device)
@@ -250,13 +252,16 @@ def long_context(args) -> dict:
     for length in args.lengths:
         command = [sys.executable, __file__, "--long-context-one", str(length),
                    "--device", args.device, "--threads", str(args.threads)]  # fmt: skip
+        if args.activation_checkpointing:
+            command.append("--activation-checkpointing")
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(f"long-context T={row['T']} peak_mib={row['peak_mib']:.0f} "
               f"tokens_per_s={row['tokens_per_s']:.0f}", flush=True)  # fmt: skip
     by_t = {row["T"]: row["peak_mib"] for row in rows}
-    results = {"device": args.device, "rows": rows}
+    results = {"device": args.device, "rows": rows,
+               "activation_checkpointing": args.activation_checkpointing}  # fmt: skip
     if 32768 in by_t and 8192 in by_t:
         results["peak_ratio_32k_to_8k"] = by_t[32768] / by_t[8192]
         print(f"long-context peak memory 32K / 8K = {results['peak_ratio_32k_to_8k']:.2f} "
@@ -269,6 +274,7 @@ def main() -> None:
     parser.add_argument("--long-context", action="store_true")
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LONG_CONTEXT_LENGTHS))
     parser.add_argument("--long-context-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
@@ -278,7 +284,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.long_context_one:
-        print(json.dumps(long_context_step(args.long_context_one, args.device)))
+        step = long_context_step(args.long_context_one, args.device, args.activation_checkpointing)
+        print(json.dumps(step))
         return
     if args.long_context:
         results = long_context(args)
