@@ -153,26 +153,30 @@ def test_the_linear_memory_attention_equals_the_dense_one(model, monkeypatch, ch
         torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def saved_for_backward(run):
+    """(what `run()` returns, the bytes autograd saved for backward while it ran)."""
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = run()
+    return result, total
+
+
 def test_no_score_block_is_kept_for_backward(model):
     """What autograd keeps for backward grows linearly in T: doubling T about doubles it (a kept
     [T, T] block would quadruple it)."""
     model = model.float().train()
 
-    def saved_bytes(length: int) -> int:
+    def saved(length: int) -> int:
         aux, ids = inputs(batch=1, length=length)
-        total = 0
+        return saved_for_backward(lambda: ttt_forward(model, aux.float(), ids, 7))[1]
 
-        def pack(tensor):
-            nonlocal total
-            total += tensor.numel() * tensor.element_size()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logits = ttt_forward(model, aux.float(), ids, 7)
-        del logits
-        return total
-
-    small, large = saved_bytes(256), saved_bytes(1024)
+    small, large = saved(256), saved(1024)
     assert large / small < 4.6, (small, large)  # 4x T: a [T, T] block would make it ~10x
 
 
@@ -187,16 +191,10 @@ def test_activation_checkpointing_changes_nothing_but_memory(model):
 
     def run(checkpointed: bool):
         model.checkpoint_layer = checkpointed
-        saved = 0
-
-        def pack(tensor):
-            nonlocal saved
-            saved += tensor.numel() * tensor.element_size()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss, grads = loss_and_gradients(model, aux, ids, loss_mask, target, 7)
-        return loss, grads, saved
+        (loss, grads), kept = saved_for_backward(
+            lambda: loss_and_gradients(model, aux, ids, loss_mask, target, 7)
+        )
+        return loss, grads, kept
 
     loss, grads, kept = run(False)
     ckpt_loss, ckpt_grads, ckpt_kept = run(True)

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_drafter import CONFIG  # the drafter's test sizes
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+from eaglenest.drafter import Eagle3Drafter
 from eaglenest.formats.feature_batches import Batch
 from eaglenest.stages.train.train import (
     Processes,
@@ -24,17 +25,6 @@ from eaglenest.stages.train.train import (
     train_step,
 )
 
-CONFIG = DrafterConfig(
-    hidden_size=32,
-    target_hidden_size=24,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    vocab_size=50,
-    draft_vocab_size=20,
-    aux_layer_ids=(2, 4, 5),
-)
 LENGTH = 12
 TTT_STEPS = 3
 
