@@ -193,6 +193,7 @@ def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]
 def shard_summary(
     *, frame, n_tokens: int, out: str | Path, layer_ids, settings: HiddenSettings,
     hidden_size: int, seconds: float, forward_s: float, backend: str,
+    summary_out: str | Path | None,
 ) -> dict[str, Any]:  # fmt: skip
     size = Path(out).stat().st_size
     summary = {
@@ -216,6 +217,8 @@ def shard_summary(
         backend, len(frame), n_tokens, summary["bytes_per_token"] or 0, settings.dtype,
         settings.target_signal, summary["tokens_per_s"] or 0,
     )  # fmt: skip
+    if summary_out is not None:
+        write_json(summary_out, summary)
     return summary
 
 
@@ -286,11 +289,8 @@ def extract_hidden_states(
             forward_s = write_samples(writer, model, capture, frame, lengths, offsets, settings)
     finally:
         capture.remove()
-    summary = shard_summary(
+    return shard_summary(
         frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
         hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=forward_s,
-        backend="transformers",
+        backend="transformers", summary_out=summary_out,
     )  # fmt: skip
-    if summary_out is not None:
-        write_json(summary_out, summary)
-    return summary

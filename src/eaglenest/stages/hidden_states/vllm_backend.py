@@ -38,7 +38,7 @@ from eaglenest.common.engine_process import (
     engine_python,
     reply,
 )
-from eaglenest.common.io import sha256_file, write_json
+from eaglenest.common.io import sha256_file
 from eaglenest.formats.hidden_shard import create_hidden_shard, tensor_specs
 from eaglenest.formats.tokens import read_tokens
 from eaglenest.settings.hidden import HiddenSettings
@@ -237,11 +237,8 @@ def capture_hidden_states_vllm(
             generate_s = pack_as_they_come(process, writer, frame, offsets, signal, tokens)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    summary = shard_summary(
+    return shard_summary(
         frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
         hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=generate_s,
-        backend="vllm",
+        backend="vllm", summary_out=summary_out,
     )  # fmt: skip
-    if summary_out is not None:
-        write_json(summary_out, summary)
-    return summary
