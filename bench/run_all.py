@@ -34,10 +34,25 @@ REPO = BENCH_DIR.parent
 # Sizes for a CI-size run (`--quick`); a bench not listed runs at its defaults.
 QUICK_ARGS = {
     "dag": ["--shards", "100", "500"],
-    "generate": ["--requests-a", "320", "--requests-b", "200"],
+    "generate": [
+        "--requests-a",
+        "320",
+        "--requests-b",
+        "200",
+        "--shards",
+        "3",
+        "--shard-size",
+        "100",
+        "--median-latency-s",
+        "0.2",
+        "--stream-requests",
+        "100",
+    ],
     "tokenization": ["--samples", "300", "--reasoning-repeat", "1", "4", "--runs", "1"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1"],
     "train": ["--quick"],
+    # The small demo, made by Snakemake in the bench's temp dir, and one top-k besides 32.
+    "storage": ["--configfile", "config/tests/demo-small.yaml", "--top-k", "32", "8"],
 }
 LIBRARIES = (
     "eaglenest", "torch", "transformers", "tokenizers", "safetensors", "numpy", "polars",

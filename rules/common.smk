@@ -146,6 +146,18 @@ def get_server_logs(**logs):
     return logs
 
 
+def get_generate_threads():
+    """No core for a generate job that does HTTP only (~1 ms of CPU a request), so `--cores 2`
+    does not limit how many shard jobs keep the endpoints full (`endpoint_slots` does); one when
+    the job runs the embedded server, whose model computes on this machine."""
+    return 1 if config["server"]["enabled"] else 0
+
+
+def get_activity_log(shard="{shard}"):
+    """A generate job's activity file (eaglenest.client.pool.activity_summary)."""
+    return f"logs/{RUN}/generate_responses/{shard}.activity.json"
+
+
 def get_target_dir():
     """The target directory as an input when the pipeline builds it, else nothing."""
     return run_path("target") if DEMO else []

@@ -1,5 +1,12 @@
 # One job per shard takes its slice of the prompt list and generates its answers: a separate
 # slicing job would be a cluster job per shard for a millisecond's work, and 1 of 5 jobs planned.
+# Generation does HTTP only, so it runs where Snakemake runs, whatever the executor: there, every
+# shard job at once shares one cap per endpoint (max_concurrency, held by lock files), and the
+# free slots of a shard's last requests serve the next shard's prompts.
+localrules:
+    generate_responses,
+
+
 rule generate_responses:
     input:
         prompts=run_path("prompts/all.parquet"),
@@ -9,11 +16,14 @@ rule generate_responses:
         raw=run_path("raw/{shard}.parquet"),
     log:
         **get_server_logs(generate=get_log("generate_responses", per_shard=True)),
+        # How busy each endpoint was while the job ran, which the report merges over shards: a
+        # log, so a missing one (a run from before it existed) reruns nothing.
+        activity=get_activity_log(),
     benchmark:
         bench_path("generate/{shard}.tsv")
     conda:
         "../envs/eaglenest.yaml"
-    threads: 1
+    threads: get_generate_threads()
     resources:
         endpoint_slots=1,
     params:

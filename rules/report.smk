@@ -12,6 +12,7 @@ rule build_report:
         tokens_reports=expand(run_path("tokens/{shard}.report.json"), shard=SHARDS),
         lengths=expand(run_path("tokens/{shard}.lengths.parquet"), shard=SHARDS),
         hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=SHARDS),
+        draft_vocab=run_path("vocab/draft_vocab.json"),
         train_metrics=run_path("drafter/metrics.jsonl"),
         train_report=run_path("drafter/train_report.json"),
         eval_metrics=run_path("eval/metrics.json"),
@@ -55,6 +56,8 @@ rule build_report:
     params:
         # Optional: read when present (wall time per generation shard), never a reason to rerun.
         generate_benchmarks=expand(bench_path("generate/{shard}.tsv"), shard=SHARDS),
+        # Optional too: how busy the endpoints were (generate's activity logs).
+        generate_activity=[get_activity_log(shard) for shard in SHARDS],
         run=RUN,  # the run's name, the report's title
         code_version=code_version("report"),
     script:

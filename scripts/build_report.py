@@ -8,6 +8,7 @@ with log_to(snakemake.log[0]):
         RunFiles(
             **dict(snakemake.input.items()),
             generate_benchmarks=snakemake.params.generate_benchmarks,
+            generate_activity=snakemake.params.generate_activity,
         ),
         out_html=snakemake.output.html,
         plots={name: getattr(snakemake.output, name) for name in PLOT_NAMES},

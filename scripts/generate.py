@@ -21,4 +21,5 @@ with log_to(snakemake.log.generate):
         journal=snakemake.params.journal,
         server_log=snakemake.log.get("server"),
         shard=snakemake.wildcards.shard,
+        activity=snakemake.log.activity,
     )

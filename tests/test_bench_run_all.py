@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-RUN_ALL = Path(__file__).resolve().parents[1] / "bench" / "run_all.py"
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+RUN_ALL = BENCH_DIR / "run_all.py"
 
 WRITES_FIGURES = """\
 import argparse, json
@@ -75,3 +77,13 @@ def test_only_and_timeout(tmp_path: Path):
     result, merged = run_all(tmp_path, "--only", "fast")
     assert result.returncode == 0, result.stdout + result.stderr
     assert merged["failed"] == []
+
+
+def test_quick_sizes_name_benches_that_exist():
+    """A bench renamed or removed leaves no stale `--quick` sizes (they would never apply)."""
+    spec = importlib.util.spec_from_file_location("run_all", RUN_ALL)
+    run_all_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_all_module)
+    benches = {p.stem for p in run_all_module.discover(BENCH_DIR)}
+    assert "storage" in benches
+    assert set(run_all_module.QUICK_ARGS) <= benches, set(run_all_module.QUICK_ARGS) - benches

@@ -2,6 +2,7 @@
 not the model): faults, kills, dialects, secrets."""
 
 import asyncio
+import dataclasses
 import email.utils
 import hashlib
 import json
@@ -65,6 +66,7 @@ def fast_settings(**overrides) -> GenerationSettings:
     values = {
         "concurrency": 32,
         "timeout_s": 1.0,
+        "idle_timeout_s": 1.0,
         "max_attempts": 8,
         "backoff_base_s": 0.02,
         "backoff_max_s": 0.2,
@@ -150,10 +152,11 @@ def test_terminal_4xx_is_not_retried_and_fails_the_shard(tmp_path):
     ],
 )
 def test_each_dialect_is_captured_and_recorded(tmp_path, dialect, field, layout):
+    """Streamed where the probe's layout streams ids (vllm), plain for SGLang's."""
     prompts_path = tmp_path / "prompts.parquet"
     prompt_frame(20).write_parquet(prompts_path)
     probe = tmp_path / "probe.json"
-    write_json(probe, {"token_ids": {"supported": True}})
+    write_json(probe, {"token_ids": {"supported": True, "layout": layout}})
     out = tmp_path / "raw.parquet"
     with running_server(model_name=MODEL, dialect=dialect, echo=True) as url:
         config = validate_config({"target": {"model": MODEL}, "endpoints": [{"url": url}]})
@@ -266,7 +269,7 @@ def test_a_short_api_key_never_changes_the_models_text(tmp_path, monkeypatch):
 
 
 def test_retry_after_reads_seconds_and_http_dates():
-    from eaglenest.stages.generate import retry_after_s
+    from eaglenest.client.chat import retry_after_s
 
     now = 1_700_000_000.0
     assert retry_after_s("7", now) == 7.0
@@ -385,3 +388,64 @@ def test_a_journal_written_before_the_check_still_makes_a_raw_file(tmp_path):
         'completion_token_ids[0] is "12", not an integer',
     ]
     assert raw["completion_token_ids"].to_list() == [[3, 4], None]
+
+
+def test_a_streamed_answer_longer_than_timeout_s_completes(tmp_path):
+    """Chunks keep coming for 3 s: streamed, timeout_s (1 s) does not cut it; the same request
+    not streamed is cut by it."""
+    prompts = prompt_frame(4).to_dicts()
+    with running_server(model_name=MODEL, echo=True, echo_latency_s=3.0) as url:
+        streamed = dataclasses.replace(
+            fast_settings(timeout_s=1.0, idle_timeout_s=1.0, max_attempts=1), stream=True
+        )
+        records = asyncio.run(
+            generate_records(prompts, [Endpoint(url)], streamed, tmp_path / "s.jsonl", "00000")
+        )
+        plain = dataclasses.replace(streamed, stream=False)
+        cut = asyncio.run(
+            generate_records(prompts, [Endpoint(url)], plain, tmp_path / "p.jsonl", "00000")
+        )
+    assert all(r["error_kind"] is None for r in records.values())
+    assert all(r["latency_s"] > 2.5 and r["completion_token_ids"] for r in records.values())
+    assert all(r["reasoning_field"] == "reasoning" for r in records.values())
+    assert {r["error_kind"] for r in cut.values()} == {"timeout"}
+
+
+def test_a_stalled_stream_fails_after_idle_timeout_and_is_retried(tmp_path):
+    prompts = prompt_frame(40).to_dicts()
+    journal = tmp_path / "journal.jsonl"
+    with running_server(
+        model_name=MODEL, echo=True, faults={"stall_stream": 0.2}, fault_seed=1, hang_s=30
+    ) as url:
+        settings = dataclasses.replace(fast_settings(idle_timeout_s=0.5), stream=True)
+        started = time.monotonic()
+        records = asyncio.run(
+            generate_records(prompts, [Endpoint(url)], settings, journal, "00000")
+        )
+        elapsed = time.monotonic() - started
+        stats = server_stats(url)
+    assert stats["faults"]["stall_stream"] >= 5
+    assert all(r["error_kind"] is None for r in records.values())
+    assert sum(r["attempts"] - 1 for r in records.values()) == stats["faults"]["stall_stream"]
+    assert elapsed < 20, "stalled streams were given up after idle_timeout_s, not hang_s"
+    journal_ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
+    assert sorted(journal_ids) == sorted(p["id"] for p in prompts)
+
+
+def test_the_streamed_record_equals_the_plain_one(tmp_path):
+    """Same raw row (text, reasoning field, ids, usage) whichever way the answer travelled."""
+    prompts = prompt_frame(6).to_dicts()
+    with running_server(model_name=MODEL, echo=True) as url:
+        rows = {}
+        for stream in (True, False):
+            settings = dataclasses.replace(fast_settings(), stream=stream)
+            rows[stream] = asyncio.run(
+                generate_records(
+                    prompts, [Endpoint(url)], settings, tmp_path / f"{stream}.jsonl", "00000"
+                )
+            )
+    same = ("reasoning", "content", "reasoning_field", "finish_reason", "prompt_token_ids")
+    same += ("completion_token_ids", "token_layout", "prompt_tokens", "completion_tokens")
+    for sample_id, plain in rows[False].items():
+        streamed = rows[True][sample_id]
+        assert {k: streamed[k] for k in same} == {k: plain[k] for k in same}

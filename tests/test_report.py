@@ -12,6 +12,7 @@ import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from workflow_helpers import SMALL_RUN
@@ -20,13 +21,19 @@ from eaglenest.formats.lengths import read_shard_lengths, write_shard_lengths
 from eaglenest.formats.prompts import MESSAGE_DTYPE
 from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
 from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
+from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.formats.tokens import TokensSchema
+from eaglenest.stages.report.data import endpoint_utilisation
 from eaglenest.stages.report.inputs import ReportInputError, RunFiles, load_run
 from eaglenest.stages.report.report import PLOT_NAMES, build_report
+from eaglenest.stages.vocab import build_draft_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = ("00000", "00001")
 PER_SHARD = 6
+TARGET_VOCAB_SIZE = 128
+# Below the 46 distinct ids the synthetic completions use (12..57), as in the demo: coverage < 1.
+DRAFT_VOCAB_SIZE = 40
 MESSAGE_DTYPE_LIST = pl.List(MESSAGE_DTYPE)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -87,6 +94,24 @@ def tokens_frame(samples: pl.DataFrame) -> pl.DataFrame:
         schema_overrides={"input_ids": pl.List(pl.Int64), "rebuild_agrees": pl.Boolean},
     )
     return TokensSchema.validate(frame)
+
+
+def write_draft_vocab(run: Path) -> dict:
+    """The vocab stage on the synthetic tokens: each shard's counts of completion ids, then
+    vocab/draft_vocab.json as build_draft_vocab writes it."""
+    paths = []
+    for shard in SHARDS:
+        tokens = pl.read_parquet(run / "tokens" / f"{shard}.parquet")
+        completion = [i for ids, n in tokens.select("input_ids", "prompt_len").iter_rows()
+                      for i in ids[n:]]  # fmt: skip
+        counts = np.bincount(completion, minlength=TARGET_VOCAB_SIZE).astype(np.int64)
+        paths.append(run / "tokens" / f"{shard}.counts.safetensors")
+        write_token_counts(paths[-1], TokenCounts(counts, np.zeros(0, dtype=np.int64), {}), shard)
+    vocab = run / "vocab"
+    vocab.mkdir(parents=True, exist_ok=True)
+    return build_draft_vocab(
+        paths, vocab / "draft_vocab.safetensors", vocab / "draft_vocab.json", DRAFT_VOCAB_SIZE
+    )
 
 
 def write_json(path: Path, data) -> None:
@@ -197,6 +222,20 @@ def write_training(run: Path, ttt_steps: int = 3) -> None:
     )
 
 
+ENDPOINT = "http://10.0.0.5:8000"
+
+
+def write_activity(run: Path, shard: str) -> None:
+    """logs/{run}/generate_responses/{shard}.activity.json of a shard job: the two jobs overlap, each busy 48 slot-seconds
+    on a cap of 8 over its 10 s."""
+    start = 1_000_000.0 + 5 * int(shard)
+    samples = [[start + t, 8, 4, 6.0, 2.0] for t in (0.0, 5.0)]
+    endpoint = {"url": ENDPOINT, "cap": 8, "attempts": 6, "busy_s": 48.0, "samples": samples}
+    job = {"started_at": start, "finished_at": start + 10.0, "endpoints": [endpoint]}
+    logs = run.parents[1] / "logs" / run.name / "generate_responses"
+    write_json(logs / f"{shard}.activity.json", job)
+
+
 def write_run(root: Path, run_name: str = "synthetic", finished: bool = True) -> Path:
     """results/{run}/ with every file the report reads (training and eval only when finished),
     and benchmarks/{run}/generate/*.tsv."""
@@ -304,9 +343,11 @@ def write_run(root: Path, run_name: str = "synthetic", finished: bool = True) ->
                 "tokens_per_s": n_tokens / 1.5,
             },
         )
+        write_activity(run, shard)
         bench = root / "benchmarks" / run_name / "generate" / f"{shard}.tsv"
         bench.parent.mkdir(parents=True, exist_ok=True)
         bench.write_text("s\th:m:s\tmax_rss\n2.50\t0:00:02\t100.0\n")
+    write_draft_vocab(run)
     if finished:
         write_training(run)
         write_json(run / "eval" / "metrics.json", EVAL_METRICS)
@@ -337,7 +378,8 @@ def missing_references(page: Path) -> list[str]:
 
 def build(run: Path, out: Path | None = None) -> tuple[Path, dict]:
     out = out or run / "report"
-    files = RunFiles.from_run_dir(run, run.parents[1] / "benchmarks" / run.name)
+    root = run.parents[1]
+    files = RunFiles.from_run_dir(run, root / "benchmarks" / run.name, root / "logs" / run.name)
     figures = build_report(files, out / "index.html", run=run.name)
     return out / "index.html", figures
 
@@ -371,10 +413,21 @@ def test_report_of_a_finished_run(tmp_path: Path):
         "0.712",  # held-out accuracy of TTT step 1
         "identical_to_greedy",  # K=7 differs from greedy: said in a note
         "completion tokens/s",
+        ENDPOINT,  # utilisation: 2 jobs x 48 busy slot-s / (cap 8 x 15 s wall)
+        "busy slot-s",
+        "<td>80.0%</td>",
+        "most queued by the server",
     ):
         assert expected in text, expected
     assert figures["acceptance length K=3 (simulated)"] == 2.41
     assert figures["validated"] == 9  # 2 shards of 6, less 2 cut by max_tokens and 1 failed
+    # A draft vocabulary smaller than the ids the completions use: its coverage, below 1, shown.
+    vocab = json.loads((page.parents[1] / "vocab" / "draft_vocab.json").read_text())
+    assert vocab["distinct_ids_seen"] > vocab["draft_vocab_size"] == DRAFT_VOCAB_SIZE
+    assert 0.5 < vocab["coverage"] < 1
+    shown = f"{100 * vocab['coverage']:.2f}%"
+    assert figures["draft vocabulary coverage"] == shown != "100.00%"
+    assert "coverage of completion tokens" in text and f"<td>{shown}</td>" in text
     assert figures["server/rebuild agreement"] == "95.0%"
 
 
@@ -421,6 +474,7 @@ def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
     text = page.read_text()
     assert "Not trained yet" in text
     assert "Not evaluated yet" in text
+    assert "coverage of completion tokens" in text  # the vocabulary is built before training
     assert "No hidden-state summaries" in text
     for name in PLOT_NAMES:  # every declared output exists, a card saying why where no plot
         assert (page.parent / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
@@ -459,6 +513,11 @@ def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
             r"eval/metrics\.json baselines\[untrained\]\[3\]: missing 'conditional_acceptance'",
         ),
         ("eval/metrics.json", "{", r"eval/metrics\.json: not readable as JSON"),
+        (
+            "vocab/draft_vocab.json",
+            '{"coverage": "most", "draft_vocab_size": 40, "target_vocab_size": 128}',
+            r"draft_vocab\.json: 'coverage' must be a number",
+        ),
         ("samples/00000.report.json", "", r"samples/00000\.report\.json: not readable as JSON"),
         ("tokens/00001.lengths.parquet", "no", r"tokens/00001\.lengths\.parquet: not a lengths"),
     ],
@@ -593,3 +652,29 @@ def test_the_pipelines_report_of_the_demo_run(finished_run: Path):
     for k in metrics["ks"]:
         assert f"{metrics['simulated'][str(k)]['acceptance_length']:.2f}" in text
     assert all(v["identical_to_greedy"] for v in metrics["live"].values())
+    # config/config.yaml's draft vocabulary (48 ids) is below the ~55 the completions use.
+    vocab = json.loads((results / "vocab" / "draft_vocab.json").read_text())
+    assert vocab["distinct_ids_seen"] > vocab["draft_vocab_size"] and vocab["coverage"] < 1
+    assert f"<td>{100 * vocab['coverage']:.2f}%</td>" in text
+
+
+def test_endpoint_utilisation_counts_the_latest_session_only():
+    """A shard regenerated an hour after the others is its own session: the report's figures
+    are of the latest one."""
+    job = {"url": ENDPOINT, "cap": 4, "attempts": 1, "busy_s": 20.0, "samples": [[0, 3, 3, 0, 0]]}
+    activity = {
+        "00000": {"started_at": 0.0, "finished_at": 10.0, "endpoints": [job]},
+        "00001": {"started_at": 5.0, "finished_at": 15.0, "endpoints": [job]},
+        "00002": {
+            "started_at": 3600.0,
+            "finished_at": 3610.0,
+            "endpoints": [job | {"busy_s": 30.0, "samples": [[3601, 4, 4, None, None]]}],
+        },
+    }
+    (latest,) = endpoint_utilisation(activity)
+    assert (latest["jobs"], latest["wall_s"], latest["max_in_flight"]) == (1, 10.0, 4)
+    assert latest["utilisation"] == 30.0 / (4 * 10.0)
+    assert latest["max_server_waiting"] is None
+    del activity["00002"]
+    (both,) = endpoint_utilisation(activity)
+    assert (both["jobs"], both["wall_s"], both["utilisation"]) == (2, 15.0, 40.0 / 60.0)

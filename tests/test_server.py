@@ -108,7 +108,7 @@ def test_health_models_stats_and_request_errors(model_servers):
         ({"model": MODEL_NAME}, "messages"),
         ({"messages": user(), "temperature": "hot"}, "temperature"),
         ({"messages": user(), "max_tokens": 0}, "max_tokens"),
-        ({"messages": user(), "stream": True}, "stream"),
+        ({"messages": user(), "stream": "yes"}, "stream"),
         ({"messages": user(), "top_p": 1.5}, "top_p"),
         ({"messages": [{"content": "no role"}]}, "messages"),
     ]

@@ -121,6 +121,10 @@ class BatchingEngine:
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
 
+    def waiting(self) -> int:
+        """Requests queued for a batch (not yet generating)."""
+        return self._queue.qsize()
+
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams
     ) -> GenerationResult:

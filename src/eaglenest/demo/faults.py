@@ -24,9 +24,12 @@ FAULT_MODES = (
     "drop_connection",
     "drop_reasoning",
     "bad_token_ids",
+    "stall_stream",  # last: the earlier modes keep their seeded slices
 )
 # Modes served as a normal-looking 200 answer, altered (the others replace the answer).
-ANSWER_FAULTS = ("drop_reasoning", "bad_token_ids")
+# stall_stream sends the first chunks of a streamed answer, then nothing for hang_s (a request
+# that does not stream hangs for hang_s instead).
+ANSWER_FAULTS = ("drop_reasoning", "bad_token_ids", "stall_stream")
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ shapes they meet in production:
     none     inline <think>…</think> in message.content; ids as vllm
 
 Completion token ids include the stop token (as vLLM returns them), so prompt ids + completion
-ids decode to the rendered prompt followed by exactly what the model generated.
+ids decode to the rendered prompt followed by exactly what the model generated. With
+`"stream": true` the same body is sent as server-sent events, in the dialect's chunks (sse.py).
 
 Faults (errors, 429, hangs, broken bodies, dropped connections, answers that lost the reasoning
 or carry malformed token ids) are injected at seeded per-request rates (see faults.py) and
-counted at `GET /stats`.
+counted at `GET /stats`, with the requests in flight now and at most; `GET /metrics` shows
+vLLM's running and waiting gauges.
 Generation runs in batches on an engine thread (see engine.py).
 """
 
@@ -24,7 +26,9 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
+import random
 import re
 import signal
 import time
@@ -44,6 +48,7 @@ from eaglenest.demo.faults import (
     FaultInjector,
     parse_fault_specs,
 )
+from eaglenest.demo.sse import event, stream_chunks
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,8 @@ class ChatRequest:
     seed: int | None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     return_token_ids: bool = False
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 def _number(body: dict, key: str, *, low: float, high: float | None = None) -> float | None:
@@ -145,10 +152,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
-    if body.get("stream"):
-        raise RequestError(
-            "streaming is not supported by eaglenest serve; send 'stream': false", param="stream"
-        )
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be a boolean", param="stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
     if body.get("n") not in (None, 1):
         raise RequestError("only n=1 is supported", param="n")
     model = body.get("model")
@@ -170,6 +179,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         seed=None if seed is None else seed % 2**64,  # torch generators take 64-bit seeds
         chat_template_kwargs=kwargs,
         return_token_ids=bool(body.get("return_token_ids")),
+        stream=stream,
+        include_usage=bool(stream_options.get("include_usage")),
     )
 
 
@@ -182,10 +193,14 @@ class Completion:
     completion_token_ids: list[int]  # includes the stop token when finish_reason is "stop"
     text: str  # generated text with special tokens kept, without the final stop token
     finish_reason: str  # "stop" or "length"
+    # Seconds a streamed answer is spread over (the echo backend's latency, paid while streaming).
+    pace_s: float = 0.0
 
 
 class Backend(Protocol):
-    async def complete(self, request: ChatRequest) -> Completion: ...
+    async def complete(self, request: ChatRequest, *, paced: bool = False) -> Completion: ...
+
+    def waiting(self) -> int: ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -286,18 +301,33 @@ def render_echo_prompt(messages: list[dict[str, Any]], enable_thinking: bool = T
 
 
 class EchoBackend:
-    """Answers after a fixed latency with canned reasoning and an echo of the last user turn.
+    """Answers after a latency with canned reasoning and an echo of the last user turn.
 
-    Benchmarks of HTTP clients run against it, so it does no work beyond string building.
+    Benchmarks of HTTP clients run against it, so it does no work beyond string building. The
+    latency is `latency_s`, or lognormal around that median with `latency_sigma` (as reasoning
+    lengths are), drawn from the request's seed so each prompt always takes the same time.
+    A streamed answer is paced: its chunks are spread over the latency instead of waiting first.
     """
 
-    def __init__(self, latency_s: float = 0.0) -> None:
+    def __init__(self, latency_s: float = 0.0, latency_sigma: float = 0.0) -> None:
         self.latency_s = latency_s
+        self.latency_sigma = latency_sigma
         self.completions = 0
+        self._random = random.Random(0)
 
-    async def complete(self, request: ChatRequest) -> Completion:
-        if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
+    def latency(self, request: ChatRequest) -> float:
+        if self.latency_sigma <= 0:
+            return self.latency_s
+        draw = random.Random(request.seed) if request.seed is not None else self._random
+        return self.latency_s * math.exp(self.latency_sigma * draw.gauss(0.0, 1.0))
+
+    def waiting(self) -> int:
+        return 0  # no queue: every request is answered at once
+
+    async def complete(self, request: ChatRequest, *, paced: bool = False) -> Completion:
+        latency = self.latency(request)
+        if latency > 0 and not paced:
+            await asyncio.sleep(latency)
         last_user = next(
             (m.get("content") or "" for m in reversed(request.messages) if m["role"] == "user"), ""
         )
@@ -314,10 +344,17 @@ class EchoBackend:
             completion_ids = completion_ids[: request.max_tokens]
             text, finish_reason = echo_decode(completion_ids), "length"
         self.completions += 1
-        return Completion(echo_encode(prompt), completion_ids, text, finish_reason)
+        return Completion(
+            echo_encode(prompt), completion_ids, text, finish_reason, latency if paced else 0.0
+        )
 
     def stats(self) -> dict[str, Any]:
-        return {"backend": "echo", "latency_s": self.latency_s, "completions": self.completions}
+        return {
+            "backend": "echo",
+            "latency_s": self.latency_s,
+            "latency_sigma": self.latency_sigma,
+            "completions": self.completions,
+        }
 
 
 # -- model backend ------------------------------------------------------------------------------
@@ -412,7 +449,11 @@ class ModelBackend:
         # Like vLLM: the template already wrote every special token the prompt needs.
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
-    async def complete(self, request: ChatRequest) -> Completion:
+    def waiting(self) -> int:
+        return self.engine.waiting()
+
+    async def complete(self, request: ChatRequest, *, paced: bool = False) -> Completion:
+        """The whole answer; a streamed one is then sent at once (the engine does not stream)."""
         from eaglenest.demo.engine import SamplingParams
 
         prompt_ids = self.render_prompt(request)
@@ -489,6 +530,9 @@ class ServerState:
     faults: FaultInjector
     token_ids: bool = True  # False: ignore return_token_ids, like servers that predate it
     responses_ok: int = 0
+    # Chat requests being handled now and the most at once: what a client's cap must bound.
+    in_flight: int = 0
+    max_in_flight: int = 0
 
 
 STATE = web.AppKey("state", ServerState)
@@ -510,6 +554,8 @@ async def stats(request: web.Request) -> web.Response:
         {
             "requests_total": state.faults.requests_total,
             "responses_ok": state.responses_ok,
+            "in_flight": state.in_flight,
+            "max_in_flight": state.max_in_flight,
             "faults": state.faults.counts,
             "fault_rates": dict(state.faults.config.rates),
             "fault_seed": state.faults.config.seed,
@@ -520,8 +566,30 @@ async def stats(request: web.Request) -> web.Response:
     )
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """The two gauges of vLLM's Prometheus metrics a client reads to see the server's queue."""
+    state = request.app[STATE]
+    labels = f'{{model_name="{state.model_name}"}}'
+    text = (
+        f"# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{labels} {state.in_flight - state.backend.waiting()}\n"
+        f"# TYPE vllm:num_requests_waiting gauge\n"
+        f"vllm:num_requests_waiting{labels} {state.backend.waiting()}\n"
+    )
+    return web.Response(text=text, content_type="text/plain")
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    try:
+        return await _chat_completion(request, state)
+    finally:
+        state.in_flight -= 1
+
+
+async def _chat_completion(request: web.Request, state: ServerState) -> web.StreamResponse:
     fault = state.faults.draw()
     try:
         # Read the body now: after an injected hang the client may be gone, and its body with it.
@@ -545,7 +613,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 param="model",
                 status=404,
             )
-        completion = await state.backend.complete(chat)
+        completion = await state.backend.complete(chat, paced=chat.stream)
     except RequestError as error:
         return error_response(error.status, error.message, param=error.param)
     except RuntimeError as error:
@@ -558,8 +626,44 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         drop_reasoning=fault == "drop_reasoning",
         bad_token_ids=fault == "bad_token_ids",
     )
+    if chat.stream:
+        return await _stream(request, state, chat, response, completion.pace_s, fault)
+    if fault == "stall_stream":  # a request that cannot stall mid-stream hangs instead
+        await asyncio.sleep(state.faults.config.hang_s)
+        if _client_gone(request):
+            return _nobody_to_answer()
     state.responses_ok += 1
     return web.json_response(response)
+
+
+async def _stream(
+    request: web.Request,
+    state: ServerState,
+    chat: ChatRequest,
+    response: dict[str, Any],
+    pace_s: float,
+    fault: str | None,
+) -> web.StreamResponse:
+    """Send `response` as server-sent events, spread over `pace_s`; `stall_stream` stops sending
+    after the first chunks and holds the connection open for hang_s, as a stuck engine does."""
+    chunks = stream_chunks(response, dialect=state.dialect, include_usage=chat.include_usage)
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await stream.prepare(request)
+    pause_s = pace_s / max(1, len(chunks) - 1)
+    try:
+        for index, chunk in enumerate(chunks):
+            if fault == "stall_stream" and index == 2:
+                await asyncio.sleep(state.faults.config.hang_s)
+                return stream
+            await stream.write(event(chunk))
+            if pause_s > 0:
+                await asyncio.sleep(pause_s)
+        await stream.write(event("[DONE]"))
+        await stream.write_eof()
+    except ConnectionError:  # the client went away mid-stream
+        return stream
+    state.responses_ok += 1
+    return stream
 
 
 def _nobody_to_answer() -> web.Response:
@@ -616,6 +720,7 @@ def create_app(
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat/completions", chat_completions)
     return app
 
@@ -633,7 +738,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--trust-remote-code", action="store_true")
     what.add_argument("--echo", action="store_true", help="no model: answer with canned text")
-    what.add_argument("--echo-latency-s", type=float, default=0.0)
+    what.add_argument(
+        "--echo-latency-s", type=float, default=0.0, help="echo: seconds per answer (the median)"
+    )
+    what.add_argument(
+        "--echo-latency-sigma",
+        type=float,
+        default=0.0,
+        help="echo: lognormal spread of the latency (0: fixed; 1: like reasoning lengths)",
+    )
     what.add_argument("--dialect", choices=DIALECTS, default="vllm")
     what.add_argument(
         "--no-token-ids",
@@ -694,7 +807,7 @@ def run(args: argparse.Namespace) -> int:
     )
     backend: EchoBackend | ModelBackend
     if args.echo:
-        backend = EchoBackend(args.echo_latency_s)
+        backend = EchoBackend(args.echo_latency_s, args.echo_latency_sigma)
     else:
         if args.threads:
             import torch

@@ -37,6 +37,7 @@ def running_server(
     dialect: str = "vllm",
     echo: bool = False,
     echo_latency_s: float = 0.0,
+    echo_latency_sigma: float = 0.0,
     faults: Mapping[str, float] | None = None,
     fault_seed: int = 0,
     hang_s: float = 60,
@@ -62,6 +63,7 @@ def running_server(
     command += ["--exit-with-parent", str(os.getpid())]
     if echo:
         command += ["--echo", "--echo-latency-s", str(echo_latency_s)]
+        command += ["--echo-latency-sigma", str(echo_latency_sigma)]
     else:
         command += ["--model-path", str(model_path)]
         if tokenizer_path is not None:

@@ -38,7 +38,11 @@ class RequestSettings(Settings):
 class GenerationClientSettings(Settings):
     endpoints: EndpointSettings
     concurrency: int
-    timeout_s: float
+    stream: str  # auto (as the probe's dialect allows), always or never
+    idle_timeout_s: float  # a streamed request fails after this long without a chunk
+    timeout_s: float | None  # optional limit on a request that is not streamed
+    slots_dir: str | None  # where the per-endpoint slot locks live (None: the host's temp dir)
+    activity_s: float  # how often the in-flight count and the server's queue are sampled
     max_attempts: int
     backoff_base_s: float
     backoff_max_s: float

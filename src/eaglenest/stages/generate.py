@@ -7,6 +7,12 @@ Three promises, each from a lesson of the original run:
   field is recorded per row;
 - the API key never reaches the journal, the parquet or the logs.
 
+And the endpoints stay full: each endpoint's max_concurrency is a cap over every shard job
+running at once (request slots, eaglenest.client.slots), so several shard jobs run side by side
+and one's free slots serve the next one's prompts, with no idle tail between shards. Answers are
+streamed where the server sends token ids in streams (eaglenest.client.chat), so a long answer
+is never cut by a total timeout.
+
 The client is asyncio + aiohttp. httpx was measured here first: one AsyncClient with 128
 connections spends ~22 ms of CPU per request and 16 clients still ~2.6 ms, which caps a 2-core
 client near 400 requests/s; aiohttp costs ~0.8 ms, so the client stays far from being the
@@ -16,8 +22,8 @@ bottleneck (bench/generate.py compares this client with a bare aiohttp loop).
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -27,23 +33,23 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import aiohttp
 import polars as pl
 from tqdm import tqdm
 
+from eaglenest.client.chat import RetryableError, TerminalError, post_once
 from eaglenest.client.credentials import api_key_from_env, auth_headers, redact
 from eaglenest.client.endpoints import Endpoint, open_endpoints
+from eaglenest.client.pool import EndpointPool, activity_summary, watch_activity
 from eaglenest.client.reasoning import extract_reasoning
 from eaglenest.client.responses import extract_token_ids
-from eaglenest.common.io import read_json
+from eaglenest.common.io import read_json, write_json
 from eaglenest.formats.raw import RAW_SCHEMA, checked_token_ids, write_raw
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 
 log = logging.getLogger(__name__)
-
-RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 
 # Fields that change how an answer travels, not what is asked: a journaled answer to a body that
 # differs only in these is the answer to the current request.
@@ -54,20 +60,34 @@ class GenerationError(RuntimeError):
     """Too many terminal failures in a shard; what was answered is kept in the journal."""
 
 
+# The probe's token-id layouts (probe.json) of servers that send the ids in a stream too: vLLM's,
+# or none at all. SGLang's does not stream them, and "mixed" endpoints may include one.
+STREAMS_TOKEN_IDS = ("vllm", "None", None)
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """What one shard job runs with: the request settings (the rule's rerun trigger), the client
-    settings (no reason to rerun) and whether to ask for token ids (what the probe found)."""
+    settings (no reason to rerun), whether to ask for token ids and whether to stream (what the
+    probe found)."""
 
     request: RequestSettings
     client: GenerationClientSettings
     return_token_ids: bool
+    stream: bool
 
     @classmethod
     def from_parts(
-        cls, request: RequestSettings, client: GenerationClientSettings, return_token_ids: bool
+        cls,
+        request: RequestSettings,
+        client: GenerationClientSettings,
+        return_token_ids: bool,
+        layout: str | None = None,
     ) -> GenerationSettings:
-        return cls(request, client, return_token_ids)
+        """`layout`: the token-id layout the probe found; `generation.stream: auto` streams
+        unless the server would drop the ids from a stream."""
+        stream = {"always": True, "never": False}.get(client.stream, layout in STREAMS_TOKEN_IDS)
+        return cls(request, client, return_token_ids, stream)
 
 
 def sample_seed(run_seed: int, sample_id: str) -> int:
@@ -91,77 +111,6 @@ def request_body(sample_id: str, messages: list[dict], settings: GenerationSetti
         body["return_token_ids"] = True
     body.update(settings.request.extra_body)
     return body
-
-
-# --- one request -----------------------------------------------------------------------------
-
-
-class RetryableError(Exception):
-    def __init__(self, kind: str, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.kind = kind
-        self.retry_after_s = retry_after_s
-
-
-class TerminalError(Exception):
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110);
-    None when absent or unreadable. Capping is the caller's (see `_backoff_s`)."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-async def post_once(
-    session: aiohttp.ClientSession, endpoint: Endpoint, body: dict, headers: dict, timeout_s: float
-) -> tuple[dict, str]:
-    """One POST; returns (parsed body, body text) or raises RetryableError / TerminalError."""
-    url = f"{endpoint.url}/v1/chat/completions"
-    try:
-        async with session.post(
-            url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as response:
-            text = await response.text()
-            if response.status in RETRYABLE_STATUS:
-                raise RetryableError(
-                    f"http_{response.status}",
-                    text[:300],
-                    retry_after_s(response.headers.get("Retry-After")),
-                )
-            if response.status != 200:
-                raise TerminalError(f"http_{response.status}", text[:500])
-    except asyncio.TimeoutError as err:
-        raise RetryableError("timeout", f"no answer within {timeout_s} s") from err
-    except aiohttp.ClientError as err:
-        raise RetryableError("connection", f"{type(err).__name__}: {err}") from err
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise RetryableError("malformed_json", f"{err}: {text[:200]!r}") from err
-    if not isinstance(parsed, dict) or not parsed.get("choices"):
-        raise RetryableError("malformed_json", f"no choices in body: {text[:200]!r}")
-    answered_by = parsed.get("model")
-    if answered_by is not None and answered_by != body["model"]:
-        # A router or proxy sent the request to another model: its answer is not the target's.
-        raise TerminalError(
-            "model_mismatch", f"asked model {body['model']!r}, answered by {answered_by!r}"
-        )
-    return parsed, text
 
 
 def record_from_response(
@@ -224,59 +173,6 @@ def failure_record(
     return record
 
 
-# --- endpoints: least in flight, benched when failing ---------------------------------------
-
-
-@dataclass
-class EndpointState:
-    endpoint: Endpoint
-    in_flight: int = 0
-    consecutive_failures: int = 0
-    benched_until: float = 0.0
-
-
-class EndpointPool:
-    """Chooses the least-loaded endpoint under its own cap; an endpoint that keeps failing is
-    benched for a while (unless every endpoint is, then the soonest back is used)."""
-
-    def __init__(self, endpoints: list[Endpoint], bench_after_failures: int, bench_s: float):
-        self.states = [EndpointState(e) for e in endpoints]
-        self.bench_after_failures = bench_after_failures
-        self.bench_s = bench_s
-        self._changed = asyncio.Condition()
-
-    def _choose(self) -> EndpointState | None:
-        now = time.monotonic()
-        free = [s for s in self.states if s.in_flight < s.endpoint.max_concurrency]
-        healthy = [s for s in free if s.benched_until <= now]
-        if not healthy and free and all(s.benched_until > now for s in self.states):
-            healthy = [min(free, key=lambda s: s.benched_until)]
-        return min(healthy, key=lambda s: s.in_flight) if healthy else None
-
-    async def acquire(self) -> EndpointState:
-        async with self._changed:
-            while (state := self._choose()) is None:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    pass  # benching may have expired
-            state.in_flight += 1
-            return state
-
-    async def release(self, state: EndpointState, ok: bool) -> None:
-        async with self._changed:
-            state.in_flight -= 1
-            if ok:
-                state.consecutive_failures = 0
-            else:
-                state.consecutive_failures += 1
-                if state.consecutive_failures >= self.bench_after_failures:
-                    state.benched_until = time.monotonic() + self.bench_s
-                    state.consecutive_failures = 0
-                    log.warning("endpoint %s benched for %.0f s", state.endpoint.url, self.bench_s)
-            self._changed.notify_all()
-
-
 # --- the shard --------------------------------------------------------------------------------
 
 
@@ -314,31 +210,39 @@ async def request_with_retries(
     settings: GenerationSettings,
     progress: Progress,
 ) -> dict[str, Any]:
+    """One prompt's answer or terminal failure; a slot is held only while a request is in flight
+    (not while backing off), so waiting retries leave the endpoint to other requests."""
     started = time.perf_counter()
     last_kind, last_error, last_url = "none", "", ""
     for attempt in range(1, settings.client.max_attempts + 1):
-        state = await pool.acquire()
-        url = last_url = state.endpoint.url
+        slot = await pool.acquire()
+        url = last_url = slot.state.endpoint.url
         progress.in_flight += 1
         try:
             response, text = await post_once(
-                session, state.endpoint, body, headers_by_url[url], settings.client.timeout_s
+                session,
+                slot.state.endpoint,
+                body,
+                headers_by_url[url],
+                stream=settings.stream,
+                timeout_s=settings.client.timeout_s,
+                idle_timeout_s=settings.client.idle_timeout_s,
             )
         except RetryableError as err:
-            await pool.release(state, ok=False)
+            pool.release(slot, ok=False)
             last_kind, last_error = err.kind, str(err)
             progress.retries[err.kind] += 1
             if attempt < settings.client.max_attempts:
                 await asyncio.sleep(_backoff_s(attempt, settings, err.retry_after_s))
             continue
         except TerminalError as err:
-            await pool.release(state, ok=True)  # the endpoint answered; the request is at fault
+            pool.release(slot, ok=True)  # the endpoint answered; the request is at fault
             return failure_record(
                 sample_id, url, body, err.kind, str(err), attempt, time.perf_counter() - started
             )
         finally:
             progress.in_flight -= 1
-        await pool.release(state, ok=True)
+        pool.release(slot, ok=True)
         return record_from_response(
             sample_id, url, body, response, text, time.perf_counter() - started, attempt
         )
@@ -428,9 +332,24 @@ def match_journal(journal: Path, bodies: dict[str, dict[str, Any]]) -> JournalMa
 
 
 def _log_plan(
-    shard: str, n_prompts: int, n_asked: int, matched: JournalMatch, journal: Path
+    shard: str,
+    n_prompts: int,
+    n_asked: int,
+    matched: JournalMatch,
+    journal: Path,
+    settings: GenerationSettings,
 ) -> None:
     counts = matched.counts()
+    if settings.stream:
+        log.info(
+            "streaming: a request fails after %s s without a chunk (generation.idle_timeout_s)",
+            settings.client.idle_timeout_s,
+        )
+    elif settings.client.timeout_s is None:
+        log.warning(
+            "requests are not streamed (generation.stream, or a server that drops token ids from "
+            "streams) and generation.timeout_s is null: nothing bounds a request that hangs"
+        )
     log.info(
         "shard %s: %d prompts; %d answers reused from %s; asking %d: %d new, %d failed before, "
         "%d re-asked because the request changed (temperature, max_tokens, model, ...)",
@@ -457,68 +376,153 @@ def _progress(shard: str, total: int, already_done: int) -> Progress:
     return Progress(bar)
 
 
+@contextlib.contextmanager
+def open_journal(journal: Path, shard: str) -> Iterator[TextIO]:
+    """The journal, open for appending by this job alone: a job of an interrupted run that is
+    still alive (an orphan of a killed Snakemake) would otherwise answer the same prompts again."""
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    with journal.open("a") as journal_file:
+        try:
+            fcntl.flock(journal_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GenerationError(
+                f"shard {shard}: another process is writing {journal} (a generation job of an "
+                "interrupted run still alive?); stop it, then rerun: nothing answered is lost"
+            ) from None
+        if journal_file.tell():
+            with journal.open("rb") as tail:
+                tail.seek(-1, 2)
+                if tail.read(1) != b"\n":
+                    journal_file.write("\n")  # end the line torn by a kill so the next parses
+        yield journal_file
+
+
+@dataclass
+class ShardRequests:
+    """What the workers of one shard job share."""
+
+    bodies: dict[str, dict[str, Any]]
+    origins: dict[str, str]
+    settings: GenerationSettings
+    pool: EndpointPool
+    headers_by_url: dict[str, dict]
+    secrets: list[str | None]
+    progress: Progress
+    done: dict[str, dict[str, Any]]
+
+
+async def _answer_all(
+    todo: list[dict[str, Any]], job: ShardRequests, session: aiohttp.ClientSession, journal: TextIO
+) -> None:
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for prompt in todo:
+        queue.put_nowait(prompt)
+
+    async def worker() -> None:
+        while not queue.empty():
+            sample_id = queue.get_nowait()["id"]
+            record = await request_with_retries(
+                sample_id,
+                job.bodies[sample_id],
+                job.pool,
+                session,
+                job.headers_by_url,
+                job.settings,
+                job.progress,
+            )
+            record["origin"] = job.origins[sample_id]
+            # Only the error can quote a secret (a proxy echoing headers); the model's text is
+            # never touched, whatever the key happens to spell.
+            record["error"] = redact(record["error"], job.secrets)
+            journal.write(json.dumps(record, sort_keys=True) + "\n")
+            journal.flush()  # on disk for the next run even if this one is killed
+            job.done[sample_id] = record
+            if record["error_kind"] is not None:
+                job.progress.errors[record["error_kind"]] += 1
+            job.progress.bar.update(1)
+            job.progress.update_postfix()
+
+    workers = min(job.settings.client.concurrency, max(1, len(todo)))
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
 async def generate_records(
     prompts: list[dict[str, Any]],
     endpoints: list[Endpoint],
     settings: GenerationSettings,
     journal: Path,
     shard: str = "",
+    activity: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Answer every prompt whose current request the journal has not answered; return all
-    records by id, each with its `origin` (journal, new, retry or settings_changed)."""
+    records by id, each with its `origin` (journal, new, retry or settings_changed). Requests
+    hold a slot of their endpoint's run-wide cap while in flight; `activity` receives how busy
+    each endpoint was (see eaglenest.client.pool)."""
     bodies = {p["id"]: request_body(p["id"], p["messages"], settings) for p in prompts}
     matched = match_journal(journal, bodies)
-    done = {k: v | {"origin": "journal"} for k, v in matched.reused.items()}
     todo = [p for p in prompts if p["id"] in matched.origins]
-    _log_plan(shard, len(prompts), len(todo), matched, journal)
+    _log_plan(shard, len(prompts), len(todo), matched, journal, settings)
     secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
-    headers_by_url = {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)}
-    pool = EndpointPool(endpoints, settings.client.bench_after_failures, settings.client.bench_s)
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for prompt in todo:
-        queue.put_nowait(prompt)
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    connector = aiohttp.TCPConnector(limit=settings.client.concurrency, limit_per_host=0)
-    progress = _progress(shard, len(prompts), already_done=len(prompts) - len(todo))
-    with journal.open("a") as journal_file:
-        if journal_file.tell() and not journal.read_bytes().endswith(b"\n"):
-            journal_file.write("\n")  # end the line torn by a kill so the next record parses
-
-        async def worker(session: aiohttp.ClientSession) -> None:
-            while not queue.empty():
-                prompt = queue.get_nowait()
-                record = await request_with_retries(
-                    prompt["id"],
-                    bodies[prompt["id"]],
-                    pool,
-                    session,
-                    headers_by_url,
-                    settings,
-                    progress,
+    slots_dir = Path(settings.client.slots_dir) if settings.client.slots_dir else None
+    job = ShardRequests(
+        bodies,
+        matched.origins,
+        settings,
+        EndpointPool(
+            endpoints, settings.client.bench_after_failures, settings.client.bench_s, slots_dir
+        ),
+        {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)},
+        secrets,
+        _progress(shard, len(prompts), already_done=len(prompts) - len(todo)),
+        {k: v | {"origin": "journal"} for k, v in matched.reused.items()},
+    )
+    connector = aiohttp.TCPConnector(limit=settings.client.concurrency + 1, limit_per_host=0)
+    started_at = time.time()
+    try:
+        with open_journal(journal, shard) as journal_file:
+            async with aiohttp.ClientSession(connector=connector) as session:
+                stop = asyncio.Event()
+                watcher = asyncio.create_task(
+                    watch_activity(
+                        job.pool, session, job.headers_by_url, settings.client.activity_s, stop
+                    )
                 )
-                record["origin"] = matched.origins[prompt["id"]]
-                # Only the error can quote a secret (a proxy echoing headers); the model's text is
-                # never touched, whatever the key happens to spell.
-                record["error"] = redact(record["error"], secrets)
-                journal_file.write(json.dumps(record, sort_keys=True) + "\n")
-                journal_file.flush()  # on disk for the next run even if this one is killed
-                done[prompt["id"]] = record
-                if record["error_kind"] is not None:
-                    progress.errors[record["error_kind"]] += 1
-                progress.bar.update(1)
-                progress.update_postfix()
+                try:
+                    await _answer_all(todo, job, session, journal_file)
+                finally:
+                    stop.set()
+                    await watcher
+    finally:
+        job.pool.close()
+        job.progress.bar.close()
+    summary = activity_summary(job.pool, started_at, time.time())
+    _log_activity(shard, summary, job.progress)
+    if activity is not None:
+        write_json(activity, summary)
+    return job.done
 
-        async with aiohttp.ClientSession(connector=connector) as session:
-            workers = min(settings.client.concurrency, max(1, len(todo)))
-            await asyncio.gather(*(worker(session) for _ in range(workers)))
-    progress.bar.close()
+
+def _log_activity(shard: str, summary: dict[str, Any], progress: Progress) -> None:
     log.info(
         "shard %s: retries by kind %s, terminal errors by kind %s",
         shard,
         dict(progress.retries),
         dict(progress.errors),
     )
-    return done
+    wall_s = summary["finished_at"] - summary["started_at"]
+    for endpoint in summary["endpoints"]:
+        seen = [sample[1] for sample in endpoint["samples"]]
+        log.info(
+            "shard %s: endpoint %s: %.0f busy slot-seconds in %.1f s, %.2f of its cap of %d "
+            "(this job alone); at most %s in flight over all jobs when sampled",
+            shard,
+            endpoint["url"],
+            endpoint["busy_s"],
+            wall_s,
+            endpoint["utilisation"],
+            endpoint["cap"],
+            max(seen, default="-"),
+        )
 
 
 def load_prompts(path: str | Path) -> list[dict[str, Any]]:
@@ -534,14 +538,25 @@ def generate_shard(
     journal: str | Path,
     server_log: str | Path | None = None,
     shard: str = "",
+    activity: str | Path | None = None,
 ) -> dict[str, int]:
-    """The generate stage for one shard: request, journal, then write raw/{shard}.parquet."""
+    """The generate stage for one shard: request, journal, then write raw/{shard}.parquet (and
+    how busy the endpoints were to `activity`)."""
     prompt_rows = load_prompts(prompts)
-    probed = read_json(probe)
-    settings = GenerationSettings.from_parts(request, client, probed["token_ids"]["supported"])
+    token_ids = read_json(probe)["token_ids"]
+    settings = GenerationSettings.from_parts(
+        request, client, token_ids["supported"], token_ids.get("layout")
+    )
     with open_endpoints(client.endpoints, server_log) as endpoints:
         records = asyncio.run(
-            generate_records(prompt_rows, endpoints, settings, Path(journal), shard)
+            generate_records(
+                prompt_rows,
+                endpoints,
+                settings,
+                Path(journal),
+                shard,
+                Path(activity) if activity is not None else None,
+            )
         )
     rows = [records[p["id"]] for p in prompt_rows]
     errors = Counter(r["error_kind"] for r in rows if r["error_kind"] is not None)

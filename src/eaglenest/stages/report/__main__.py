@@ -1,5 +1,6 @@
 """The report by hand, without Snakemake, of whatever files a run has so far:
-`python -m eaglenest.stages.report results/RUN [--benchmarks benchmarks/RUN] [--out DIR]`."""
+`python -m eaglenest.stages.report results/RUN [--benchmarks benchmarks/RUN] [--logs logs/RUN]
+[--out DIR]`."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--benchmarks", type=Path, help="benchmarks/RUN (generation wall times)")
+    parser.add_argument("--logs", type=Path, help="logs/RUN (generation's activity files)")
     parser.add_argument("--out", type=Path, help="report folder (default RUN_DIR/report)")
     args = parser.parse_args(argv)
     out = args.out or args.run_dir / "report"
     figures = build_report(
-        RunFiles.from_run_dir(args.run_dir, args.benchmarks),
+        RunFiles.from_run_dir(args.run_dir, args.benchmarks, args.logs),
         out / "index.html",
         run=args.run_dir.name,
     )

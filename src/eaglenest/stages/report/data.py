@@ -30,6 +30,8 @@ class RunData:
     samples: pl.DataFrame | None
     tokens: pl.DataFrame | None
     generate_wall_s: dict[str, float]
+    generate_activity: dict[str, dict]  # raw/{shard}.activity.json by shard
+    draft_vocab: dict | None  # vocab/draft_vocab.json
     train_lines: list[dict] | None
     heldout_lines: list[dict] | None
     train_report: dict | None
@@ -129,6 +131,58 @@ def shard_throughput(raw: pl.DataFrame, wall_s: dict[str, float]) -> list[list[A
         seconds = wall_s[shard]
         rows.append(
             [shard, frame.height, tokens, seconds, tokens / seconds, frame.height / seconds]
+        )
+    return rows
+
+
+# Shard jobs that start more than this after the previous ones ended belong to a later run.
+SESSION_GAP_S = 60.0
+
+
+def latest_session(jobs: list[dict]) -> list[dict]:
+    """The shard jobs of the latest generation session: jobs that ran at once or one after
+    another without a pause, as one `snakemake` run schedules them (a shard regenerated days
+    later is a session of its own)."""
+    jobs = sorted(jobs, key=lambda j: j["started_at"])
+    session: list[dict] = []
+    for job in jobs:
+        if session and job["started_at"] > max(j["finished_at"] for j in session) + SESSION_GAP_S:
+            session = []
+        session.append(job)
+    return session
+
+
+def endpoint_utilisation(activity: dict[str, dict]) -> list[dict[str, Any]]:
+    """Per endpoint over the latest session of shard jobs: cap, jobs, wall time, busy
+    slot-seconds, utilisation (busy / (cap x wall)), the most requests in flight over all jobs
+    and the most the server said it queued when sampled, and the in-flight samples over time."""
+    by_url: dict[str, list[dict]] = {}
+    for job in activity.values():
+        for endpoint in job["endpoints"]:
+            by_url.setdefault(endpoint["url"], []).append(
+                endpoint | {"started_at": job["started_at"], "finished_at": job["finished_at"]}
+            )
+    rows = []
+    for url, jobs in sorted(by_url.items()):
+        session = latest_session(jobs)
+        start = min(j["started_at"] for j in session)
+        wall_s = max(j["finished_at"] for j in session) - start
+        cap = max(j["cap"] for j in session)
+        busy_s = sum(j["busy_s"] for j in session)
+        samples = sorted(s for j in session for s in j["samples"])
+        waiting = [s[4] for s in samples if s[4] is not None]
+        rows.append(
+            {
+                "url": url,
+                "cap": cap,
+                "jobs": len(session),
+                "wall_s": wall_s,
+                "busy_s": busy_s,
+                "utilisation": busy_s / (cap * wall_s) if wall_s > 0 else None,
+                "max_in_flight": max((s[1] for s in samples), default=None),
+                "max_server_waiting": max(waiting, default=None),
+                "in_flight": [(s[0] - start, s[1]) for s in samples],
+            }
         )
     return rows
 

@@ -98,10 +98,13 @@ def lengths_figure(samples: pl.DataFrame | None, tokens: pl.DataFrame | None) ->
     return figure
 
 
-def generation_figure(latency_s: pl.Series, rate: pl.Series, per_shard: list[list]) -> Figure:
+def generation_figure(
+    latency_s: pl.Series, rate: pl.Series, per_shard: list[list], endpoints: list[dict]
+) -> Figure:
     """Latency and completion tokens / s per request; throughput per shard (`shard_throughput`
-    rows) where Snakemake's benchmark tables give the shard's wall time."""
-    figure, axes = new_figure(3, width=4.5)
+    rows) where Snakemake's benchmark tables give the shard's wall time; requests in flight per
+    endpoint over time against its cap (`endpoint_utilisation` rows)."""
+    figure, axes = new_figure(4, width=4.5)
     axes[0].hist(latency_s.to_numpy(), bins=40, color="#4c72b0")
     axes[0].set_xlabel("request latency (s)")
     axes[0].set_ylabel("requests")
@@ -113,6 +116,17 @@ def generation_figure(latency_s: pl.Series, rate: pl.Series, per_shard: list[lis
         axes[2].set_xlabel("shard (wall time from Snakemake benchmark)")
     else:
         _empty_axis(axes[2], "no benchmark tables:\nshard wall time unknown")
+    sampled = [e for e in endpoints if e["in_flight"]]
+    for index, endpoint in enumerate(sampled):
+        times, counts = zip(*endpoint["in_flight"])
+        line = axes[3].step(times, counts, where="post", label=f"endpoint {index + 1}")
+        axes[3].axhline(endpoint["cap"], color=line[0].get_color(), linestyle=":", linewidth=1)
+    if sampled:
+        axes[3].set_xlabel("seconds since the first shard job started")
+        axes[3].set_ylabel("requests in flight (dotted: cap)")
+        axes[3].legend()
+    else:
+        _empty_axis(axes[3], "no activity files:\nrequests in flight unknown")
     return figure
 
 

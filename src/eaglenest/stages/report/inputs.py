@@ -62,23 +62,32 @@ class RunFiles:
     lengths: list[Path] = field(default_factory=list)
     hidden_summaries: list[Path] = field(default_factory=list)
     generate_benchmarks: list[Path] = field(default_factory=list)
+    generate_activity: list[Path] = field(default_factory=list)
+    draft_vocab: Path | None = None
     train_metrics: Path | None = None
     train_report: Path | None = None
     eval_metrics: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("prompts_report", "probe", "train_metrics", "train_report", "eval_metrics"):
+        optional = ("prompts_report", "probe", "draft_vocab", "train_metrics", "train_report",
+                    "eval_metrics")  # fmt: skip
+        for name in optional:
             setattr(self, name, _optional(getattr(self, name)))
         for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):
             setattr(self, name, _paths(getattr(self, name)))
         self.hidden_summaries = _paths(self.hidden_summaries)
         self.generate_benchmarks = _paths(self.generate_benchmarks)
+        self.generate_activity = _paths(self.generate_activity)
 
     @classmethod
     def from_run_dir(
-        cls, run_dir: str | Path, benchmarks_dir: str | Path | None = None
+        cls,
+        run_dir: str | Path,
+        benchmarks_dir: str | Path | None = None,
+        logs_dir: str | Path | None = None,
     ) -> RunFiles:
-        """Every report input that exists in results/{run}/ (and benchmarks/{run}/)."""
+        """Every report input that exists in results/{run}/ (and benchmarks/{run}/, and the
+        generate jobs' activity files in logs/{run}/)."""
         run_dir = Path(run_dir)
 
         def shard_files(folder: str, suffix: str) -> list[Path]:
@@ -102,6 +111,10 @@ class RunFiles:
             lengths=shard_files("tokens", ".lengths.parquet"),
             hidden_summaries=shard_files("hidden", ".json"),
             generate_benchmarks=benchmarks,
+            generate_activity=sorted(Path(logs_dir).glob("generate_responses/[0-9]*.activity.json"))
+            if logs_dir is not None
+            else [],
+            draft_vocab=existing("vocab/draft_vocab.json"),
             train_metrics=existing("drafter/metrics.jsonl"),
             train_report=existing("drafter/train_report.json"),
             eval_metrics=existing("eval/metrics.json"),
@@ -189,6 +202,8 @@ TRAIN_REPORT_OPTIONAL = {
     "eval_shards": "strs",
     "train_shards": "strs",
 }
+DRAFT_VOCAB_FIELDS = {"coverage": "number", "draft_vocab_size": "int", "target_vocab_size": "int"}
+DRAFT_VOCAB_OPTIONAL = {"loss_tokens": "int", "distinct_ids_seen": "int"}
 ACCEPTANCE_FIELDS = {"acceptance_length": "number", "conditional_acceptance": "numbers"}
 LIVE_FIELDS = {"acceptance_length": "number"}
 ENGINE_FIELDS = {"acceptance_length": "number"}
@@ -235,6 +250,13 @@ def read_train_report(path: Path) -> dict[str, Any]:
     report = read_json_object(path)
     check_fields(report, str(path), TRAIN_REPORT_FIELDS, TRAIN_REPORT_OPTIONAL)
     return report
+
+
+def read_draft_vocab(path: Path) -> dict[str, Any]:
+    """vocab/draft_vocab.json: the draft vocabulary's size and its coverage of completion tokens."""
+    summary = read_json_object(path)
+    check_fields(summary, str(path), DRAFT_VOCAB_FIELDS, DRAFT_VOCAB_OPTIONAL)
+    return summary
 
 
 def read_eval_metrics(path: Path) -> dict[str, Any]:
@@ -366,6 +388,8 @@ def load_run(files: RunFiles) -> RunData:
         generate_wall_s={
             shard_of(p): read_benchmark_wall_s(p) for p in files.generate_benchmarks if p.exists()
         },
+        generate_activity=read_by_shard([p for p in files.generate_activity if p.exists()]),
+        draft_vocab=read_draft_vocab(files.draft_vocab) if files.draft_vocab else None,
         train_lines=train_lines,
         heldout_lines=heldout_lines,
         train_report=read_train_report(files.train_report) if files.train_report else None,

@@ -36,8 +36,8 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def pct(share: float | None) -> str:
-    return "–" if share is None else f"{100 * share:.1f}%"
+def pct(share: float | None, digits: int = 1) -> str:
+    return "–" if share is None else f"{100 * share:.{digits}f}%"
 
 
 def table(header: list[str] | None, rows: list[list[Any]]) -> str:
@@ -92,6 +92,9 @@ def key_figures(data: RunData) -> dict[str, Any]:
     exact = sum((r.get("agreement") or {}).get("exact", 0) for r in data.tokens_reports.values())
     if compared:
         figures["server/rebuild agreement"] = pct(exact / compared)
+    if data.draft_vocab:
+        # Two decimals: a coverage of 0.9996 must not read as 100%.
+        figures["draft vocabulary coverage"] = pct(data.draft_vocab["coverage"], 2)
     if data.hidden:
         figures["hidden bytes per token"] = hidden_totals(data.hidden.values())[2]
     if data.train_report:

@@ -17,6 +17,7 @@ from eaglenest.stages.report.data import (
     RunData,
     answered_requests,
     drop_counts,
+    endpoint_utilisation,
     funnel_counts,
     hidden_totals,
     median,
@@ -192,7 +193,8 @@ def section_generation(data: RunData) -> Section:
     raw = data.raw
     answered, rate = answered_requests(raw)
     per_shard = shard_throughput(raw, data.generate_wall_s)
-    section.figure = generation_figure(answered["latency_s"], rate, per_shard)
+    endpoints = endpoint_utilisation(data.generate_activity)
+    section.figure = generation_figure(answered["latency_s"], rate, per_shard, endpoints)
     latency = quantiles(answered["latency_s"])
     errors = value_counts(raw["error_kind"].drop_nulls())
     section.blocks.append(
@@ -226,6 +228,22 @@ def section_generation(data: RunData) -> Section:
         section.notes.append(
             "No Snakemake benchmark tables for generate (benchmarks/{run}/generate/*.tsv): "
             "throughput per shard is unknown; per-request rates are shown."
+        )
+    if endpoints:
+        header = ["endpoint", "cap", "shard jobs", "wall (s)", "busy slot-s", "utilisation"]
+        header += ["most in flight", "most queued by the server"]
+        rows = [
+            [e["url"], e["cap"], e["jobs"], e["wall_s"], e["busy_s"], pct(e["utilisation"])]
+            + [e["max_in_flight"], "not published" if e["max_server_waiting"] is None
+               else e["max_server_waiting"]]
+            for e in endpoints
+        ]  # fmt: skip
+        section.blocks.append(table(header, rows))
+        section.notes.append(
+            "Endpoints over the latest run's shard jobs (logs/{run}/generate_responses/"
+            "*.activity.json): utilisation is "
+            "busy slot-seconds / (cap x wall); in flight and queued are sampled every "
+            "generation.activity_s over all shard jobs."
         )
     return section
 
@@ -266,8 +284,22 @@ def section_hidden(data: RunData) -> Section:
     return section
 
 
+def draft_vocab_block(summary: dict[str, Any]) -> str:
+    """The draft vocabulary: its size, and the share of completion tokens inside it (below 1,
+    training skips the positions whose target token is outside and counts them)."""
+    rows = [
+        ("draft / target vocabulary (ids)",
+         f"{fmt(summary['draft_vocab_size'])} / {fmt(summary['target_vocab_size'])}"),
+        ("distinct ids in completions", summary.get("distinct_ids_seen")),
+        ("coverage of completion tokens", pct(summary["coverage"], 2)),
+    ]  # fmt: skip
+    return "<h3>Draft vocabulary</h3>" + key_values(rows)
+
+
 def section_training(data: RunData) -> Section:
     section = Section("training", "Training: loss and accuracy per TTT step")
+    if data.draft_vocab:
+        section.blocks.append(draft_vocab_block(data.draft_vocab))
     if data.train_lines is None and data.train_report is None:
         section.notes.append(
             "Not trained yet: no drafter/metrics.jsonl or drafter/train_report.json."

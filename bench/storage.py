@@ -1,0 +1,266 @@
+"""Storage vs acceptance: the drafter trained on hidden states stored as bf16, fp8 and fp8 + top-k,
+everything else fixed, with each storage's bytes per token and simulated acceptance.
+
+The run's target, tokens, draft vocabulary and target head come from a run directory
+(`--run-dir results/demo`, e.g. after `make run`, with the `--configfile`s that run used), else
+Snakemake makes them here, in a temporary copy of the workflow, from `--configfile` over
+config/config.yaml (default: the embedded demo). Then, per variant, the stages' own functions:
+`extract_hidden_states` writes the training shards with that storage (`hidden.dtype`,
+`hidden.target_signal`, `hidden.top_k`; everything else as the run's `hidden` section says),
+`train_drafter` trains with the run's `train` settings (same seed, batches and steps), and
+`evaluate_drafter` (simulated only) measures the drafter on the held-out shards stored in bf16:
+every variant is judged on the same features and the same greedy tokens, as a served drafter
+sees the target's own states, so only what training read differs.
+
+One line per variant, acceptance length (1 + accepted per round) at each `evaluate.ks`:
+
+    storage variant=fp8 bytes_per_token=B bytes_ratio_to_bf16=R acceptance_k3=A ...
+        ratio_to_bf16_k3=R ... within_1pct=yes
+
+Goal (#18): fp8 and top-k within 1% of bf16's acceptance at every K (a ratio >= 0.99); the last
+line names the smallest k of `--top-k` that meets it.
+
+Usage: python bench/storage.py [--run-dir results/demo] [--configfile FILE ...]
+                               [--top-k 32 8 2] [--threads N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from eaglenest.common.config import validate_config
+from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+from eaglenest.stages.hidden_states.extract import extract_hidden_states
+from eaglenest.stages.train.train import train_drafter
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
+GOAL_RATIO = 0.99  # within 1% of bf16's acceptance
+
+
+def storage_variants(top_ks: list[int]) -> dict[str, dict[str, Any]]:
+    """`hidden` section overrides per variant, bf16 first (the reference)."""
+    variants: dict[str, dict[str, Any]] = {
+        "bf16": {"dtype": "bf16", "target_signal": "final_hidden"},
+        "fp8": {"dtype": "fp8", "target_signal": "final_hidden"},
+    }
+    for k in top_ks:
+        variants[f"fp8_topk{k}"] = {"dtype": "fp8", "target_signal": "topk", "top_k": k}
+    return variants
+
+
+def deep_update(base: dict, change: dict) -> dict:
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_update(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def run_config(configfiles: list[Path]) -> dict[str, Any]:
+    """config/config.yaml with each file over it (as Snakemake merges --configfile), validated."""
+    config: dict[str, Any] = {}
+    for path in [REPO / "config" / "config.yaml", *configfiles]:
+        deep_update(config, yaml.safe_load(Path(path).read_text()) or {})
+    return validate_config(config)
+
+
+def make_run(configfiles: list[Path], workdir: Path, run: str, cores: int) -> Path:
+    """Snakemake in a copy of the workflow, up to what training reads: the target, the tokens
+    shards, the draft vocabulary and the target head. Returns results/{run}."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, workdir / name)
+    targets = [
+        f"results/{run}/vocab/draft_vocab.safetensors",
+        f"results/{run}/hidden/target_head.safetensors",
+    ]
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *targets]
+    if configfiles:
+        command += ["--configfile", *[str(p.resolve()) for p in configfiles]]
+    print(f"making the run's data: {' '.join(command[2:])}", flush=True)
+    # The copy's own src first: the jobs run the code this bench was started with.
+    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
+    subprocess.run(command, cwd=workdir, env=env, check=True)
+    return workdir / "results" / run
+
+
+def split_shards(run_dir: Path, eval_shards: int | list[str]) -> tuple[list[str], list[str]]:
+    """(training, held-out) shard ids of the run, as rules/common.smk splits them."""
+    shards = sorted(p.stem for p in (run_dir / "tokens").glob("[0-9][0-9][0-9][0-9][0-9].parquet"))
+    if isinstance(eval_shards, int):
+        heldout = shards[len(shards) - eval_shards :] if eval_shards else []
+    else:
+        heldout = [s for s in shards if s in eval_shards]
+    return [s for s in shards if s not in heldout], heldout
+
+
+def extract(
+    run_dir: Path, shards: list[str], out_dir: Path, settings: HiddenSettings, target: str
+) -> tuple[list[Path], float]:
+    """The hidden-state stage over these shards with this storage: (files, bytes per token)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths, n_bytes, n_tokens = [], 0, 0
+    for shard in shards:
+        path = out_dir / f"{shard}.safetensors"
+        tokens = run_dir / "tokens" / f"{shard}.parquet"
+        summary = extract_hidden_states(
+            tokens=tokens, target_path=target, out=path, settings=settings
+        )
+        paths.append(path)
+        n_bytes += path.stat().st_size
+        n_tokens += summary["tokens"]
+    return paths, n_bytes / n_tokens
+
+
+def train_and_evaluate(
+    run_dir: Path, train_paths: list[Path], heldout_paths: list[Path], out_dir: Path,
+    config: dict[str, Any], target: str,
+) -> tuple[dict, dict]:  # fmt: skip
+    """train_drafter on these shards, then evaluate_drafter (simulated) on the held-out ones."""
+    shared = {
+        "target_head": run_dir / "hidden" / "target_head.safetensors",
+        "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
+        "target_path": target,
+    }
+    report = train_drafter(
+        train_shards=train_paths,
+        eval_shards=heldout_paths,
+        out_dir=out_dir / "drafter",
+        journal_dir=out_dir / "journal",
+        settings=TrainSettings.from_config(config),
+        **shared,
+    )
+    heldout_tokens = [run_dir / "tokens" / f"{p.name.split('.')[0]}.parquet" for p in heldout_paths]
+    evaluate = replace(EvaluateSettings.from_config(config), live=False, engine=None, vllm=None)
+    metrics = evaluate_drafter(
+        drafter_dir=out_dir / "drafter",
+        heldout_hidden=heldout_paths,
+        heldout_tokens=heldout_tokens,
+        out=out_dir / "metrics.json",
+        settings=evaluate,
+        **shared,
+    )
+    return report, metrics
+
+
+def measure(run_dir: Path, config: dict[str, Any], top_ks: list[int], work: Path) -> dict:
+    """Every variant's bytes per token, training figures and simulated acceptance per K."""
+    # The demo's target is built into the run (rules/common.smk), a real one is target.path.
+    demo_target = run_dir / "target"
+    target = str(demo_target) if demo_target.is_dir() else config["target"]["path"]
+    train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
+    base = HiddenSettings.from_config(config)
+    reference = replace(base, dtype="bf16", target_signal="final_hidden")
+    heldout, _ = extract(run_dir, heldout_ids, work / "heldout_bf16", reference, target)
+    results: dict[str, Any] = {}
+    for name, storage in storage_variants(top_ks).items():
+        started = time.perf_counter()
+        settings = replace(base, **storage)
+        paths, bytes_per_token = extract(
+            run_dir, train_ids, work / name / "hidden", settings, target
+        )
+        report, metrics = train_and_evaluate(run_dir, paths, heldout, work / name, config, target)
+        results[name] = {
+            "storage": storage,
+            "bytes_per_token": bytes_per_token,
+            "acceptance": {k: v["acceptance_length"] for k, v in metrics["simulated"].items()},
+            "heldout_acc": report["heldout_acc"],
+            "skipped_outside_vocab_share": report["skipped_outside_vocab_share"],
+            "train_steps": report["steps"],
+            "wall_s": time.perf_counter() - started,
+        }
+        print(f"  {name}: {json.dumps(results[name])}", flush=True)
+    return results
+
+
+def with_ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Each variant's bytes and acceptance over bf16's, and whether it meets the goal."""
+    reference = results["bf16"]
+    for variant in results.values():
+        variant["bytes_ratio_to_bf16"] = variant["bytes_per_token"] / reference["bytes_per_token"]
+        variant["ratio_to_bf16"] = {
+            k: a / reference["acceptance"][k] for k, a in variant["acceptance"].items()
+        }
+        variant["within_1pct"] = min(variant["ratio_to_bf16"].values()) >= GOAL_RATIO
+    return results
+
+
+def print_lines(results: dict[str, Any]) -> None:
+    for name, variant in results.items():
+        acceptance = " ".join(f"acceptance_k{k}={a:.4f}" for k, a in variant["acceptance"].items())
+        ratios = " ".join(
+            f"ratio_to_bf16_k{k}={r:.4f}" for k, r in variant["ratio_to_bf16"].items()
+        )
+        print(
+            f"storage variant={name} bytes_per_token={variant['bytes_per_token']:.1f} "
+            f"bytes_ratio_to_bf16={variant['bytes_ratio_to_bf16']:.3f} {acceptance} {ratios} "
+            f"within_1pct={yes_no(variant['within_1pct'])}"
+        )
+    meeting = [
+        v["storage"]["top_k"]
+        for v in results.values()
+        if v["storage"]["target_signal"] == "topk" and v["within_1pct"]
+    ]
+    print(
+        f"storage goal: fp8 within 1% of bf16: {yes_no(results['fp8']['within_1pct'])}; "
+        f"smallest top-k within 1%: {min(meeting) if meeting else 'none of those tried'}"
+    )
+
+
+def yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", type=Path, help="a run's results/{run} (else made here)")
+    parser.add_argument("--configfile", type=Path, nargs="+", default=[])
+    parser.add_argument("--top-k", type=int, nargs="+", default=[32, 8, 2])
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = run_config(args.configfile)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        run_dir = args.run_dir or make_run(
+            args.configfile, tmp / "workflow", config["run"], args.threads
+        )
+        # The share of completion tokens the drafter can propose at all: the same for every
+        # variant, it bounds what any storage can reach.
+        vocab = json.loads((run_dir / "vocab" / "draft_vocab.json").read_text())
+        print(f"run {config['run']}: draft vocabulary {vocab['draft_vocab_size']} ids, "
+              f"coverage {vocab['coverage']:.4f}", flush=True)  # fmt: skip
+        results = with_ratios(measure(run_dir.resolve(), config, args.top_k, tmp / "variants"))
+    print_lines(results)
+    if args.json:
+        figures = {"run": config["run"], "goal_ratio": GOAL_RATIO, "variants": results,
+                   "draft_vocab_size": vocab["draft_vocab_size"],
+                   "draft_vocab_coverage": vocab["coverage"]}  # fmt: skip
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
