@@ -26,16 +26,21 @@ HOLDER = textwrap.dedent(
     from eaglenest.client.slots import EndpointSlots
     slots = EndpointSlots(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))
     held = [slots.try_acquire() for _ in range(int(sys.argv[4]))]
+    slots.set_waiting(len(sys.argv) > 5)  # as a job whose requests wait for a slot
     print(sum(h is not None for h in held), flush=True)
     time.sleep(60)
     """
 )
 
 
-def hold(slots_dir: Path, cap: int, wanted: int) -> tuple[subprocess.Popen, int]:
-    """A process that takes up to `wanted` slots and keeps them; (process, how many it got)."""
+def hold(
+    slots_dir: Path, cap: int, wanted: int, waiting: bool = False
+) -> tuple[subprocess.Popen, int]:
+    """A process that takes up to `wanted` slots and keeps them (and says it waits for more);
+    (process, how many it got)."""
+    waits = ["waiting"] if waiting else []
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, URL, str(cap), str(slots_dir), str(wanted)],
+        [sys.executable, "-c", HOLDER, URL, str(cap), str(slots_dir), str(wanted), *waits],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -62,6 +67,20 @@ def test_slots_are_one_cap_over_processes_and_a_kill_frees_them(tmp_path: Path):
         for process in (first, second):
             process.kill()
             process.wait()
+
+
+def test_a_younger_process_leaves_free_slots_to_an_older_one_that_waits(tmp_path: Path):
+    older, got = hold(tmp_path, cap=4, wanted=1, waiting=True)
+    younger = EndpointSlots(URL, 4, tmp_path)
+    try:
+        assert got == 1 and younger.older_waiting()
+        assert younger.try_acquire() is None, "3 slots are free, but the older job waits"
+        older.kill()
+        older.wait()
+        assert not younger.older_waiting() and younger.try_acquire() is not None
+    finally:
+        older.kill()
+        older.wait()
 
 
 def test_each_endpoint_has_its_own_slots(tmp_path: Path):

@@ -73,6 +73,7 @@ class EndpointPool:
         self.bench_s = bench_s
         self._scan = asyncio.Lock()  # one coroutine looks for a slot; the others queue behind it
         self._freed = asyncio.Event()
+        self._wanting = 0  # coroutines in acquire
 
     def close(self) -> None:
         for state in self.states:
@@ -86,20 +87,32 @@ class EndpointPool:
         return sorted(healthy, key=lambda s: s.in_flight / s.endpoint.max_concurrency)
 
     async def acquire(self) -> Slot:
-        async with self._scan:
-            while True:
-                for state in self._candidates():
-                    index = state.slots.try_acquire()
-                    if index is not None:
-                        state.in_flight += 1
-                        state.attempts += 1
-                        return Slot(state, index, time.monotonic())
-                # Woken at once by this job's releases; other jobs' are seen by polling.
-                self._freed.clear()
-                try:
-                    await asyncio.wait_for(self._freed.wait(), POLL_S)
-                except asyncio.TimeoutError:
-                    pass
+        self._wanting += 1
+        try:
+            async with self._scan:
+                return await self._scan_for_slot()
+        finally:
+            self._wanting -= 1
+            if not self._wanting:  # nothing of this job waits: older-first no longer applies
+                for state in self.states:
+                    state.slots.set_waiting(False)
+
+    async def _scan_for_slot(self) -> Slot:
+        while True:
+            for state in self._candidates():
+                index = state.slots.try_acquire()
+                if index is not None:
+                    state.in_flight += 1
+                    state.attempts += 1
+                    return Slot(state, index, time.monotonic())
+            for state in self.states:
+                state.slots.set_waiting(True)
+            # Woken at once by this job's releases; other jobs' are seen by polling.
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
 
     def release(self, slot: Slot, ok: bool) -> None:
         state = slot.state

@@ -8,6 +8,11 @@ when the holder exits, a `kill -9` included, so a crashed job never leaks a slot
 to be started, found or cleaned up. POSIX locks also work across hosts on NFSv4, so a `slots_dir`
 on a shared filesystem extends the cap to jobs on other nodes.
 
+Older jobs first: a process whose requests wait for a slot marks it with a lock on one byte past
+the slots, at an offset that grows with its start time, and a process takes a slot only when no
+older process is waiting. Shards then finish in the order Snakemake started them (later stages
+start sooner), and the requests go out in the order of the prompt list, as from one queue.
+
 Record locks belong to the process, not to the descriptor: within one process a second lock of a
 byte it holds succeeds silently, so the process keeps its own set of held slots. Waiting is the
 caller's (eaglenest.stages.generate's endpoint pool): one scanner per process, woken by its own
@@ -23,10 +28,13 @@ import os
 import random
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 # How often a process whose requests all wait looks again for a slot another process freed.
 POLL_S = 0.01
+# Waiting marks live at WAITING_BASE + the process's start time in microseconds, far past any cap.
+WAITING_BASE = 1 << 40
 # struct flock on Linux (x86-64, aarch64): short l_type, short l_whence, off_t l_start,
 # off_t l_len, pid_t l_pid, padded to 32 bytes.
 _FLOCK = "hhqqi4x"
@@ -53,13 +61,32 @@ class EndpointSlots:
         # For a person looking at the directory: which endpoint a lock file stands for.
         self.path.with_suffix(".url").write_text(url + "\n")
         self.held: set[int] = set()
+        self.seniority = time.time_ns() // 1000  # older processes have smaller values
+        self.waiting = False
 
     def close(self) -> None:
         os.close(self._fd)  # releases every slot this process holds on the file
 
+    def set_waiting(self, waiting: bool) -> None:
+        """Say whether this process has requests waiting for a slot (see the module doc)."""
+        if waiting != self.waiting:
+            command = fcntl.LOCK_EX | fcntl.LOCK_NB if waiting else fcntl.LOCK_UN
+            try:
+                fcntl.lockf(self._fd, command, 1, WAITING_BASE + self.seniority, os.SEEK_SET)
+            except OSError:  # another process started in the same microsecond: no priority
+                return
+            self.waiting = waiting
+
+    def older_waiting(self) -> bool:
+        """Does a process that started before this one wait for a slot?"""
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, WAITING_BASE, self.seniority, 0)
+        answer = fcntl.fcntl(self._fd, fcntl.F_GETLK, query)
+        return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
     def try_acquire(self) -> int | None:
-        """A free slot, now, or None; scanned from a random start so processes spread out."""
-        if len(self.held) >= self.cap:
+        """A free slot, now, or None (also when an older process waits for one); scanned from a
+        random start so processes spread out."""
+        if len(self.held) >= self.cap or self.older_waiting():
             return None
         start = random.randrange(self.cap)
         for offset in range(self.cap):
