@@ -220,7 +220,7 @@ def run_shard_jobs(url: str, work: Path, shards: int, shard_size: int, jobs: int
 
 def multi_shard(args: argparse.Namespace) -> dict:
     results = {}
-    for jobs in sorted({1, *args.shard_jobs}):
+    for jobs in sorted(set(args.shard_jobs)):
         with (
             running_server(
                 model_name=MODEL,
@@ -272,7 +272,11 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=6)
     parser.add_argument("--shard-size", type=int, default=500)
     parser.add_argument(
-        "--shard-jobs", type=int, nargs="+", default=[4], help="shard jobs at once in (c)"
+        "--shard-jobs",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="shard jobs at once in (c), one run each (1: a shard at a time, as before)",
     )
     parser.add_argument("--median-latency-s", type=float, default=1.0)
     parser.add_argument("--latency-sigma", type=float, default=1.0)

@@ -196,6 +196,22 @@ def test_probe_generate_and_samples_against_a_real_vllm(
     assert agreement["compared"] == tokens.height
     assert agreement["share"] == 1.0
 
+    # Those answers were streamed (vLLM streams token ids); the same requests not streamed get the
+    # same answers from the engine: the assembled stream is the body vLLM would have sent.
+    log = (workdir / "logs/vllm/generate_responses/00000.log").read_text()
+    assert "streaming: a request fails after" in log
+    plain_config = config | {
+        "run": "vllm-plain",
+        "generation": {"max_tokens": 128, "stream": "never"},
+    }
+    plain_raw = "results/vllm-plain/raw/00000.parquet"
+    result = snakemake(workdir, plain_raw, config=plain_config)
+    assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    plain = pl.read_parquet(workdir / plain_raw).sort("id")
+    columns = ["id", "reasoning", "content", "reasoning_field", "finish_reason"]
+    columns += ["prompt_token_ids", "completion_token_ids", "completion_tokens"]
+    assert raw.sort("id").select(columns).equals(plain.select(columns))
+
 
 # --- hidden states and evaluation in vLLM -----------------------------------------------------
 
