@@ -153,6 +153,25 @@ def test_the_linear_memory_attention_equals_the_dense_one(model, monkeypatch, ch
         torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("chunk_scores", [1 << 24, 97, 1])
+def test_the_causal_logsumexp_and_its_gradients_equal_the_dense_ones(monkeypatch, chunk_scores):
+    """The chunked log-sum-exp's hand-written backward (no autograd through the chunks) against
+    autograd through the dense masked [T, T] log-sum-exp, in float64: value, grad_q and grad_k."""
+    torch.manual_seed(5)
+    q = torch.randn(2, 3, 37, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 37, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 3, 37, dtype=torch.float64)
+    monkeypatch.setattr(drafter_module, "LSE_CHUNK_SCORES", chunk_scores)
+    lse = drafter_module.causal_logsumexp(q, k, 0.3)
+    grad_q, grad_k = torch.autograd.grad((lse * upstream).sum(), (q, k))
+    causal = torch.ones(37, 37, dtype=torch.bool).tril()
+    dense = ((q @ k.transpose(-1, -2)) * 0.3).masked_fill(~causal, float("-inf")).logsumexp(-1)
+    dense_q, dense_k = torch.autograd.grad((dense * upstream).sum(), (q, k))
+    torch.testing.assert_close(lse, dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_q, dense_q, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_k, dense_k, rtol=1e-10, atol=1e-12)
+
+
 def saved_for_backward(run):
     """(what `run()` returns, the bytes autograd saved for backward while it ran)."""
     total = 0

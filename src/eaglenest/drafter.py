@@ -232,30 +232,80 @@ class Attention(nn.Module):
         return self._out(out)
 
 
-def _chunk_logsumexp(q: torch.Tensor, k: torch.Tensor, first: int, scale: float) -> torch.Tensor:
-    """Causal log-sum-exp of the scores of queries first.. (q [B, h, n, d]) over keys k[:first+n]."""
+def _chunk_scores(
+    q: torch.Tensor, k: torch.Tensor, first: int, scale: float, matmul_dtype: torch.dtype
+) -> torch.Tensor:
+    """Causal scores of queries first.. (q [B, h, n, d]) against keys k[:first+n], in float32
+    (-inf where a key lies after the query); the matmul runs in `matmul_dtype`."""
     wide = torch.promote_types(q.dtype, torch.float32)
-    scores = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * scale
+    scores = (q.to(matmul_dtype) @ k.to(matmul_dtype).transpose(-1, -2)).to(wide) * scale
     rows = torch.arange(first, first + q.shape[2], device=q.device)[:, None]
     visible = torch.arange(k.shape[2], device=q.device)[None, :] <= rows
-    return scores.masked_fill(~visible, float("-inf")).logsumexp(-1)
+    return scores.masked_fill_(~visible, float("-inf"))
+
+
+def _lse_chunks(t: int, b: int, h: int):
+    """(first, last) rows of each chunk of queries: LSE_CHUNK_SCORES scores at most a chunk."""
+    rows = max(1, LSE_CHUNK_SCORES // (b * h * t))
+    return [(first, min(first + rows, t)) for first in range(0, t, rows)]
+
+
+class _CausalLogSumExp(torch.autograd.Function):
+    """The causal log-sum-exp with a hand-written backward: d lse_t / d score_ts is the softmax
+    p_ts, so grad_q_t = scale * g_t * sum_s p_ts k_s and grad_k_s = scale * sum_t g_t p_ts q_t.
+    Backward recomputes each chunk's scores and adds the chunk's share into one grad_q and one
+    grad_k buffer, so it allocates no per-chunk full-size gradient (autograd's backward of a
+    `k[:, :, :last]` slice is a zero-padded copy of all of k, one per chunk) and no block whose
+    size changes from chunk to chunk beyond the scores themselves."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float, matmul_dtype: torch.dtype):
+        b, h, t, _ = q.shape
+        wide = torch.promote_types(q.dtype, torch.float32)
+        lse = torch.empty(b, h, t, dtype=wide, device=q.device)
+        for first, last in _lse_chunks(t, b, h):
+            scores = _chunk_scores(q[:, :, first:last], k[:, :, :last], first, scale, matmul_dtype)
+            torch.logsumexp(scores, -1, out=lse[:, :, first:last])
+            del scores
+        ctx.save_for_backward(q, k, lse)
+        ctx.scale, ctx.matmul_dtype = scale, matmul_dtype
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, k, lse = ctx.saved_tensors
+        scale, matmul_dtype = ctx.scale, ctx.matmul_dtype
+        b, h, t, _ = q.shape
+        wide = lse.dtype
+        grad_q = torch.zeros(q.shape, dtype=wide, device=q.device)
+        grad_k = torch.zeros(k.shape, dtype=wide, device=k.device)
+        grad = grad.to(wide) * scale
+        for first, last in _lse_chunks(t, b, h):
+            q_chunk, k_seen = q[:, :, first:last], k[:, :, :last]
+            weights = _chunk_scores(q_chunk, k_seen, first, scale, matmul_dtype)
+            weights.sub_(lse[:, :, first:last, None]).exp_().mul_(grad[:, :, first:last, None])
+            weights = weights.to(matmul_dtype)
+            grad_q[:, :, first:last] = weights @ k_seen.to(matmul_dtype)
+            grad_k[:, :, :last] += weights.transpose(-1, -2) @ q_chunk.to(matmul_dtype)
+            del weights
+        grad_q = grad_q.to(q.dtype) if ctx.needs_input_grad[0] else None
+        grad_k = grad_k.to(k.dtype) if ctx.needs_input_grad[1] else None
+        return grad_q, grad_k, None, None
 
 
 def causal_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """log sum_{s<=t} exp(scale * q_t . k_s) [B, h, T] in float32, a chunk of queries at a time.
-    Under autograd each chunk is recomputed in backward (checkpoint) rather than kept: memory
-    stays linear in T."""
-    b, h, t, _ = q.shape
-    rows = max(1, LSE_CHUNK_SCORES // (b * h * t))
-    parts = []
-    for first in range(0, t, rows):
-        last = min(first + rows, t)
-        args = (q[:, :, first:last], k[:, :, :last], first, scale)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-            parts.append(checkpoint(_chunk_logsumexp, *args, use_reentrant=False))
-        else:
-            parts.append(_chunk_logsumexp(*args))
-    return torch.cat(parts, dim=-1)
+    """log sum_{s<=t} exp(scale * q_t . k_s) [B, h, T] in float32, a chunk of queries at a time
+    (LSE_CHUNK_SCORES scores a chunk). Under autograd only q, k and the result are kept; backward
+    recomputes each chunk's scores (`_CausalLogSumExp`): memory stays linear in T. Under autocast
+    the score matmuls run in the autocast dtype, as autocast would run them."""
+    device = q.device.type
+    matmul_dtype = (
+        torch.get_autocast_dtype(device)
+        if torch.is_autocast_enabled(device)
+        else torch.promote_types(q.dtype, torch.float32)
+    )
+    with torch.autocast(device, enabled=False):
+        return _CausalLogSumExp.apply(q, k, scale, matmul_dtype)
 
 
 class DecodeCache:
