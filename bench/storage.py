@@ -10,7 +10,9 @@ config/config.yaml (default: the embedded demo). Then, per variant, the stages' 
 `train_drafter` trains with the run's `train` settings (same seed, batches and steps), and
 `evaluate_drafter` (simulated only) measures the drafter on the held-out shards stored in bf16:
 every variant is judged on the same features and the same greedy tokens, as a served drafter
-sees the target's own states, so only what training read differs.
+sees the target's own states, so only what training read differs. With `--engine vllm` each
+variant's exported drafter is also decoded by vLLM on the held-out prompts (the config's `vllm`
+section, the stage's own `evaluate_in_vllm`): the engine's acceptance and its ratio to bf16's.
 
 One line per variant, acceptance length (1 + accepted per round) at each `evaluate.ks`:
 
@@ -21,7 +23,7 @@ Goal (#18): fp8 and top-k within 1% of bf16's acceptance at every K (a ratio >= 
 line names the smallest k of `--top-k` that meets it.
 
 Usage: python bench/storage.py [--run-dir results/demo] [--configfile FILE ...]
-                               [--top-k 32 8 2] [--threads N] [--json out.json]
+                               [--top-k 32 8 2] [--threads N] [--engine vllm] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from eaglenest.common.config import validate_config
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.train.train import train_drafter
@@ -136,9 +139,10 @@ def extract(
 
 def train_and_evaluate(
     run_dir: Path, train_paths: list[Path], heldout_paths: list[Path], out_dir: Path,
-    config: dict[str, Any], target: str,
+    config: dict[str, Any], target: str, engine: bool = False,
 ) -> tuple[dict, dict]:  # fmt: skip
-    """train_drafter on these shards, then evaluate_drafter (simulated) on the held-out ones."""
+    """train_drafter on these shards, then evaluate_drafter (simulated, and in vLLM with
+    `engine`) on the held-out ones."""
     shared = {
         "target_head": run_dir / "hidden" / "target_head.safetensors",
         "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
@@ -154,18 +158,23 @@ def train_and_evaluate(
     )
     heldout_tokens = [run_dir / "tokens" / f"{p.name.split('.')[0]}.parquet" for p in heldout_paths]
     evaluate = replace(EvaluateSettings.from_config(config), live=False, engine=None, vllm=None)
+    if engine:  # the engine's own decoding of the exported drafter (config's vllm section)
+        evaluate = replace(evaluate, engine="vllm", vllm=VllmEngine.from_config(config))
     metrics = evaluate_drafter(
         drafter_dir=out_dir / "drafter",
         heldout_hidden=heldout_paths,
         heldout_tokens=heldout_tokens,
         out=out_dir / "metrics.json",
         settings=evaluate,
+        runtime=VllmRuntime.from_config(config) if engine else None,
         **shared,
     )
     return report, metrics
 
 
-def measure(run_dir: Path, config: dict[str, Any], top_ks: list[int], work: Path) -> dict:
+def measure(
+    run_dir: Path, config: dict[str, Any], top_ks: list[int], work: Path, engine: bool = False
+) -> dict:
     """Every variant's bytes per token, training figures and simulated acceptance per K."""
     # The demo's target is built into the run (rules/common.smk), a real one is target.path.
     demo_target = run_dir / "target"
@@ -181,8 +190,12 @@ def measure(run_dir: Path, config: dict[str, Any], top_ks: list[int], work: Path
         paths, bytes_per_token = extract(
             run_dir, train_ids, work / name / "hidden", settings, target
         )
-        report, metrics = train_and_evaluate(run_dir, paths, heldout, work / name, config, target)
+        report, metrics = train_and_evaluate(
+            run_dir, paths, heldout, work / name, config, target, engine
+        )
+        per_k = metrics["engine"]["per_k"] if engine else {}
         results[name] = {
+            "vllm_acceptance": {k: v["acceptance_length"] for k, v in per_k.items()} or None,
             "storage": storage,
             "bytes_per_token": bytes_per_token,
             "acceptance": {k: v["acceptance_length"] for k, v in metrics["simulated"].items()},
@@ -204,6 +217,11 @@ def with_ratios(results: dict[str, Any]) -> dict[str, Any]:
             k: a / reference["acceptance"][k] for k, a in variant["acceptance"].items()
         }
         variant["within_1pct"] = min(variant["ratio_to_bf16"].values()) >= GOAL_RATIO
+        if variant["vllm_acceptance"]:
+            variant["vllm_ratio_to_bf16"] = {
+                k: a / reference["vllm_acceptance"][k]
+                for k, a in variant["vllm_acceptance"].items()
+            }
     return results
 
 
@@ -213,10 +231,14 @@ def print_lines(results: dict[str, Any]) -> None:
         ratios = " ".join(
             f"ratio_to_bf16_k{k}={r:.4f}" for k, r in variant["ratio_to_bf16"].items()
         )
+        engine = " ".join(
+            f"vllm_acceptance_k{k}={a:.4f} vllm_ratio_to_bf16_k{k}={variant['vllm_ratio_to_bf16'][k]:.4f}"
+            for k, a in (variant["vllm_acceptance"] or {}).items()
+        )
         print(
             f"storage variant={name} bytes_per_token={variant['bytes_per_token']:.1f} "
             f"bytes_ratio_to_bf16={variant['bytes_ratio_to_bf16']:.3f} {acceptance} {ratios} "
-            f"within_1pct={yes_no(variant['within_1pct'])}"
+            f"within_1pct={yes_no(variant['within_1pct'])} {engine}".rstrip()
         )
     meeting = [
         v["storage"]["top_k"]
@@ -239,6 +261,11 @@ def main() -> None:
     parser.add_argument("--configfile", type=Path, nargs="+", default=[])
     parser.add_argument("--top-k", type=int, nargs="+", default=[32, 8, 2])
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--engine",
+        choices=["vllm"],
+        help="also decode each variant's drafter in vLLM (the config's vllm section, .venv-vllm)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -253,7 +280,10 @@ def main() -> None:
         vocab = json.loads((run_dir / "vocab" / "draft_vocab.json").read_text())
         print(f"run {config['run']}: draft vocabulary {vocab['draft_vocab_size']} ids, "
               f"coverage {vocab['coverage']:.4f}", flush=True)  # fmt: skip
-        results = with_ratios(measure(run_dir.resolve(), config, args.top_k, tmp / "variants"))
+        measured = measure(
+            run_dir.resolve(), config, args.top_k, tmp / "variants", args.engine == "vllm"
+        )
+        results = with_ratios(measured)
     print_lines(results)
     if args.json:
         figures = {"run": config["run"], "goal_ratio": GOAL_RATIO, "variants": results,
