@@ -192,9 +192,9 @@ def echo_latencies(ids: list[str], median_s: float, sigma: float) -> list[float]
 def run_shard_jobs(url: str, work: Path, shards: int, shard_size: int, jobs: int) -> dict:
     """`shards` shard jobs, `jobs` at a time, against `url`; figures from their activity files."""
     write_json(work / "probe.json", {"token_ids": {"supported": True, "layout": "vllm"}})
-    paths = []
+    paths, prompts = [], make_prompts(shards * shard_size)
     for shard in range(shards):
-        rows = make_prompts(shards * shard_size)[shard * shard_size : (shard + 1) * shard_size]
+        rows = prompts[shard * shard_size : (shard + 1) * shard_size]
         paths.append(work / f"{shard:05d}.parquet")
         pl.DataFrame(rows).write_parquet(paths[-1])
     slots = str(work / "slots")

@@ -39,7 +39,7 @@ import aiohttp
 import polars as pl
 from tqdm import tqdm
 
-from eaglenest.client.chat import RetryableError, TerminalError, post_once
+from eaglenest.client.chat import STREAM_FIELDS, RetryableError, TerminalError, post_once
 from eaglenest.client.credentials import api_key_from_env, auth_headers, redact
 from eaglenest.client.endpoints import Endpoint, open_endpoints
 from eaglenest.client.pool import EndpointPool, activity_summary, watch_activity
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 # Fields that change how an answer travels, not what is asked: a journaled answer to a body that
 # differs only in these is the answer to the current request.
-TRANSPORT_FIELDS = frozenset({"stream", "stream_options"})
+TRANSPORT_FIELDS = frozenset(STREAM_FIELDS)
 
 
 class GenerationError(RuntimeError):
