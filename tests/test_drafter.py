@@ -5,6 +5,7 @@ gradients), decoding against training, and the loss mask."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,10 +36,25 @@ CONFIG = DrafterConfig(
 )
 
 
+VARIANTS = {
+    "plain": {},
+    "norm_before_fc": {"norm_before_fc": True},
+    "fc_norm": {"fc_norm": True},
+    "norm_before_residual": {"norm_before_residual": True},
+    "norm_output": {"norm_output": True},
+    "all": {"norm_before_fc": True, "fc_norm": True, "norm_before_residual": True,
+            "norm_output": True},
+}  # fmt: skip
+
+
 @pytest.fixture
 def model() -> Eagle3Drafter:
+    return make_model(CONFIG)
+
+
+def make_model(config: DrafterConfig) -> Eagle3Drafter:
     torch.manual_seed(0)
-    m = Eagle3Drafter(CONFIG).double()
+    m = Eagle3Drafter(config).double()
     with torch.no_grad():
         m.embed_tokens.weight.normal_()
         for p in m.parameters():
@@ -268,13 +284,14 @@ def test_a_16k_token_sample_trains_within_a_memory_bound():
     assert peak_mib < LONG_SAMPLE_BOUND_MIB
 
 
-def test_decoding_with_a_cache_equals_training_time_test(model):
-    """What the drafter sees when serving (a KV cache of verified positions, then its own chain)
-    is what TTT trains: the chain fed the data tokens gives TTT's logits at that position."""
+def assert_decoding_equals_ttt(model: Eagle3Drafter, own_tokens: bool = False) -> None:
+    """Serving's chain at positions t (a cache of the verified context, then each draft step
+    fed the data's next token, or with `own_tokens` the previous step's argmax) gives TTT's
+    logits there."""
     aux, ids = inputs(batch=1, length=10)
     steps = 4
     with torch.no_grad():
-        trained = ttt_forward(model, aux, ids, steps)
+        trained = ttt_forward(model, aux, ids, steps, own_tokens=own_tokens)
         for t in (0, 3, 5):
             cache = DecodeCache()
             positions = torch.arange(t + 1)[None]
@@ -284,11 +301,73 @@ def test_decoding_with_a_cache_equals_training_time_test(model):
             torch.testing.assert_close(logits[0, -1], trained[0][0, t], rtol=1e-9, atol=1e-9)
             hidden = hidden[:, -1:]
             for i in range(1, steps):
-                token = ids[:, t + 1 + i : t + 2 + i]
+                if own_tokens:
+                    token = model.draft_to_target(logits[:, -1:].argmax(-1))
+                else:
+                    token = ids[:, t + 1 + i : t + 2 + i]
                 logits, hidden = model.step(token, hidden, torch.tensor([[t + i]]), cache)
                 torch.testing.assert_close(
                     logits[0, -1], trained[i][0, t], rtol=1e-9, atol=1e-9, msg=f"t={t} step={i}"
                 )
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decoding_with_a_cache_equals_training_time_test(variant):
+    """What the drafter sees when serving is what TTT trains, for every EAGLE-3 variant."""
+    assert_decoding_equals_ttt(make_model(replace(CONFIG, **VARIANTS[variant])))
+
+
+def test_training_on_the_drafters_own_tokens_is_serving_its_own_drafts(model):
+    assert_decoding_equals_ttt(model, own_tokens=True)
+    aux, ids = inputs(batch=1, length=10)
+    with torch.no_grad():
+        own = ttt_forward(model, aux, ids, 3, own_tokens=True)
+        data = ttt_forward(model, aux, ids, 3)
+    torch.testing.assert_close(own[0], data[0], rtol=0, atol=0)  # step 0 reads the data
+    assert not torch.allclose(own[1], data[1])  # later steps do not (the test can fail)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
+def test_each_variant_changes_what_the_drafter_computes(variant):
+    """The same weights with the option on and off give other logits by step 1 at the latest
+    (norm_output changes only what the next step gets): the option is wired in."""
+    aux, ids = inputs(batch=1, length=8)
+    plain = make_model(CONFIG)
+    changed = make_model(replace(CONFIG, **VARIANTS[variant]))
+    changed.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        a, b = ttt_forward(plain, aux, ids, 2), ttt_forward(changed, aux, ids, 2)
+    assert not torch.allclose(a[1], b[1])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_is_exported_as_vllm_reads_it(variant, tmp_path):
+    """config.json has the four booleans where vLLM's llama_eagle3.py reads them, the tensors
+    vLLM's names (input_norm, fc_norm.{i}), and loading the export gives the same drafter."""
+    import json
+
+    from safetensors import safe_open
+
+    from eaglenest.formats.drafter_export import export_drafter, load_drafter
+
+    model = make_model(replace(CONFIG, **VARIANTS[variant]))
+    export_drafter(model, tmp_path, dtype="float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    options = VARIANTS[variant]
+    for name in ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output"):
+        assert config[name] is options.get(name, False)
+    assert config["eagle_config"]["norm_before_fc"] is options.get("norm_before_fc", False)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert ("input_norm.weight" in names) == options.get("norm_before_fc", False)
+    assert ({"fc_norm.0.weight", "fc_norm.2.weight"} <= names) == options.get("fc_norm", False)
+    loaded = load_drafter(tmp_path, model.embed_tokens.weight.float())
+    aux, ids = inputs(batch=1, length=8)
+    with torch.no_grad():
+        expected = ttt_forward(model.float(), aux.float(), ids, 3)
+        got = ttt_forward(loaded, aux.float(), ids, 3)
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(e, g)
 
 
 def test_the_loss_ignores_prompt_positions(model):

@@ -467,6 +467,32 @@ def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Pat
         build(run)
 
 
+def test_the_recipe_the_drafter_was_trained_with_is_shown(tmp_path: Path):
+    run = write_run(tmp_path)
+    report = json.loads((run / "drafter" / "train_report.json").read_text())
+    settings = {"loss": "forward_kl", "target_outside_vocab": "ignore", "step_weight": 0.8,
+                "ttt_steps": 3, "ttt_inputs": "drafter", "lm_head_init": "target_frozen",
+                "aux_noise": 0.05, "lr": 0.003, "adam_betas": [0.9, 0.999],
+                "weight_decay": 0.01, "grad_clip": 1.0, "warmup_steps": 10, "min_lr_ratio": 0.0,
+                "epochs": 30, "max_batch_tokens": 2048}  # fmt: skip
+    drafter = {"norm_before_residual": True, "norm_output": True, "fc_norm": False}
+    write_json(run / "drafter" / "train_report.json",
+               {**report, "settings": settings, "drafter": drafter})  # fmt: skip
+    page, _ = build(run)
+    text = page.read_text()
+    for expected in (
+        "<h3>Recipe</h3>",
+        "EAGLE-3 with norm_before_residual, norm_output",
+        "forward_kl; target mass outside the draft vocab: ignore",
+        "3 / drafter tokens",
+        "target_frozen",
+        "betas (0.9, 0.999), weight decay 0.01, grad clip 1",
+        "cosine to 0 x lr; 30 epochs",
+    ):
+        assert expected in text, expected
+    assert missing_references(page) == []
+
+
 def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
     run = write_run(tmp_path, finished=False)
     shutil.rmtree(run / "hidden")

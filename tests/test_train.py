@@ -263,6 +263,70 @@ def test_reloading_the_export_reproduces_the_logits(run, tmp_path: Path):
         load_drafter(tmp_path, head.embed, expect_layer_ids=[1, 2, 3])
 
 
+RECIPE = {
+    "max_steps": 6,
+    "epochs": 50,
+    "max_batch_tokens": 512,
+    "ttt_steps": 3,
+    "checkpoint_every": 3,
+    "export_dtype": "float32",
+    "lm_head_init": "target_frozen",
+    "aux_noise": 0.05,
+    "ttt_inputs": "drafter",
+    "loss": "forward_kl",
+    "target_outside_vocab": "ignore",
+    "adam_betas": [0.9, 0.999],
+    "drafter": {"norm_before_residual": True, "norm_output": True, "fc_norm": True},
+}
+
+
+def test_a_recipe_trains_exports_and_resumes_exactly(run, tmp_path: Path):
+    """Every recipe option at once: the frozen LM head stays the target's rows of the draft
+    tokens, the variant reaches config.json, and a run stopped after step 3 and resumed ends
+    with the weights of a straight run (the aux noise is a function of seed and step)."""
+    settings = settings_from_sections(TrainSettings, train=RECIPE)
+    assert settings.adam_betas == (0.9, 0.999)
+    straight = train_drafter(**arguments(run, tmp_path / "straight"), settings=settings)
+    assert straight["steps"] == 6
+    stopped = train_drafter(
+        **arguments(run, tmp_path / "resumed"), settings=settings, stop_after_step=3
+    )
+    assert stopped == {"stopped_at_step": 3}
+    train_drafter(**arguments(run, tmp_path / "resumed"), settings=settings)
+
+    def tensors(name: str) -> dict[str, torch.Tensor]:
+        with safe_open(str(tmp_path / name / "drafter" / "model.safetensors"), "pt") as f:
+            return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+
+    a, b = tensors("straight"), tensors("resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    assert torch.equal(a["lm_head.weight"], head.lm_head[vocab.draft_ids].float())
+    assert not torch.equal(a["norm.weight"], head.final_norm.float())  # trained from it
+    config = json.loads((tmp_path / "straight" / "drafter" / "config.json").read_text())
+    assert (config["norm_before_residual"], config["norm_output"], config["fc_norm"]) == (
+        True, True, True,
+    )  # fmt: skip
+    assert config["norm_before_fc"] is False
+    assert straight["settings"]["loss"] == "forward_kl"
+
+
+def test_aux_noise_is_bounded_and_a_function_of_seed_and_step():
+    from eaglenest.formats.feature_batches import Batch
+    from eaglenest.stages.train.train import with_aux_noise
+
+    def noised(seed: int, step: int, noise: float = 0.05) -> torch.Tensor:
+        batch = Batch(torch.zeros(2, 5, 6), torch.zeros(2, 5, dtype=torch.long),
+                      torch.ones(2, 5, dtype=torch.bool), None, None, [])  # fmt: skip
+        return with_aux_noise(batch, noise, seed, step).aux
+
+    first = noised(0, 7)
+    assert first.abs().max() <= 0.05 and first.abs().max() > 0.04
+    assert torch.equal(first, noised(0, 7))
+    assert not torch.equal(first, noised(0, 8)) and not torch.equal(first, noised(1, 7))
+    assert torch.equal(noised(0, 7, noise=0.0), torch.zeros(2, 5, 6))
+
+
 def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     from safetensors.torch import save_file
 

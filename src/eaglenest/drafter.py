@@ -10,6 +10,10 @@ One Llama-style decoder layer that drafts the target's next tokens from the targ
 `h''` (before the final norm) is what the next draft step gets instead of `fc(aux)`: that is how
 vLLM and SGLang chain draft steps, and how training-time test (TTT) unrolls them here.
 
+Variants vLLM loads (`DrafterConfig`, exported in config.json): `norm_before_fc` (an RMSNorm over
+aux before fc), `fc_norm` (one RMSNorm per aux state), `norm_before_residual` (h' starts from
+hidden_norm(h), not h) and `norm_output` (the next step gets norm(h''), not h'').
+
 Training-time test: step i feeds step i-1's output hidden states back at every position at once,
 with the tokens shifted by one more. The attention pattern of step i: a query at position t sees
 the step-0 keys of positions <= t (causal) and the keys of steps 1..i at position t only (each
@@ -56,6 +60,14 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    # The EAGLE-3 variants vLLM loads (model_executor/models/llama_eagle3.py), all off in the
+    # original EAGLE-3 layout: an RMSNorm over fc's whole input (`input_norm`), one RMSNorm per
+    # aux state before fc (`fc_norm.{i}`), the residual taken after hidden_norm instead of
+    # before it, and the final norm's output (not its input) fed to the next draft step.
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -350,13 +362,17 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(self, embeds, hidden, cos, sin, cache: KVCache | DecodeCache) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        # norm_before_residual: the attention's residual is the normalised hidden state.
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         if isinstance(cache, DecodeCache):
-            hidden = hidden + self.self_attn.decode(x, cos, sin, cache)
+            hidden = residual + self.self_attn.decode(x, cos, sin, cache)
         else:
-            hidden = hidden + self.self_attn(x, cos, sin, cache)
+            hidden = residual + self.self_attn(x, cos, sin, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -370,6 +386,13 @@ class Eagle3Drafter(nn.Module):
         c = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
+        fc_input = len(c.aux_layer_ids) * c.target_hidden_size
+        self.input_norm = RMSNorm(fc_input, c.rms_norm_eps) if c.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in c.aux_layer_ids)
+            if c.fc_norm
+            else None
+        )
         self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -387,7 +410,13 @@ class Eagle3Drafter(nn.Module):
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's three aux states [.., 3·H_target] → the drafter's hidden size."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        aux = aux.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)
 
     def step(
         self,
@@ -404,7 +433,8 @@ class Eagle3Drafter(nn.Module):
             hidden = self._checkpointed_layer(embeds, hidden, cos, sin, cache)
         else:
             hidden = self.midlayer(embeds, hidden, cos, sin, cache)
-        return self.lm_head(self.norm(hidden)), hidden
+        normed = self.norm(hidden)
+        return self.lm_head(normed), normed if self.config.norm_output else hidden
 
     def _checkpointed_layer(self, embeds, hidden, cos, sin, cache: KVCache) -> torch.Tensor:
         """The decoder layer recomputed in backward. The recomputation must see the cache as the
@@ -426,24 +456,33 @@ class Eagle3Drafter(nn.Module):
         return hidden
 
     def forward(
-        self, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        ttt_steps: int,
+        own_tokens: bool = False,
     ) -> list[torch.Tensor]:
         """Training-time test over a right-padded batch: logits [B, T, D] of every step.
 
         Step i at position t takes token input_ids[t + 1 + i] and (for i > 0) step i-1's output
         hidden state at t, at rotary position t + i, and predicts the token after it: the
-        target's distribution at position t + 1 + i.
+        target's distribution at position t + 1 + i. With `own_tokens`, step i > 0 takes step
+        i-1's own argmax instead of the data's token (as when serving, where a draft step
+        continues from the drafter's previous draft).
         """
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         hidden = self.project(aux)
         cache = KVCache()
         logits = []
+        tokens = shift_left(input_ids, 1)
         for i in range(ttt_steps):
-            step_logits, hidden = self.step(
-                shift_left(input_ids, 1 + i), hidden, positions + i, cache
-            )
+            step_logits, hidden = self.step(tokens, hidden, positions + i, cache)
             logits.append(step_logits)
+            if own_tokens:
+                tokens = self.draft_to_target(step_logits.detach().argmax(-1))
+            else:
+                tokens = shift_left(input_ids, 2 + i)
         return logits
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
@@ -466,7 +505,8 @@ def ttt_forward(
     aux: torch.Tensor,
     input_ids: torch.Tensor,
     ttt_steps: int,
+    own_tokens: bool = False,
 ) -> list[torch.Tensor]:
     """Training-time test (`Eagle3Drafter.forward`) through `model`, which may be a DDP wrapper:
     DDP synchronises gradients only for calls that go through its forward."""
-    return model(aux, input_ids, ttt_steps)
+    return model(aux, input_ids, ttt_steps, own_tokens)

@@ -10,7 +10,10 @@ Layout (checked against the loaders' code; see tests/test_train.py for where eac
   layer id + 1, so the nested list holds ids - 1 (newer SGLang adds the 1 only when the first
   nested id is 1, which holds for the default (2, N//2, N-3)).
 - Tensors, unprefixed: fc, midlayer.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
-  input_layernorm, hidden_norm, post_attention_layernorm}, norm, lm_head, d2t (int64), t2d (bool).
+  input_layernorm, hidden_norm, post_attention_layernorm}, norm, lm_head, d2t (int64), t2d (bool);
+  with the variants, `input_norm` (norm_before_fc) and `fc_norm.{i}` (fc_norm), as vLLM names them.
+- Variants: `norm_before_fc`, `fc_norm`, `norm_before_residual`, `norm_output` as top-level
+  booleans (and `eagle_config.norm_before_fc`), which is where vLLM's llama_eagle3.py reads them.
   No embed_tokens: both servers share the target's embedding, and for a large target it would be
   the biggest tensor of the file.
 """
@@ -28,6 +31,7 @@ from safetensors.torch import save_file
 
 from eaglenest.common.io import atomic_path, write_json
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+from eaglenest.settings.train import DRAFTER_VARIANTS
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +68,12 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
         "bias": False,
         "torch_dtype": dtype,
         "eagle_aux_hidden_state_layer_ids": ids,
+        **{name: getattr(config, name) for name in DRAFTER_VARIANTS},
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
             "use_aux_hidden_state": True,
+            # vLLM reads norm_before_fc here first, then at the top level.
+            "norm_before_fc": config.norm_before_fc,
         },
         "eaglenest": {"aux_layer_ids": ids, "format": "eagle3/1"},
     }
@@ -99,6 +106,7 @@ def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
         rms_norm_eps=config["rms_norm_eps"],
         rope_theta=config.get("rope_theta", 10000.0),
         max_position_embeddings=config["max_position_embeddings"],
+        **{name: bool(config.get(name, False)) for name in DRAFTER_VARIANTS},
     )
 
 

@@ -35,7 +35,11 @@ class Batch:
     aux: torch.Tensor  # [B, T, 3H] float32
     input_ids: torch.Tensor  # [B, T] int64 (0 past each sample's end)
     loss_mask: torch.Tensor  # [B, T] bool (False past the end)
-    target_logits: torch.Tensor | None  # [B, T, D] float32 over the draft vocab (TargetSignal)
+    # [B, T, D] float32 (TargetSignal): the target's log-probabilities of the draft tokens under
+    # its full-vocabulary softmax, so exp() is each draft token's share of all the mass and a
+    # softmax over D renormalises to the draft vocabulary. With top-k storage the "full" softmax
+    # is that of the k stored logits. -inf for a draft token the top-k did not keep.
+    target_logits: torch.Tensor | None
     in_draft_vocab: torch.Tensor | None  # [B, T] bool: the target's argmax is a draft token
     samples: list[tuple[str, int]]  # (shard file name, sample index)
     # What the target signal is computed from (on the training device), one of:
@@ -83,8 +87,9 @@ def open_shards(paths: list[str | Path], head: TargetHead, vocab: DraftVocab) ->
 
 
 class TargetSignal:
-    """Target logits over the draft vocab (+ whether the full-vocab argmax is a draft token),
-    computed on the training device: for a large vocabulary this is a real matmul."""
+    """Target log-probabilities of the draft tokens (`Batch.target_logits`) and whether the
+    full-vocab argmax is a draft token, computed on the training device: for a large vocabulary
+    this is a real matmul."""
 
     def __init__(self, head: TargetHead, vocab: DraftVocab, device: str | torch.device = "cpu"):
         self.head = head.lm_head.to(device, torch.float32)
@@ -96,7 +101,7 @@ class TargetSignal:
         logits, in_vocab = [], []
         for rows in final.float().split(HEAD_CHUNK_ROWS):
             full = rows @ self.head.T
-            logits.append(full[:, self.draft_ids])
+            logits.append(full[:, self.draft_ids] - full.logsumexp(-1, keepdim=True))
             in_vocab.append(self.t2d[full.argmax(-1)])
         return torch.cat(logits), torch.cat(in_vocab)
 
@@ -110,7 +115,8 @@ class TargetSignal:
         draft = self.target_to_draft[ids]
         rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
         keep = draft >= 0
-        logits[rows[keep], draft[keep]] = values.float()[keep]
+        values = values.float()
+        logits[rows[keep], draft[keep]] = (values - values.logsumexp(-1, keepdim=True))[keep]
         best = ids.gather(1, values.argmax(-1, keepdim=True))[:, 0]
         return logits, self.t2d[best]
 

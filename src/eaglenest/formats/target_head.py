@@ -70,6 +70,7 @@ class TargetHead:
 
     embed: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H]
+    final_norm: torch.Tensor | None  # [H], the target's last RMSNorm (absent in older files)
     aux_layer_ids: list[int]
     hidden_size: int
     vocab_size: int
@@ -82,9 +83,11 @@ class TargetHead:
             embed = f.get_tensor("embed_tokens.weight")
             names = set(f.keys())
             head = f.get_tensor("lm_head.weight") if "lm_head.weight" in names else embed
+            norm = f.get_tensor("norm.weight") if "norm.weight" in names else None
         return cls(
             embed=embed,
             lm_head=head,
+            final_norm=norm,
             aux_layer_ids=json.loads(meta["aux_layer_ids"]),
             hidden_size=int(meta["hidden_size"]),
             vocab_size=int(meta["vocab_size"]),

@@ -9,6 +9,10 @@ from typing import Any
 
 from eaglenest.settings import Settings
 
+# The EAGLE-3 variants (booleans of train.drafter and of the exported config.json), as vLLM's
+# model_executor/models/llama_eagle3.py reads them.
+DRAFTER_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+
 
 @dataclass(frozen=True)
 class TrainSettings(Settings):
@@ -19,6 +23,12 @@ class TrainSettings(Settings):
     warmup_steps: int
     weight_decay: float
     grad_clip: float
+    adam_betas: tuple[float, float]
+    loss: str  # cross_entropy | forward_kl | hard_cross_entropy (train.Objective)
+    target_outside_vocab: str  # renormalise | ignore (train.Objective)
+    lm_head_init: str  # random | target | target_frozen
+    aux_noise: float  # uniform noise added to the aux states in training
+    ttt_inputs: str  # data | drafter: the tokens of TTT steps >= 1
     max_batch_tokens: int
     ttt_steps: int
     step_weight: float
@@ -31,8 +41,9 @@ class TrainSettings(Settings):
     precision: str  # auto = bf16 autocast on CUDA, float32 on CPU
     export_dtype: str
     activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
-    drafter: dict[str, Any]  # overrides of the drafter's sizes
+    drafter: dict[str, Any]  # overrides of the drafter's sizes, and its EAGLE-3 variant
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:
-        return cls(**{k: config["train"][k] for k in cls.__dataclass_fields__})
+        values = {k: config["train"][k] for k in cls.__dataclass_fields__}
+        return cls(**{**values, "adam_betas": tuple(values["adam_betas"])})

@@ -72,21 +72,20 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
     }
 
 
-def evaluate_in_vllm(
+def engine_request(
     *,
     prompts: list[list[int]],
     drafter_dir: str | Path,
     target_path: str | Path,
-    ks: tuple[int, ...],
     max_new_tokens: int,
     model_dtype: str,
     engine: VllmEngine,
     runtime: VllmRuntime,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`."""
+    """What vllm_decode.py is asked (less `k`: None for plain decoding, else the draft length)."""
     longest = max((len(p) for p in prompts), default=0)
-    request = {
+    return {
         "target": str(target_path),
         "drafter": str(Path(drafter_dir).resolve()),
         "prompts": prompts,
@@ -99,9 +98,31 @@ def evaluate_in_vllm(
         "gpu_memory_utilization": runtime.gpu_memory_utilization,
         "trust_remote_code": trust_remote_code,
     }
+
+
+def evaluate_in_vllm(
+    *,
+    prompts: list[list[int]],
+    drafter_dir: str | Path,
+    target_path: str | Path,
+    ks: tuple[int, ...],
+    max_new_tokens: int,
+    model_dtype: str,
+    engine: VllmEngine,
+    runtime: VllmRuntime,
+    trust_remote_code: bool = False,
+    plain: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`. `plain`:
+    the plain decoding of the same prompts, when already made (`decode` with k None)."""
+    request = engine_request(
+        prompts=prompts, drafter_dir=drafter_dir, target_path=target_path,
+        max_new_tokens=max_new_tokens, model_dtype=model_dtype, engine=engine, runtime=runtime,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     try:
-        plain = decode({**request, "k": None}, runtime, work_dir)
+        plain = plain or decode({**request, "k": None}, runtime, work_dir)
         per_k = {}
         for k in ks:
             per_k[str(k)] = acceptance(decode({**request, "k": k}, runtime, work_dir), plain, k)

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from eaglenest.settings.train import DRAFTER_VARIANTS
 from eaglenest.stages.report.data import (
     BASELINE_NAMES,
     RunData,
@@ -335,6 +336,8 @@ def section_training(data: RunData) -> Section:
                 ]
             )
         )
+        if report.get("settings"):
+            section.blocks.append("<h3>Recipe</h3>" + key_values(recipe_rows(report)))
         accuracy = [
             [f"step {i + 1}", a, _at(report.get("heldout_acc"), i)]
             for i, a in enumerate(report["train_acc"])
@@ -344,6 +347,39 @@ def section_training(data: RunData) -> Section:
     else:
         section.notes.append("No drafter/train_report.json: training has not finished.")
     return section
+
+
+def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the drafter was trained with (train_report.json's `drafter` and `settings`); keys
+    an older report lacks show their value before they existed."""
+    settings, drafter = report["settings"], report.get("drafter") or {}
+    get = settings.get
+    variant = [name for name in DRAFTER_VARIANTS if drafter.get(name)]
+    architecture = "EAGLE-3 with " + ", ".join(variant) if variant else "EAGLE-3 (plain)"
+    loss = (
+        f"{get('loss', 'cross_entropy')}; target mass outside the draft vocab: "
+        f"{get('target_outside_vocab', 'renormalise')}; "
+        f"TTT step i weighted {fmt(get('step_weight'))}^i"
+    )
+    betas = tuple(get("adam_betas", (0.9, 0.95)))
+    optimiser = (
+        f"AdamW lr {fmt(get('lr'))}, betas {betas}, weight decay {fmt(get('weight_decay'))}, "
+        f"grad clip {fmt(get('grad_clip'))}"
+    )
+    schedule = (
+        f"{get('warmup_steps')} warm-up steps, cosine to {fmt(get('min_lr_ratio'))} x lr; "
+        f"{get('epochs')} epochs, {get('max_batch_tokens')} tokens a batch"
+    )
+    inputs = f"{get('ttt_steps')} / {get('ttt_inputs', 'data')} tokens"
+    return [
+        ("architecture", architecture),
+        ("loss", loss),
+        ("TTT steps / their inputs", inputs),
+        ("LM head", get("lm_head_init", "random")),
+        ("aux noise", fmt(get("aux_noise", 0.0))),
+        ("optimiser", optimiser),
+        ("schedule", schedule),
+    ]
 
 
 def _at(values: list | None, i: int) -> Any:

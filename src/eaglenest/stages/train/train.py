@@ -1,10 +1,10 @@
 """Training the EAGLE-3 drafter with training-time test (the `train` stage).
 
-Loss of TTT step i (weight `step_weight`**i): cross-entropy of the drafter's distribution against
-the target's distribution restricted to the draft vocabulary, at the loss-masked positions whose
-target argmax is a draft token, divided by their count (over all processes under DDP). Masked
-positions whose target argmax lies outside the draft vocabulary are skipped and counted
-(`skipped_outside_vocab`).
+Loss of TTT step i (weight `step_weight`**i): the mean over the loss-masked positions whose target
+argmax is a draft token (over all processes under DDP) of a per-position loss (`Objective`,
+`position_losses`) between the drafter's distribution q over the draft vocabulary and the
+target's. Masked positions whose target argmax lies outside the draft vocabulary are skipped and
+counted (`skipped_outside_vocab`).
 
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
@@ -75,11 +75,71 @@ class StepStats:
         return [c / n if n else 0.0 for c, n in zip(self.correct, self.counted, strict=True)]
 
 
+@dataclass(frozen=True)
+class Objective:
+    """The per-position loss (`train.loss`, `train.target_outside_vocab`).
+
+    loss:
+    - cross_entropy: -sum_d p_d log q_d, p the target's distribution over the draft vocabulary
+      (EAGLE-3's soft labels);
+    - forward_kl: KL(p || q) = sum_d p_d (log p_d - log q_d): cross_entropy less the target's
+      entropy, so the same gradient; its value is 0 when the drafter matches the target;
+    - hard_cross_entropy: -log q at the target's argmax (greedy labels, no soft targets).
+    target_outside_vocab (what p is, where the target puts mass on tokens outside the draft
+    vocabulary):
+    - renormalise: p = the target's probabilities of the draft tokens divided by their sum;
+    - ignore: p = the target's full-vocabulary probabilities of the draft tokens, so p sums to
+      the draft vocabulary's share and the mass outside pulls nothing (a position where the
+      target is unsure between a draft token and an outside one weighs less).
+    """
+
+    loss: str = "cross_entropy"
+    target_outside_vocab: str = "renormalise"
+
+    LOSSES = ("cross_entropy", "forward_kl", "hard_cross_entropy")
+    OUTSIDE_VOCAB = ("renormalise", "ignore")
+
+    def __post_init__(self) -> None:
+        if self.loss not in self.LOSSES:
+            raise ValueError(f"train.loss {self.loss!r}: one of {', '.join(self.LOSSES)}")
+        if self.target_outside_vocab not in self.OUTSIDE_VOCAB:
+            raise ValueError(
+                f"train.target_outside_vocab {self.target_outside_vocab!r}: one of "
+                + ", ".join(self.OUTSIDE_VOCAB)
+            )
+
+    @classmethod
+    def of(cls, settings: TrainSettings) -> Objective:
+        return cls(settings.loss, settings.target_outside_vocab)
+
+
+def position_losses(
+    logits: torch.Tensor, target_logprobs: torch.Tensor, valid: torch.Tensor, objective: Objective
+) -> torch.Tensor:
+    """Each position's loss [B, T] (0 off `valid`): drafter logits [B, T, D] against the target's
+    full-vocabulary log-probabilities of the draft tokens [B, T, D] (`Batch.target_logits`)."""
+    wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: float32 losses
+    log_q = F.log_softmax(logits.to(wide), dim=-1)
+    if objective.loss == "hard_cross_entropy":
+        best = target_logprobs.argmax(-1, keepdim=True)
+        return torch.where(valid, -log_q.gather(-1, best)[..., 0], 0.0)
+    target = target_logprobs.to(wide)
+    p = target.softmax(-1) if objective.target_outside_vocab == "renormalise" else target.exp()
+    # Zero the target off the valid positions before it meets the log-probs: a row of -inf
+    # (top-k with no draft token) would put NaN into the gradient even behind a mask.
+    p = torch.where(valid[..., None], p, 0.0).nan_to_num(0.0)
+    loss = -(p * log_q).sum(-1)
+    if objective.loss == "forward_kl":
+        loss = loss + torch.xlogy(p, p).sum(-1)
+    return loss
+
+
 def ttt_loss(
     step_logits: list[torch.Tensor],
     batch: Batch,
     step_weight: float,
     processes: Processes | None = None,
+    objective: Objective = Objective(),
 ) -> tuple[torch.Tensor, StepStats]:
     """Weighted TTT loss over the steps' logits [B, T, D], and this process's statistics.
 
@@ -97,11 +157,8 @@ def ttt_loss(
     denominators = global_counts(counts, processes) if world_size > 1 else counts
     for i, logits in enumerate(step_logits):
         target = shift_left(batch.target_logits, 1 + i)
-        # Zero the target off the valid positions before it meets the log-probs: a row of -inf
-        # (top-k with no draft token) would put NaN into the gradient even behind a mask.
-        p = torch.where(valid[i][..., None], target.float().softmax(-1), 0.0).nan_to_num(0.0)
-        log_q = F.log_softmax(logits.float(), dim=-1)
-        loss_i = -(p * log_q).sum() / max(denominators[i], 1)
+        loss_i = position_losses(logits, target, valid[i], objective).sum()
+        loss_i = loss_i / max(denominators[i], 1)
         total = total + (step_weight**i) * loss_i
         with torch.no_grad():
             hits = (logits.argmax(-1) == target.argmax(-1)) & valid[i]
@@ -224,8 +281,29 @@ def build_drafter(
     model.checkpoint_layer = settings.activation_checkpointing
     with torch.no_grad():
         model.embed_tokens.weight.copy_(head.embed)
+        if settings.lm_head_init != "random":
+            # Start where the target is: its LM head rows of the draft tokens and its final
+            # norm, so the drafter has to learn the target's last hidden state, not a new head.
+            model.lm_head.weight.copy_(head.lm_head[vocab.draft_ids])
+            if head.final_norm is not None:
+                model.norm.weight.copy_(head.final_norm)
+    model.lm_head.weight.requires_grad_(settings.lm_head_init != "target_frozen")
     model.set_vocab(vocab.d2t, vocab.t2d)
     return model
+
+
+def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
+    """The batch with uniform noise in [-noise, noise] added to its aux states (a regulariser
+    against the drafter leaning on exact feature values), drawn from a generator of (seed,
+    step) so that a resumed run adds what the killed one would have."""
+    if noise == 0:
+        return batch
+    generator = torch.Generator(batch.aux.device).manual_seed(seed * 1_000_003 + step)
+    uniform = torch.rand(
+        batch.aux.shape, generator=generator, device=batch.aux.device, dtype=torch.float32
+    )
+    batch.aux = batch.aux + ((2 * uniform - 1) * noise).to(batch.aux.dtype)
+    return batch
 
 
 @torch.no_grad()
@@ -244,8 +322,10 @@ def evaluate_heldout(
             continue
         batch = signal.fill(build_batch(refs, plan.shards).to(processes.device))
         with autocast(processes.device, settings.precision):
+            # The data's tokens in every step, whatever training fed: the same yardstick for
+            # every recipe (serving accepts a draft only where it equals the data's token).
             logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-        _, stats = ttt_loss(logits, batch, settings.step_weight)
+        _, stats = ttt_loss(logits, batch, settings.step_weight, objective=Objective.of(settings))
         for i in range(settings.ttt_steps):
             sums[3 * i] += stats.loss[i] * stats.counted[i]
             sums[3 * i + 1] += stats.correct[i]
@@ -377,7 +457,10 @@ def set_up_training(
     model = build_drafter(target_config, head, vocab, settings).to(processes.device)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        parameters, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay
+        parameters,
+        lr=settings.lr,
+        betas=tuple(settings.adam_betas),
+        weight_decay=settings.weight_decay,
     )
     plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
     eval_plan = BatchPlan(heldout, settings.max_batch_tokens, settings.seed) if heldout else None
@@ -422,9 +505,18 @@ def train_step(
     epoch, position, batch = next(batches)
     progress.data_wait_s += time.perf_counter() - waited
     batch = training.signal.fill(batch.to(device))
+    batch = with_aux_noise(batch, settings.aux_noise, settings.seed, progress.step)
     with autocast(device, settings.precision):
-        logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-    loss, stats = ttt_loss(logits, batch, settings.step_weight, training.processes)
+        logits = ttt_forward(
+            model,
+            batch.aux,
+            batch.input_ids,
+            settings.ttt_steps,
+            own_tokens=settings.ttt_inputs == "drafter",
+        )
+    loss, stats = ttt_loss(
+        logits, batch, settings.step_weight, training.processes, Objective.of(settings)
+    )
     # Over all processes, so that a NaN on one rank stops every rank at the same step.
     value, stats = global_step(loss, stats, training.processes)
     if not math.isfinite(value):

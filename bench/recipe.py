@@ -1,0 +1,243 @@
+"""The drafter recipe, measured: each variant of the training recipe trained on the same data with
+everything else fixed, judged by vLLM's acceptance (EAGLE-3 decoding of the held-out prompts) and
+by the simulated acceptance on the held-out shard.
+
+A variant changes one thing of the run's `train` section (architecture option, loss, target mass
+outside the draft vocabulary, LM head initialisation, aux noise, TTT inputs, grad clip, betas,
+schedule floor, weight decay, learning rate). After the one-change variants, `combined` takes
+every change that beat the baseline by more than `--margin` in vLLM's acceptance (the better one
+where two change the same key) and is measured too. The data, batches, seed and steps are the
+run's (`--run-dir results/demo` after `make run`, with the `--configfile`s that run used).
+
+One line per variant, then the best (by the mean of vLLM's acceptance ratios to the baseline over
+the Ks; simulated when `--engine none`):
+
+    recipe variant=NAME vllm_k3=A vllm_k7=A sim_k3=A sim_k7=A ratio=R heldout_acc0=X
+        train_s=S s_per_epoch=E epoch_time_ratio=Q changes={...}
+    recipe best=NAME ...
+
+Usage: python bench/recipe.py --run-dir results/demo [--configfile FILE ...]
+           [--variants baseline lm_head_target ...] [--prompts 32] [--engine vllm|none]
+           [--threads N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from storage import deep_update, run_config, split_shards
+
+from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+from eaglenest.stages.evaluate.evaluate import evaluate_drafter, heldout_prompts
+from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request, evaluate_in_vllm
+from eaglenest.stages.train.train import train_drafter
+
+# One change each to the run's `train` section, in the order they are measured (the ones the
+# peer comparison pointed at first).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "lm_head_target": {"lm_head_init": "target"},
+    "lm_head_frozen": {"lm_head_init": "target_frozen"},
+    "norm_before_residual": {"drafter": {"norm_before_residual": True}},
+    "aux_noise_0.05": {"aux_noise": 0.05},
+    "ttt_drafter_tokens": {"ttt_inputs": "drafter"},
+    "betas_0.999": {"adam_betas": [0.9, 0.999]},
+    "grad_clip_1": {"grad_clip": 1.0},
+    "lr_to_zero": {"min_lr_ratio": 0.0},
+    "weight_decay_0.01": {"weight_decay": 0.01},
+    "norm_output": {"drafter": {"norm_output": True}},
+    "norm_before_fc": {"drafter": {"norm_before_fc": True}},
+    "fc_norm": {"drafter": {"fc_norm": True}},
+    "hard_cross_entropy": {"loss": "hard_cross_entropy"},
+    "outside_vocab_ignored": {"target_outside_vocab": "ignore"},
+    "lr_1e-3": {"lr": 1.0e-3},
+    "lr_1e-2": {"lr": 1.0e-2},
+}
+
+
+def flat_keys(change: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in change.items():
+        if isinstance(value, dict):
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def combine(results: dict[str, Any], margin: float) -> dict[str, Any]:
+    """The changes that beat the baseline by more than `margin`; of two that set the same key,
+    the better one's."""
+    chosen: dict[str, tuple[float, Any]] = {}
+    for name, result in results.items():
+        if name in ("baseline", "combined") or result["ratio"] <= 1 + margin:
+            continue
+        for key, value in flat_keys(result["changes"]).items():
+            if key not in chosen or chosen[key][0] < result["ratio"]:
+                chosen[key] = (result["ratio"], value)
+    change: dict[str, Any] = {}
+    for key, (_, value) in chosen.items():
+        *parents, last = key.split(".")
+        place = change
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[last] = value
+    return change
+
+
+class Bench:
+    def __init__(self, run_dir: Path, config: dict[str, Any], prompts: int, engine: bool,
+                 work: Path):  # fmt: skip
+        self.run_dir, self.config, self.engine, self.work = run_dir, config, engine, work
+        demo_target = run_dir / "target"
+        self.target = str(demo_target) if demo_target.is_dir() else config["target"]["path"]
+        train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
+        self.train_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in train_ids]
+        self.heldout_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in heldout_ids]
+        self.heldout_tokens = [run_dir / "tokens" / f"{s}.parquet" for s in heldout_ids]
+        self.shared = {
+            "target_head": run_dir / "hidden" / "target_head.safetensors",
+            "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
+            "target_path": self.target,
+        }
+        evaluate = EvaluateSettings.from_config(config)
+        self.ks = evaluate.ks
+        self.evaluate = replace(evaluate, live=False, engine=None, vllm=None, live_prompts=prompts)
+        self.prompts = heldout_prompts(self.heldout_tokens, prompts)
+        self.plain = None
+
+    def engine_figures(self, drafter_dir: Path) -> dict[str, Any]:
+        # As the evaluate stage decodes on the CPU (float32); a GPU engine would take "auto".
+        model_dtype = "float32" if not torch.cuda.is_available() else "auto"
+        engine, runtime = VllmEngine.from_config(self.config), VllmRuntime.from_config(self.config)
+        arguments = {
+            "prompts": self.prompts, "drafter_dir": drafter_dir, "target_path": self.target,
+            "max_new_tokens": self.evaluate.live_max_new_tokens, "model_dtype": model_dtype,
+            "engine": engine, "runtime": runtime,
+        }  # fmt: skip
+        if self.plain is None:  # once for every variant: the same prompts, the same target
+            work = self.work / "plain"
+            work.mkdir(parents=True, exist_ok=True)
+            self.plain = decode({**engine_request(**arguments), "k": None}, runtime, work)
+        return evaluate_in_vllm(**arguments, ks=self.ks, plain=self.plain)
+
+    def measure(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
+        config = deep_update(copy.deepcopy(self.config), {"train": copy.deepcopy(change)})
+        settings = TrainSettings.from_config(config)
+        out = self.work / name
+        started = time.perf_counter()
+        report = train_drafter(
+            train_shards=self.train_paths,
+            eval_shards=self.heldout_paths,
+            out_dir=out / "drafter",
+            journal_dir=out / "journal",
+            settings=settings,
+            **self.shared,
+        )
+        train_s = time.perf_counter() - started
+        metrics = evaluate_drafter(
+            drafter_dir=out / "drafter",
+            heldout_hidden=self.heldout_paths,
+            heldout_tokens=self.heldout_tokens,
+            out=out / "metrics.json",
+            settings=self.evaluate,
+            runtime=None,
+            **self.shared,
+        )
+        engine = self.engine_figures(out / "drafter") if self.engine else None
+        shutil.rmtree(out / "journal", ignore_errors=True)
+        return {
+            "changes": change,
+            "vllm": {k: v["acceptance_length"] for k, v in engine["per_k"].items()}
+            if engine
+            else None,
+            "vllm_identical_to_plain": all(
+                v["identical_to_plain"] for v in engine["per_k"].values()
+            )
+            if engine
+            else None,
+            "vllm_per_position": {
+                k: v["per_position_acceptance"] for k, v in engine["per_k"].items()
+            }
+            if engine
+            else None,
+            "simulated": {k: v["acceptance_length"] for k, v in metrics["simulated"].items()},
+            "heldout_acc": report["heldout_acc"],
+            "train_s": train_s,
+            "s_per_epoch": report["wall_s"] / report["epochs"],
+        }
+
+
+def score(result: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """Mean over the Ks of the acceptance over the baseline's (vLLM's when measured)."""
+    which = "vllm" if result["vllm"] else "simulated"
+    ratios = [a / baseline[which][k] for k, a in result[which].items()]
+    return sum(ratios) / len(ratios)
+
+
+def line(name: str, result: dict[str, Any], baseline: dict[str, Any]) -> str:
+    figures = [f"vllm_k{k}={a:.4f}" for k, a in (result["vllm"] or {}).items()]
+    figures += [f"sim_k{k}={a:.4f}" for k, a in result["simulated"].items()]
+    return (
+        f"variant={name} {' '.join(figures)} ratio={result['ratio']:.4f} "
+        f"heldout_acc0={result['heldout_acc'][0]:.4f} train_s={result['train_s']:.1f} "
+        f"s_per_epoch={result['s_per_epoch']:.2f} "
+        f"epoch_time_ratio={result['s_per_epoch'] / baseline['s_per_epoch']:.3f} "
+        f"changes={json.dumps(result['changes'], separators=(',', ':'))}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", type=Path, required=True, help="a run's results/{run}")
+    parser.add_argument("--configfile", type=Path, nargs="+", default=[])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--prompts", type=int, default=32, help="held-out prompts decoded")
+    parser.add_argument("--engine", choices=["vllm", "none"], default="vllm")
+    parser.add_argument("--margin", type=float, default=0.01, help="gain a change must show")
+    parser.add_argument("--no-combined", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = run_config(args.configfile)
+    names = ["baseline", *[n for n in args.variants if n != "baseline"]]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(args.run_dir.resolve(), config, args.prompts, args.engine == "vllm",
+                      Path(tmp))  # fmt: skip
+        print(f"recipe bench: {len(bench.prompts)} held-out prompts, Ks {list(bench.ks)}, "
+              f"engine {args.engine}", flush=True)  # fmt: skip
+
+        def run(name: str, change: dict[str, Any]) -> None:
+            results[name] = bench.measure(name, change)
+            results[name]["ratio"] = score(results[name], results["baseline"] if results.get(
+                "baseline") else results[name])  # fmt: skip
+            print("recipe " + line(name, results[name], results["baseline"]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+        for name in names:
+            run(name, VARIANTS[name])
+        change = combine(results, args.margin)
+        if not args.no_combined and change and len(flat_keys(change)) > 1:
+            run("combined", change)
+    best = max(results, key=lambda n: results[n]["ratio"])
+    print("recipe best=" + line(best, results[best], results["baseline"]), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
