@@ -18,7 +18,11 @@ the Ks; simulated when `--engine none`):
 
 Usage: python bench/recipe.py --run-dir results/demo [--configfile FILE ...]
            [--variants baseline lm_head_target ...] [--prompts 32] [--engine vllm|none]
-           [--threads N] [--json out.json]
+           [--base JSON] [--threads N] [--json out.json]
+
+The variants change the config's defaults (config/config.yaml over config/schema.yaml, which
+since this bench hold its best recipe); `--base` measures them on top of another starting point,
+e.g. the recipe before (`--base '{"drafter": {"norm_before_residual": false}}'`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "outside_vocab_ignored": {"target_outside_vocab": "ignore"},
     "lr_1e-3": {"lr": 1.0e-3},
     "lr_1e-2": {"lr": 1.0e-2},
+    # The other way round, from the recipe the first pass chose (config/schema.yaml's defaults).
+    "norm_before_residual_off": {"drafter": {"norm_before_residual": False}},
+    "norm_output_off": {"drafter": {"norm_output": False}},
+    "norm_before_fc_off": {"drafter": {"norm_before_fc": False}},
+    "fc_norm_off": {"drafter": {"fc_norm": False}},
+    "cross_entropy": {"loss": "cross_entropy"},
+    "norm_before_fc_and_norm_output_off": {
+        "drafter": {"norm_before_fc": False, "norm_output": False}
+    },
 }
 
 
@@ -209,11 +222,17 @@ def main() -> None:
     parser.add_argument("--engine", choices=["vllm", "none"], default="vllm")
     parser.add_argument("--margin", type=float, default=0.01, help="gain a change must show")
     parser.add_argument("--no-combined", action="store_true")
+    parser.add_argument(
+        "--base",
+        type=json.loads,
+        default={},
+        help="a change under every variant, the baseline included (JSON, e.g. '{\"lr\": 0.01}')",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = run_config(args.configfile)
+    config = deep_update(run_config(args.configfile), {"train": args.base})
     names = ["baseline", *[n for n in args.variants if n != "baseline"]]
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +249,12 @@ def main() -> None:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=2) + "\n")
 
+        base = TrainSettings.from_config(config)
         for name in names:
+            changed = deep_update(copy.deepcopy(config), {"train": copy.deepcopy(VARIANTS[name])})
+            if name != "baseline" and TrainSettings.from_config(changed) == base:
+                print(f"recipe variant={name} skipped: the baseline already has it", flush=True)
+                continue
             run(name, VARIANTS[name])
         change = combine(results, args.margin)
         if not args.no_combined and change and len(flat_keys(change)) > 1:

@@ -23,7 +23,8 @@ Goal (#18): fp8 and top-k within 1% of bf16's acceptance at every K (a ratio >= 
 line names the smallest k of `--top-k` that meets it.
 
 Usage: python bench/storage.py [--run-dir results/demo] [--configfile FILE ...]
-                               [--top-k 32 8 2] [--threads N] [--engine vllm] [--json out.json]
+                               [--top-k 32 8 2] [--threads N] [--engine vllm] [--prompts N]
+                               [--json out.json]
 """
 
 from __future__ import annotations
@@ -266,10 +267,15 @@ def main() -> None:
         choices=["vllm"],
         help="also decode each variant's drafter in vLLM (the config's vllm section, .venv-vllm)",
     )
+    parser.add_argument(
+        "--prompts", type=int, help="held-out prompts the engine decodes (evaluate.live_prompts)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = run_config(args.configfile)
+    if args.prompts:
+        config["evaluate"]["live_prompts"] = args.prompts
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         run_dir = args.run_dir or make_run(

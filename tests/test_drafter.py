@@ -448,3 +448,17 @@ def test_prefetch_yields_in_order_and_raises_the_loaders_error():
     assert next(items) == 1
     with pytest.raises(OSError, match="00003"):
         next(items)
+
+
+def test_rotary_positions_shifted_by_a_constant_change_nothing(model):
+    """Rotary attention sees only differences of positions: starting them at 1 (as one peer
+    trainer does) instead of 0 trains and decodes the same drafter, so it is no recipe option."""
+    aux, ids = inputs(batch=1, length=9)
+    with torch.no_grad():
+        hidden = model.project(aux)
+        at_zero, _ = model.step(ids, hidden, torch.arange(9)[None], DecodeCache())
+        at_one, _ = model.step(ids, hidden, torch.arange(9)[None] + 1, DecodeCache())
+        spread, _ = model.step(ids, hidden, 2 * torch.arange(9)[None], DecodeCache())
+    # The angles are float32 (as in transformers' Llama), hence the tolerance.
+    torch.testing.assert_close(at_zero, at_one, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(at_zero, spread, rtol=1e-3, atol=1e-4)  # positions do matter

@@ -73,7 +73,7 @@ def test_ignoring_the_mass_outside_weighs_a_position_by_its_draft_share():
     full = position_losses(logits, inside.log(), VALID, ignore)
     half = position_losses(logits, (inside / 2).log(), VALID, ignore)
     assert half.item() == pytest.approx(full.item() / 2, rel=1e-12)
-    renormalised = position_losses(logits, (inside / 2).log(), VALID, Objective())
+    renormalised = position_losses(logits, (inside / 2).log(), VALID, Objective("cross_entropy"))
     assert renormalised.item() == pytest.approx(full.item(), rel=1e-12)
 
 

@@ -4,11 +4,14 @@
 - hidden states: the `vllm` backend (vLLM's extract_hidden_states) through Snakemake on a shard of
   the small demo run, equal to the transformers backend's and read by training;
 - evaluation: vLLM decodes the held-out prompts with the run's drafter; its acceptance and the
-  project's own live figure agree.
+  project's own live figure agree;
+- the EAGLE-3 variants: a drafter trained with each of norm_before_fc, fc_norm,
+  norm_before_residual and norm_output, loaded by vLLM from its config.json, decodes what plain
+  greedy decoding does, with the acceptance our live evaluator measures.
 
 Skipped when .venv-vllm is absent, except in CI (CI=true), where `make test` creates it first and
 a missing one is a failure. Each vLLM engine takes 40-90 s to start on two cores: the tests start
-five (a server, a capture, three decoders).
+ten (a server, a capture, three decoders, a plain decoder and one per variant).
 """
 
 from __future__ import annotations
@@ -375,7 +378,8 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
         "target_path": results / "target",
     }
     train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
-             "ttt_steps": 3, "export_dtype": "float32", "drafter": {option: True}}  # fmt: skip
+             "ttt_steps": 3, "export_dtype": "float32",
+             "drafter": {name: name == option for name in VARIANT_OPTIONS}}  # fmt: skip
     report = train_drafter(
         train_shards=[results / "hidden" / "00000.safetensors"],
         eval_shards=[],

@@ -90,6 +90,15 @@ def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: str = "bflo
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     write_json(out_dir / "config.json", export_config(model.config, dtype))
     log.info("exported %d tensors (%s) to %s", len(tensors), dtype, out_dir)
+    variant = [name for name in DRAFTER_VARIANTS if getattr(model.config, name)]
+    if variant:
+        # Checked against vLLM's loader only: a server that ignores a key would run another
+        # drafter than the one trained, and still answer correctly, only slower.
+        log.warning(
+            "drafter variant %s: vLLM's llama_eagle3.py reads it from config.json; before "
+            "serving this drafter with another engine (SGLang), check that it reads it too",
+            ", ".join(variant),
+        )
 
 
 def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
