@@ -78,6 +78,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "norm_before_fc_and_norm_output_off": {
         "drafter": {"norm_before_fc": False, "norm_output": False}
     },
+    "lm_head_random": {"lm_head_init": "random"},
+    "step_weight_1": {"step_weight": 1.0},  # every TTT step weighs the same (speculators')
 }
 
 
