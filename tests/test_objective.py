@@ -127,3 +127,40 @@ def test_the_target_signal_is_full_vocabulary_log_probabilities():
         for j, token in enumerate(top.indices[row].tolist()):
             if t2d[token]:
                 assert logprobs[row, int(target_to_draft[token])] == pytest.approx(kept[row, j])
+
+
+def test_the_hard_loss_reads_only_the_argmax_so_every_top_k_trains_alike():
+    """With hard_cross_entropy the stored top-k (any k >= 1) gives the loss of the full final
+    hidden state: why bench/storage.py measures the same drafter for top-32, 16 and 8."""
+    from types import SimpleNamespace
+
+    from eaglenest.formats.feature_batches import TargetSignal
+
+    torch.manual_seed(1)
+    vocab, hidden, rows = 8, 4, 64
+    head = SimpleNamespace(lm_head=torch.randn(vocab, hidden))
+    draft_ids = torch.tensor([0, 2, 3, 5, 6])
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_ids] = True
+    target_to_draft = torch.full((vocab,), -1)
+    target_to_draft[draft_ids] = torch.arange(len(draft_ids))
+    signal = TargetSignal(head, SimpleNamespace(draft_ids=draft_ids, t2d=t2d,
+                                                target_to_draft=target_to_draft))  # fmt: skip
+    final = torch.randn(rows, hidden)
+    drafter_logits = torch.randn(1, rows, len(draft_ids))
+    hard, soft = Objective("hard_cross_entropy"), Objective("cross_entropy")
+
+    def losses(logprobs: torch.Tensor, in_vocab: torch.Tensor, objective: Objective):
+        return position_losses(drafter_logits, logprobs[None], in_vocab[None], objective)
+
+    full, full_in = signal.from_final_hidden(final)
+    assert 0 < int(full_in.sum()) < rows  # some argmaxes outside the draft vocabulary
+    for k in (1, 2, 6):
+        top = torch.topk(final @ head.lm_head.T, k)
+        logprobs, in_vocab = signal.from_topk(top.indices, top.values)
+        assert torch.equal(in_vocab, full_in)
+        torch.testing.assert_close(losses(logprobs, in_vocab, hard), losses(full, full_in, hard))
+    # The soft loss does see k: top-2 renormalises over two tokens only.
+    top = torch.topk(final @ head.lm_head.T, 2)
+    logprobs, in_vocab = signal.from_topk(top.indices, top.values)
+    assert not torch.allclose(losses(logprobs, in_vocab, soft), losses(full, full_in, soft))
