@@ -80,6 +80,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "lm_head_random": {"lm_head_init": "random"},
     "step_weight_1": {"step_weight": 1.0},  # every TTT step weighs the same (speculators')
+    "step_weight_0.6": {"step_weight": 0.6},  # the first drafts weigh more
     "lr_2e-3": {"lr": 2.0e-3},
     "lr_5e-3": {"lr": 5.0e-3},
     "batch_tokens_4096": {"max_batch_tokens": 4096},  # half the steps, twice the tokens each
