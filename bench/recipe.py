@@ -7,7 +7,8 @@ outside the draft vocabulary, LM head initialisation, aux noise, TTT inputs, gra
 schedule floor, weight decay, learning rate). After the one-change variants, `combined` takes
 every change that beat the baseline by more than `--margin` in vLLM's acceptance (the better one
 where two change the same key) and is measured too. The data, batches, seed and steps are the
-run's (`--run-dir results/demo` after `make run`, with the `--configfile`s that run used).
+run's (`--run-dir results/demo` after `make run`, with the `--configfile`s that run used;
+without `--run-dir` Snakemake makes the run's data, up to the hidden states, in a temp dir).
 
 One line per variant, then the best (by the mean of vLLM's acceptance ratios to the baseline over
 the Ks; simulated when `--engine none`):
@@ -16,8 +17,8 @@ the Ks; simulated when `--engine none`):
         train_s=S s_per_epoch=E epoch_time_ratio=Q changes={...}
     recipe best=NAME ...
 
-Usage: python bench/recipe.py --run-dir results/demo [--configfile FILE ...]
-           [--variants baseline lm_head_target ...] [--prompts 32] [--engine vllm|none]
+Usage: python bench/recipe.py [--run-dir results/demo] [--configfile FILE ...]
+           [--variants baseline lm_head_target ...] [--prompts 32] [--engine auto|vllm|none]
            [--base JSON] [--threads N] [--json out.json]
 
 The variants change the config's defaults (config/config.yaml over config/schema.yaml, which
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from storage import deep_update, run_config, split_shards
+from storage import REPO, deep_update, make_run, run_config, split_shards
 
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
@@ -222,11 +223,16 @@ def line(name: str, result: dict[str, Any], baseline: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run-dir", type=Path, required=True, help="a run's results/{run}")
+    parser.add_argument("--run-dir", type=Path, help="a run's results/{run} (else made here)")
     parser.add_argument("--configfile", type=Path, nargs="+", default=[])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--prompts", type=int, default=32, help="held-out prompts decoded")
-    parser.add_argument("--engine", choices=["vllm", "none"], default="vllm")
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "vllm", "none"],
+        default="auto",
+        help="auto: vLLM when the config's vllm.python exists (make's .venv-vllm), else none",
+    )
     parser.add_argument("--margin", type=float, default=0.01, help="gain a change must show")
     parser.add_argument("--no-combined", action="store_true")
     parser.add_argument(
@@ -242,11 +248,16 @@ def main() -> None:
     config = deep_update(run_config(args.configfile), {"train": args.base})
     names = ["baseline", *[n for n in args.variants if n != "baseline"]]
     results: dict[str, Any] = {}
+    engine = args.engine
+    if engine == "auto":
+        engine = "vllm" if (REPO / VllmRuntime.from_config(config).python).exists() else "none"
     with tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(args.run_dir.resolve(), config, args.prompts, args.engine == "vllm",
-                      Path(tmp))  # fmt: skip
+        run_dir = args.run_dir or make_run(
+            args.configfile, Path(tmp) / "workflow", config["run"], args.threads, hidden=True
+        )
+        bench = Bench(run_dir.resolve(), config, args.prompts, engine == "vllm", Path(tmp))
         print(f"recipe bench: {len(bench.prompts)} held-out prompts, Ks {list(bench.ks)}, "
-              f"engine {args.engine}", flush=True)  # fmt: skip
+              f"engine {engine}", flush=True)  # fmt: skip
 
         def run(name: str, change: dict[str, Any]) -> None:
             results[name] = bench.measure(name, change)

@@ -53,6 +53,17 @@ QUICK_ARGS = {
     "train": ["--quick"],
     # The small demo, made by Snakemake in the bench's temp dir, and one top-k besides 32.
     "storage": ["--configfile", "config/tests/demo-small.yaml", "--top-k", "32", "8"],
+    # The small demo again: the default recipe and one change (simulated acceptance only).
+    "recipe": [
+        "--configfile",
+        "config/tests/demo-small.yaml",
+        "--engine",
+        "none",
+        "--variants",
+        "baseline",
+        "norm_before_residual_off",
+        "--no-combined",
+    ],
 }
 LIBRARIES = (
     "eaglenest", "torch", "transformers", "tokenizers", "safetensors", "numpy", "polars",

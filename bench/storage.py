@@ -86,9 +86,12 @@ def run_config(configfiles: list[Path]) -> dict[str, Any]:
     return validate_config(config)
 
 
-def make_run(configfiles: list[Path], workdir: Path, run: str, cores: int) -> Path:
+def make_run(
+    configfiles: list[Path], workdir: Path, run: str, cores: int, hidden: bool = False
+) -> Path:
     """Snakemake in a copy of the workflow, up to what training reads: the target, the tokens
-    shards, the draft vocabulary and the target head. Returns results/{run}."""
+    shards, the draft vocabulary and the target head (and with `hidden` the hidden-state shards,
+    as the pipeline extracts them). Returns results/{run}."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_FILES:
         source = REPO / name
@@ -101,6 +104,14 @@ def make_run(configfiles: list[Path], workdir: Path, run: str, cores: int) -> Pa
         f"results/{run}/hidden/target_head.safetensors",
     ]
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *targets]
+    if hidden:  # every shard's features, whatever the shard ids: the default target, cut there
+        command += [
+            "all",
+            "--until",
+            "extract_hidden_states",
+            "save_target_head",
+            "build_draft_vocab",
+        ]
     if configfiles:
         command += ["--configfile", *[str(p.resolve()) for p in configfiles]]
     print(f"making the run's data: {' '.join(command[2:])}", flush=True)
