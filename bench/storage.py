@@ -99,19 +99,13 @@ def make_run(
             shutil.copytree(source, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, workdir / name)
-    targets = [
-        f"results/{run}/vocab/draft_vocab.safetensors",
-        f"results/{run}/hidden/target_head.safetensors",
+    # The default target cut after these rules: no shard ids needed, and only what training reads.
+    until = [
+        "build_draft_vocab",
+        "save_target_head",
+        *(["extract_hidden_states"] if hidden else []),
     ]
-    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *targets]
-    if hidden:  # every shard's features, whatever the shard ids: the default target, cut there
-        command += [
-            "all",
-            "--until",
-            "extract_hidden_states",
-            "save_target_head",
-            "build_draft_vocab",
-        ]
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--until", *until]
     if configfiles:
         command += ["--configfile", *[str(p.resolve()) for p in configfiles]]
     print(f"making the run's data: {' '.join(command[2:])}", flush=True)
