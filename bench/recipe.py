@@ -24,6 +24,12 @@ Usage: python bench/recipe.py [--run-dir results/demo] [--configfile FILE ...]
 The variants change the config's defaults (config/config.yaml over config/schema.yaml, which
 since this bench hold its best recipe); `--base` measures them on top of another starting point,
 e.g. the recipe before (`--base '{"drafter": {"norm_before_residual": false}}'`).
+
+`--external NAME=DIR` decodes a drafter trained elsewhere (any checkpoint vLLM loads as EAGLE-3,
+e.g. one vllm-project/speculators saved, trained on this run's data) with the same prompts and
+engine, one line each after the variants:
+
+    recipe external=NAME vllm_k3=A vllm_k7=A ratio=R first_position_k3=P
 """
 
 from __future__ import annotations
@@ -86,6 +92,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr_5e-3": {"lr": 5.0e-3},
     "batch_tokens_4096": {"max_batch_tokens": 4096},  # half the steps, twice the tokens each
     "norm_before_fc_off_grad_clip_1": {"drafter": {"norm_before_fc": False}, "grad_clip": 1.0},
+    "loss_on_prompt": {"loss_positions": "all"},  # the prompt's positions count too
+    "batch_tokens_1024": {"max_batch_tokens": 1024},  # twice the steps, half the tokens each
+    "batch_tokens_512": {"max_batch_tokens": 512},
+    "batch_tokens_256": {"max_batch_tokens": 256},
 }
 
 
@@ -241,6 +251,13 @@ def main() -> None:
         default={},
         help="a change under every variant, the baseline included (JSON, e.g. '{\"lr\": 0.01}')",
     )
+    parser.add_argument(
+        "--external",
+        nargs="+",
+        default=[],
+        metavar="NAME=DIR",
+        help="drafters trained elsewhere, decoded by vLLM like the variants",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -251,6 +268,8 @@ def main() -> None:
     engine = args.engine
     if engine == "auto":
         engine = "vllm" if (REPO / VllmRuntime.from_config(config).python).exists() else "none"
+    if args.external and engine != "vllm":
+        parser.error("--external needs vLLM (--engine vllm, or auto with make's .venv-vllm)")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run_dir or make_run(
             args.configfile, Path(tmp) / "workflow", config["run"], args.threads, hidden=True
@@ -277,6 +296,16 @@ def main() -> None:
         change = combine(results, args.margin)
         if not args.no_combined and change and len(flat_keys(change)) > 1:
             run("combined", change)
+        if engine == "vllm":
+            for name, drafter_dir in (item.split("=", 1) for item in args.external):
+                external = bench.engine_figures(Path(drafter_dir))
+                figures = {k: v["acceptance_length"] for k, v in external["per_k"].items()}
+                ratio = sum(a / results["baseline"]["vllm"][k] for k, a in figures.items())
+                first = external["per_k"][str(min(bench.ks))]["per_position_acceptance"][0]
+                print(f"recipe external={name} "
+                      + " ".join(f"vllm_k{k}={a:.4f}" for k, a in figures.items())
+                      + f" ratio={ratio / len(figures):.4f} first_position_k{min(bench.ks)}="
+                      f"{first:.3f}", flush=True)  # fmt: skip
     best = max(results, key=lambda n: results[n]["ratio"])
     print("recipe best=" + line(best, results[best], results["baseline"]), flush=True)
 

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from eaglenest.stages.train.train import Objective, position_losses
+from eaglenest.formats.feature_batches import Batch
+from eaglenest.stages.train.train import Objective, position_losses, ttt_loss
 
 LN2, LN3 = math.log(2), math.log(3)
 
@@ -96,6 +97,32 @@ def test_unknown_options_are_named():
         Objective("kl")
     with pytest.raises(ValueError, match="train.target_outside_vocab 'drop'"):
         Objective("cross_entropy", "drop")
+    with pytest.raises(ValueError, match="train.loss_positions 'prompt'"):
+        Objective(loss_positions="prompt")
+
+
+def test_loss_positions_count_the_completion_or_every_token_never_the_padding():
+    """One sample of 4 tokens (prompt 0-1, completion 2-3) padded to 6. Step 0 at position t
+    predicts token t + 1: completion counts t = 1, 2; all counts t = 0, 1, 2 (t = 3 is the last
+    token, nothing after it; 4-5 are padding). Each position's hard loss is made distinct (its
+    draft-token 0 logit is -t, the target's argmax is token 0), so the mean names the positions."""
+    t, d = 6, 3
+    logits = torch.zeros(1, t, d, dtype=torch.float64)
+    logits[0, :, 0] = -torch.arange(t, dtype=torch.float64)
+    target = torch.full((1, t, d), -5.0, dtype=torch.float64)
+    target[..., 0] = -0.1
+    loss_mask = torch.tensor([[False, False, True, True, False, False]])
+    token_mask = torch.tensor([[True, True, True, True, False, False]])
+    batch = Batch(torch.zeros(1, t, 6), torch.zeros(1, t, dtype=torch.long), loss_mask, target,
+                  torch.ones(1, t, dtype=torch.bool), [], token_mask=token_mask)  # fmt: skip
+    # ttt_loss compares position t's logits with the target at t + 1 (shift_left).
+    shifted = torch.cat([target[:, 1:], target[:, :1]], dim=1)
+    per_position = position_losses(logits, shifted, torch.ones(1, t, dtype=torch.bool),
+                                   Objective("hard_cross_entropy"))[0]  # fmt: skip
+    for positions, counted in (("completion", [1, 2]), ("all", [0, 1, 2])):
+        loss, stats = ttt_loss([logits], batch, 0.8, objective=Objective(loss_positions=positions))
+        assert stats.counted == [len(counted)]
+        assert loss.item() == pytest.approx(per_position[counted].mean().item(), rel=1e-12)
 
 
 def test_the_target_signal_is_full_vocabulary_log_probabilities():

@@ -68,8 +68,13 @@ def test_overfits_a_handful_of_samples(run):
     settings = settings_from_sections(TrainSettings, train={"ttt_steps": 2})
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
     plan = BatchPlan(shards, max_batch_tokens=4096, seed=0, limit=6)
-    batch = signal.fill(build_batch(plan.epoch_order(0)[0], shards))
+    refs = plan.epoch_order(0)[0]
+    batch = signal.fill(build_batch(refs, shards))
     assert len(batch.samples) == 6
+    # The token mask covers each sample's tokens (prompt and completion) and no padding.
+    assert batch.token_mask.sum(1).tolist() == [r.length for r in refs]
+    assert not (batch.loss_mask & ~batch.token_mask).any()
+    assert (batch.token_mask & ~batch.loss_mask).any()  # the prompts
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     for _ in range(300):
         loss, stats = ttt_loss(ttt_forward(model, batch.aux, batch.input_ids, 2), batch, 0.8)

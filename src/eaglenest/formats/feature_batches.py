@@ -46,6 +46,7 @@ class Batch:
     final_hidden: torch.Tensor | None = None  # [B, T, H]
     topk_ids: torch.Tensor | None = None  # [B, T, k]
     topk_values: torch.Tensor | None = None  # [B, T, k]
+    token_mask: torch.Tensor | None = None  # [B, T] bool: each sample's tokens, prompt included
 
     TENSORS = (
         "aux",
@@ -56,6 +57,7 @@ class Batch:
         "final_hidden",
         "topk_ids",
         "topk_values",
+        "token_mask",
     )
 
     @property
@@ -193,4 +195,5 @@ def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
         final_hidden=padded("final_hidden", torch.float32) if has_final else None,
         topk_ids=None if has_final else padded("topk_ids", torch.long),
         topk_values=None if has_final else padded("topk_values", torch.float32),
+        token_mask=torch.arange(longest)[None, :] < torch.tensor([r.length for r in refs])[:, None],
     )

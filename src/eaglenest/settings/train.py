@@ -26,6 +26,7 @@ class TrainSettings(Settings):
     adam_betas: tuple[float, float]
     loss: str  # cross_entropy | forward_kl | hard_cross_entropy (train.Objective)
     target_outside_vocab: str  # renormalise | ignore (train.Objective)
+    loss_positions: str  # completion | all (train.Objective)
     lm_head_init: str  # random | target | target_frozen
     aux_noise: float  # uniform noise added to the aux states in training
     ttt_inputs: str  # data | drafter: the tokens of TTT steps >= 1

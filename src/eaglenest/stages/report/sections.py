@@ -359,7 +359,8 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     loss = (
         f"{get('loss', 'cross_entropy')}; target mass outside the draft vocab: "
         f"{get('target_outside_vocab', 'renormalise')}; "
-        f"TTT step i weighted {fmt(get('step_weight'))}^i"
+        f"TTT step i weighted {fmt(get('step_weight'))}^i; "
+        f"on {get('loss_positions', 'completion')} positions"
     )
     betas = tuple(get("adam_betas", (0.9, 0.95)))
     optimiser = (

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +96,20 @@ class Objective:
     - ignore: p = the target's full-vocabulary probabilities of the draft tokens, so p sums to
       the draft vocabulary's share and the mass outside pulls nothing (a position where the
       target is unsure between a draft token and an outside one weighs less).
+    loss_positions (which positions count):
+    - completion: those whose next token is a completion token, where the served drafter drafts;
+    - all: every position of each sample, the prompt's too: there the target's prediction of the
+      prompt's next token (not the prompt token itself) is the label, more supervision from the
+      same hidden states.
     """
 
     loss: str = "hard_cross_entropy"
     target_outside_vocab: str = "renormalise"
+    loss_positions: str = "completion"
 
     LOSSES = ("cross_entropy", "forward_kl", "hard_cross_entropy")
     OUTSIDE_VOCAB = ("renormalise", "ignore")
+    POSITIONS = ("completion", "all")
 
     def __post_init__(self) -> None:
         if self.loss not in self.LOSSES:
@@ -112,10 +119,14 @@ class Objective:
                 f"train.target_outside_vocab {self.target_outside_vocab!r}: one of "
                 + ", ".join(self.OUTSIDE_VOCAB)
             )
+        if self.loss_positions not in self.POSITIONS:
+            raise ValueError(
+                f"train.loss_positions {self.loss_positions!r}: one of {', '.join(self.POSITIONS)}"
+            )
 
     @classmethod
     def of(cls, settings: TrainSettings) -> Objective:
-        return cls(settings.loss, settings.target_outside_vocab)
+        return cls(settings.loss, settings.target_outside_vocab, settings.loss_positions)
 
 
 def position_losses(
@@ -155,7 +166,8 @@ def ttt_loss(
     total = step_logits[0].new_zeros((), dtype=torch.float32)
     stats = StepStats([], [], [], 0)
     # Step i at position t predicts what the target predicts at position t + 1 + i.
-    masked = [shift_left(batch.loss_mask, 1 + i, False) for i in range(len(step_logits))]
+    counted = batch.loss_mask if objective.loss_positions == "completion" else batch.token_mask
+    masked = [shift_left(counted, 1 + i, False) for i in range(len(step_logits))]
     valid = [m & shift_left(batch.in_draft_vocab, 1 + i, False) for i, m in enumerate(masked)]
     counts = [int(v.sum()) for v in valid]
     world_size = processes.world_size if processes else 1
@@ -330,7 +342,9 @@ def evaluate_heldout(
             # The data's tokens in every step, whatever training fed: the same yardstick for
             # every recipe (serving accepts a draft only where it equals the data's token).
             logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-        _, stats = ttt_loss(logits, batch, settings.step_weight, objective=Objective.of(settings))
+        # Judged where the served drafter drafts, whatever positions training counts.
+        objective = replace(Objective.of(settings), loss_positions="completion")
+        _, stats = ttt_loss(logits, batch, settings.step_weight, objective=objective)
         for i in range(settings.ttt_steps):
             sums[3 * i] += stats.loss[i] * stats.counted[i]
             sums[3 * i + 1] += stats.correct[i]
