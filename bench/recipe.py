@@ -96,7 +96,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "batch_tokens_1024": {"max_batch_tokens": 1024},  # twice the steps, half the tokens each
     "batch_tokens_512": {"max_batch_tokens": 512},
     "batch_tokens_256": {"max_batch_tokens": 256},
+    "init_std_0.02": {"init_std": 0.02},  # transformers' (and speculators') initialisation
+    # Every setting of the peer's run (vllm-project/speculators 0.9.0 defaults, its best
+    # variant): where eaglenest's recipe and its differ, the peer's.
+    "speculators_like": {
+        "drafter": {"norm_before_fc": False, "fc_norm": False, "norm_output": False},
+        "loss": "forward_kl",
+        "adam_betas": [0.9, 0.999],
+        "weight_decay": 0.01,
+        "grad_clip": 1.0,
+        "min_lr_ratio": 0.0,
+        "lm_head_init": "target_frozen",
+    },
 }
+VARIANTS["speculators_like_init_0.02"] = {**VARIANTS["speculators_like"], "init_std": 0.02}
 
 
 def flat_keys(change: dict[str, Any], prefix: str = "") -> dict[str, Any]:

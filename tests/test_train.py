@@ -86,6 +86,20 @@ def test_overfits_a_handful_of_samples(run):
     assert stats.accuracy[0] >= 0.95, stats.accuracy
 
 
+def test_init_std_draws_the_linear_weights_from_a_normal(run):
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    target = AutoConfig.from_pretrained(run["target"])
+    stds = {}
+    for init_std in (None, 0.02):
+        settings = settings_from_sections(TrainSettings, train={"init_std": init_std})
+        model = build_drafter(target, head, vocab, settings)
+        stds[init_std] = (model.fc.weight.std().item(), model.lm_head.weight)
+    assert stds[0.02][0] == pytest.approx(0.02, rel=0.05)
+    assert stds[None][0] == pytest.approx((1 / model.fc.in_features) ** 0.5 / 3**0.5, rel=0.05)
+    # The LM head still starts from the target's rows (train.lm_head_init: target).
+    assert torch.equal(stds[0.02][1], stds[None][1])
+
+
 def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     """N steps, SIGKILL, rerun: the same weights as one uninterrupted run, metrics without
     repeated steps."""

@@ -28,6 +28,7 @@ class TrainSettings(Settings):
     target_outside_vocab: str  # renormalise | ignore (train.Objective)
     loss_positions: str  # completion | all (train.Objective)
     lm_head_init: str  # random | target | target_frozen
+    init_std: float | None  # N(0, init_std) linear weights; None: PyTorch's default
     aux_noise: float  # uniform noise added to the aux states in training
     ttt_inputs: str  # data | drafter: the tokens of TTT steps >= 1
     max_batch_tokens: int

@@ -377,6 +377,7 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         ("loss", loss),
         ("TTT steps / their inputs", inputs),
         ("LM head", get("lm_head_init", "random")),
+        ("initialisation", f"N(0, {fmt(get('init_std'))})" if get("init_std") else "PyTorch's"),
         ("aux noise", fmt(get("aux_noise", 0.0))),
         ("optimiser", optimiser),
         ("schedule", schedule),

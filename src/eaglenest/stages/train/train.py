@@ -297,6 +297,10 @@ def build_drafter(
     model = Eagle3Drafter(config)
     model.checkpoint_layer = settings.activation_checkpointing
     with torch.no_grad():
+        if settings.init_std is not None:
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.normal_(0.0, settings.init_std)
         model.embed_tokens.weight.copy_(head.embed)
         if settings.lm_head_init != "random":
             # Start where the target is: its LM head rows of the draft tokens and its final
