@@ -313,12 +313,12 @@ def main() -> None:
             for name, drafter_dir in (item.split("=", 1) for item in args.external):
                 external = bench.engine_figures(Path(drafter_dir))
                 figures = {k: v["acceptance_length"] for k, v in external["per_k"].items()}
-                ratio = sum(a / results["baseline"]["vllm"][k] for k, a in figures.items())
+                ratio = score({"vllm": figures}, results["baseline"])
                 first = external["per_k"][str(min(bench.ks))]["per_position_acceptance"][0]
                 print(f"recipe external={name} "
                       + " ".join(f"vllm_k{k}={a:.4f}" for k, a in figures.items())
-                      + f" ratio={ratio / len(figures):.4f} first_position_k{min(bench.ks)}="
-                      f"{first:.3f}", flush=True)  # fmt: skip
+                      + f" ratio={ratio:.4f} first_position_k{min(bench.ks)}={first:.3f}",
+                      flush=True)  # fmt: skip
     best = max(results, key=lambda n: results[n]["ratio"])
     print("recipe best=" + line(best, results[best], results["baseline"]), flush=True)
 

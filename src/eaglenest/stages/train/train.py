@@ -338,6 +338,8 @@ def evaluate_heldout(
     """Loss and per-step accuracy on held-out shards (every batch, in a fixed order)."""
     model.eval()
     sums = [0.0] * (3 * settings.ttt_steps)
+    # Judged where the served drafter drafts, whatever positions training counts.
+    objective = replace(Objective.of(settings), loss_positions="completion")
     for position, refs in enumerate(plan.epoch_order(0)):
         if position % processes.world_size != processes.rank:
             continue
@@ -346,8 +348,6 @@ def evaluate_heldout(
             # The data's tokens in every step, whatever training fed: the same yardstick for
             # every recipe (serving accepts a draft only where it equals the data's token).
             logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-        # Judged where the served drafter drafts, whatever positions training counts.
-        objective = replace(Objective.of(settings), loss_positions="completion")
         _, stats = ttt_loss(logits, batch, settings.step_weight, objective=objective)
         for i in range(settings.ttt_steps):
             sums[3 * i] += stats.loss[i] * stats.counted[i]
