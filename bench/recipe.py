@@ -97,6 +97,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "batch_tokens_512": {"max_batch_tokens": 512},
     "batch_tokens_256": {"max_batch_tokens": 256},
     "init_std_0.02": {"init_std": 0.02},  # transformers' (and speculators') initialisation
+    # The batches' composition: fixed length-sorted batches (the recipe before), or new ones each
+    # epoch from random pools of fewer batches' worth of samples (more random, more padding).
+    "shuffle_pool_0": {"shuffle_pool": 0},
+    "shuffle_pool_2": {"shuffle_pool": 2},
+    "shuffle_pool_1": {"shuffle_pool": 1},
     # Every setting of the peer's run (vllm-project/speculators 0.9.0 defaults, its best
     # variant): where eaglenest's recipe and its differ, the peer's.
     "speculators_like": {

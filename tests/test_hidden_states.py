@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.common.batching import pack_batches
+from eaglenest.common.batching import pack_batches, pooled_batches
 from eaglenest.common.config import settings_from_sections
 from eaglenest.formats.hidden_shard import (
     ShardWriter,
@@ -181,6 +181,27 @@ def test_pack_batches_respects_padded_budget():
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for batch in batches:
         assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 60
+
+
+def test_pooled_batches_draw_new_batches_under_the_budget():
+    lengths = np.random.default_rng(0).integers(1, 100, size=200)
+    draws = [pooled_batches(lengths, 256, 4, np.random.default_rng(seed)) for seed in (0, 1, 0)]
+    for batches in draws:
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        for batch in batches:
+            assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 256
+    compositions = [{frozenset(b) for b in batches} for batches in draws]
+    assert compositions[0] == compositions[2]  # the same draw: the same batches (resumption)
+    assert len(compositions[0] & compositions[1]) < len(compositions[0]) // 4  # new ones
+    # One pool over everything: the length-sorted batches of pack_batches (ties aside).
+    whole = pooled_batches(lengths, 256, 10_000, np.random.default_rng(0))
+
+    def shapes(batches):
+        return sorted(tuple(sorted(int(lengths[i]) for i in b)) for b in batches)
+
+    assert shapes(whole) == shapes(pack_batches(lengths, 256))
+    # Smaller pools mix lengths more: more padding, hence more batches.
+    assert len(pooled_batches(lengths, 256, 1, np.random.default_rng(0))) > len(whole)
 
 
 def test_topk_matches_logits(tokens, demo_target_dir, target, tmp_path, monkeypatch):

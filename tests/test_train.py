@@ -25,9 +25,11 @@ from eaglenest.formats.drafter_export import ExportError, export_drafter, load_d
 from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.train.train import (
+    Processes,
     TrainingDiverged,
     TrainSettings,
     build_drafter,
+    step_batches,
     train_drafter,
     ttt_loss,
 )
@@ -100,6 +102,33 @@ def test_init_std_draws_the_linear_weights_from_a_normal(run):
     assert torch.equal(stds[0.02][1], stds[None][1])
 
 
+def test_batches_change_every_epoch_and_a_resumed_run_gets_the_same(run):
+    """shuffle_pool > 0: each epoch new batches (the count may change), every sample once per
+    epoch; from any step on, step_batches yields what an uninterrupted run would have."""
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    shards = open_shards([run["train"]], head, vocab)
+    fixed = BatchPlan(shards, 256, seed=0)
+    assert {frozenset(map(id, b)) for b in fixed.epoch_order(0)} == {
+        frozenset(map(id, b)) for b in fixed.epoch_order(1)
+    }
+    plan = BatchPlan(shards, 256, seed=0, shuffle_pool=1)
+    epochs = [plan.epoch_order(e) for e in range(4)]
+    assert plan.epoch_sizes(4) == [len(e) for e in epochs]
+    for batches in epochs:
+        assert sorted((r.shard, r.index) for b in batches for r in b) == sorted(
+            (r.shard, r.index) for r in plan.refs
+        )
+    compositions = [{tuple((r.shard, r.index) for r in b) for b in e} for e in epochs]
+    assert compositions[0] != compositions[1]
+    steps = plan.epoch_sizes(4)
+    total = sum(steps)
+    whole = [(e, p, b.samples) for e, p, b in step_batches(plan, 0, total, steps, Processes())]
+    assert [e for e, _, _ in whole] == [e for e, n in enumerate(steps) for _ in range(n)]
+    for first in (1, steps[0] - 1, steps[0], steps[0] + steps[1] + 1):
+        tail = step_batches(plan, first, total, steps, Processes())
+        assert [(e, p, b.samples) for e, p, b in tail] == whole[first:]
+
+
 def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     """N steps, SIGKILL, rerun: the same weights as one uninterrupted run, metrics without
     repeated steps."""
@@ -109,6 +138,7 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
         "lr": 1e-3,
         "warmup_steps": 4,
         "max_batch_tokens": 512,
+        "shuffle_pool": 1,  # new batches every epoch, epochs of different lengths
         "ttt_steps": 2,
         "checkpoint_every": 8,
         "log_every": 1,

@@ -103,7 +103,7 @@ def one_step(processes: Processes, batch: Batch) -> dict:
         signal=FilledSignal(),
         plan=None,
         eval_plan=None,
-        steps_per_epoch=1,
+        epoch_steps=[1],
         total_steps=1,
         fingerprint="",
         journal_dir=Path("."),

@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--hs-dtype", default="bfloat16")
     ap.add_argument("--no-val", action="store_true")
     ap.add_argument("--total-seq-len", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=42, help="speculators' default")
     a = ap.parse_args()
 
     save = Path(a.out)
@@ -125,6 +126,7 @@ def main():
         draft["norm_output"] = a.norm_output == "true"
     cfg = TrainConfig(
         speculator_type="eagle3",
+        seed=a.seed,
         verifier={"verifier_name_or_path": str(a.run_dir / "target")},
         draft=draft,
         data={

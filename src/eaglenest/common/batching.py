@@ -1,4 +1,4 @@
-"""Length-sorted batches under a token budget, shared by hidden-state extraction and training."""
+"""Batches of samples under a padded-token budget, shared by hidden-state extraction and training."""
 
 from __future__ import annotations
 
@@ -20,3 +20,29 @@ def pack_batches(lengths: list[int] | np.ndarray, max_batch_tokens: int) -> list
     if current:
         batches.append(current)
     return batches
+
+
+def pooled_batches(
+    lengths: list[int] | np.ndarray,
+    max_batch_tokens: int,
+    pool_batches: int,
+    rng: np.random.Generator,
+) -> list[list[int]]:
+    """Batches of a random composition that waste little padding: the samples in a random order,
+    cut into pools of about `pool_batches` batches' worth of tokens, each pool length-sorted into
+    batches (`pack_batches`), the batches in a random order. A new `rng` draw gives new batches
+    (training draws one per epoch with train.shuffle_pool > 0)."""
+    lengths = np.asarray(lengths)
+    pool_tokens = pool_batches * max_batch_tokens
+    batches: list[list[int]] = []
+    pool: list[int] = []
+    tokens = 0
+    for i in rng.permutation(len(lengths)).tolist():
+        pool.append(i)
+        tokens += int(lengths[i])
+        if tokens >= pool_tokens:
+            batches += [[pool[j] for j in b] for b in pack_batches(lengths[pool], max_batch_tokens)]
+            pool, tokens = [], 0
+    if pool:
+        batches += [[pool[j] for j in b] for b in pack_batches(lengths[pool], max_batch_tokens)]
+    return [batches[b] for b in rng.permutation(len(batches))]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eaglenest.common.batching import pack_batches
+from eaglenest.common.batching import pack_batches, pooled_batches
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
 from eaglenest.formats.target_head import TargetHead
@@ -145,7 +145,11 @@ class SampleRef:
 
 
 class BatchPlan:
-    """Which samples go into which batch, in which order, for every epoch."""
+    """Which samples go into which batch, in which order, for every epoch.
+
+    `shuffle_pool` 0: the same length-sorted batches every epoch, in a new order. Above 0: new
+    batches every epoch (`pooled_batches`: random pools of that many batches' worth of tokens,
+    length-sorted within), so an epoch's batch count can differ a little from the next's."""
 
     def __init__(
         self,
@@ -153,23 +157,38 @@ class BatchPlan:
         max_batch_tokens: int,
         seed: int,
         limit: int | None = None,
+        shuffle_pool: int = 0,
     ):
         self.shards = shards
         self.seed = seed
+        self.max_batch_tokens = max_batch_tokens
+        self.shuffle_pool = shuffle_pool
         self.refs = [
             SampleRef(s, i, int(shard.offsets[i + 1] - shard.offsets[i]))
             for s, shard in enumerate(shards)
             for i in range(len(shard))
         ][:limit]
+        self.lengths = np.array([r.length for r in self.refs], dtype=np.int64)
         # Length-sorted batches waste little padding; the order of batches is shuffled per epoch.
-        self.batches = pack_batches([r.length for r in self.refs], max_batch_tokens)
+        self.batches = pack_batches(self.lengths, max_batch_tokens)
 
     def __len__(self) -> int:
-        return len(self.batches)
+        """Batches of epoch 0 (of every epoch when shuffle_pool is 0)."""
+        return len(self.batches) if not self.shuffle_pool else len(self.epoch_order(0))
 
     def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
-        return [[self.refs[i] for i in self.batches[b]] for b in order]
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.shuffle_pool:
+            batches = pooled_batches(self.lengths, self.max_batch_tokens, self.shuffle_pool, rng)
+        else:
+            batches = [self.batches[b] for b in rng.permutation(len(self.batches))]
+        return [[self.refs[i] for i in batch] for batch in batches]
+
+    def epoch_sizes(self, epochs: int) -> list[int]:
+        """Batches in each of the first `epochs` epochs."""
+        if not self.shuffle_pool:
+            return [len(self.batches)] * epochs
+        return [len(self.epoch_order(epoch)) for epoch in range(epochs)]
 
 
 def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:

@@ -32,6 +32,7 @@ class TrainSettings(Settings):
     aux_noise: float  # uniform noise added to the aux states in training
     ttt_inputs: str  # data | drafter: the tokens of TTT steps >= 1
     max_batch_tokens: int
+    shuffle_pool: int  # 0: fixed length-sorted batches; N: new batches each epoch (BatchPlan)
     ttt_steps: int
     step_weight: float
     checkpoint_every: int

@@ -372,6 +372,12 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         f"{get('epochs')} epochs, {get('max_batch_tokens')} tokens a batch"
     )
     inputs = f"{get('ttt_steps')} / {get('ttt_inputs', 'data')} tokens"
+    pool = get("shuffle_pool", 0)
+    batches = (
+        f"new each epoch, length-sorted in pools of {pool} batches' worth of tokens"
+        if pool
+        else "the same length-sorted batches every epoch, reordered"
+    )
     return [
         ("architecture", architecture),
         ("loss", loss),
@@ -381,6 +387,7 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         ("aux noise", fmt(get("aux_noise", 0.0))),
         ("optimiser", optimiser),
         ("schedule", schedule),
+        ("batches", batches),
     ]
 
 

@@ -38,6 +38,7 @@ from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.feature_batches import (
     Batch,
     BatchPlan,
+    SampleRef,
     TargetSignal,
     build_batch,
     open_shards,
@@ -370,16 +371,20 @@ def step_batches(
     plan: BatchPlan,
     first_step: int,
     total_steps: int,
-    steps_per_epoch: int,
+    epoch_steps: list[int],
     processes: Processes,
 ) -> Iterator[tuple[int, int, Batch]]:
-    """(epoch, position, batch) of this process for every step from first_step on. The order is
-    a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
-    epoch_seen, order = -1, []
+    """(epoch, position, batch) of this process for every step from first_step on. The batches
+    are a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
+    epoch, start = 0, 0  # the epoch of `step`, and its first step
+    order: list[list[SampleRef]] | None = None
     for step in range(first_step, total_steps):
-        epoch, position = divmod(step, steps_per_epoch)
-        if epoch != epoch_seen:
-            epoch_seen, order = epoch, plan.epoch_order(epoch)
+        while step >= start + epoch_steps[epoch]:
+            start += epoch_steps[epoch]
+            epoch, order = epoch + 1, None
+        if order is None:
+            order = plan.epoch_order(epoch)
+        position = step - start
         refs = order[position * processes.world_size + processes.rank]
         yield epoch, position, build_batch(refs, plan.shards)
 
@@ -427,7 +432,7 @@ class Training:
     signal: TargetSignal
     plan: BatchPlan
     eval_plan: BatchPlan | None
-    steps_per_epoch: int
+    epoch_steps: list[int]  # steps of each epoch (per process)
     total_steps: int
     fingerprint: str  # the settings and inputs a checkpoint must have been written for
     journal_dir: Path
@@ -435,6 +440,14 @@ class Training:
     @property
     def state_path(self) -> Path:
         return self.journal_dir / STATE_FILE
+
+    def epochs_at(self, step: int) -> float:
+        """Epochs done after `step` steps, the current one's fraction included."""
+        for epoch, steps in enumerate(self.epoch_steps):
+            if step < steps:
+                return epoch + step / steps
+            step -= steps
+        return float(len(self.epoch_steps))
 
 
 @dataclass
@@ -485,15 +498,17 @@ def set_up_training(
         betas=tuple(settings.adam_betas),
         weight_decay=settings.weight_decay,
     )
-    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
+    plan = BatchPlan(
+        shards, settings.max_batch_tokens, settings.seed, shuffle_pool=settings.shuffle_pool
+    )
     eval_plan = BatchPlan(heldout, settings.max_batch_tokens, settings.seed) if heldout else None
-    steps_per_epoch = len(plan) // processes.world_size
-    if steps_per_epoch == 0:
+    epoch_steps = [n // processes.world_size for n in plan.epoch_sizes(settings.epochs)]
+    if min(epoch_steps) == 0:
         raise ValueError(
-            f"{len(plan)} batches cannot feed {processes.world_size} processes: "
-            "lower train.max_batch_tokens or add shards"
+            f"{min(plan.epoch_sizes(settings.epochs))} batches cannot feed "
+            f"{processes.world_size} processes: lower train.max_batch_tokens or add shards"
         )
-    total_steps = settings.epochs * steps_per_epoch
+    total_steps = sum(epoch_steps)
     if settings.max_steps:
         total_steps = min(total_steps, settings.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -511,7 +526,7 @@ def set_up_training(
         signal=signal,
         plan=plan,
         eval_plan=eval_plan,
-        steps_per_epoch=steps_per_epoch,
+        epoch_steps=epoch_steps,
         total_steps=total_steps,
         fingerprint=fingerprint(settings, model.config, inputs),
         journal_dir=journal_dir,
@@ -574,7 +589,7 @@ def log_step(
             {
                 "split": "train",
                 "step": step,
-                "epoch": step / training.steps_per_epoch,
+                "epoch": training.epochs_at(step),
                 "lr": training.scheduler.get_last_lr()[0],
                 "loss": loss,
                 "acc": progress.last.accuracy,
@@ -621,7 +636,7 @@ def finish(
     skipped, loss_tokens = progress.skipped_outside_vocab, progress.loss_tokens
     report = {
         "steps": step,
-        "epochs": step / training.steps_per_epoch,
+        "epochs": training.epochs_at(step),
         "ttt_steps": settings.ttt_steps,
         "train_tokens": train_tokens,
         "wall_s": wall,
@@ -694,9 +709,7 @@ def train_drafter(
         mininterval=2.0,
         disable=not processes.is_main,
     )
-    batches = step_batches(
-        training.plan, first_step, total_steps, training.steps_per_epoch, processes
-    )
+    batches = step_batches(training.plan, first_step, total_steps, training.epoch_steps, processes)
     if processes.device.startswith("cuda"):
         # Overlap reading with the GPU's work. On CPU a loader thread competes with the training
         # threads for the same cores (measured: 0.73 of a bare loop, against 0.96 reading in
