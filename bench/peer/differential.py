@@ -104,14 +104,14 @@ def main():
     # speculators' packed batch of the same samples (its shift_batch, per document)
     parts = {k: [] for k in ("hidden_states", "input_ids", "verifier_last_hidden_states",
                              "loss_mask", "position_ids", "document_ids")}  # fmt: skip
-    for d, (ref, row) in enumerate(zip(refs, range(len(refs)))):
+    for row, ref in enumerate(refs):
         n = ref.length
         parts["hidden_states"].append(batch.aux[row, : n - 1])
         parts["input_ids"].append(batch.input_ids[row, 1:n])
         parts["verifier_last_hidden_states"].append(batch.final_hidden[row, 1:n])
         parts["loss_mask"].append(batch.loss_mask[row, 1:n])
         parts["position_ids"].append(torch.arange(1, n))
-        parts["document_ids"].append(torch.full((n - 1,), d))
+        parts["document_ids"].append(torch.full((n - 1,), row))
     packed = {k: torch.cat(v)[None] for k, v in parts.items()}
 
     from speculators.losses import resolve_loss_config

@@ -33,16 +33,20 @@ def pooled_batches(
     batches (`pack_batches`), the batches in a random order. A new `rng` draw gives new batches
     (training draws one per epoch with train.shuffle_pool > 0)."""
     lengths = np.asarray(lengths)
-    pool_tokens = pool_batches * max_batch_tokens
-    batches: list[list[int]] = []
+    pools: list[list[int]] = []
     pool: list[int] = []
     tokens = 0
     for i in rng.permutation(len(lengths)).tolist():
         pool.append(i)
         tokens += int(lengths[i])
-        if tokens >= pool_tokens:
-            batches += [[pool[j] for j in b] for b in pack_batches(lengths[pool], max_batch_tokens)]
+        if tokens >= pool_batches * max_batch_tokens:
+            pools.append(pool)
             pool, tokens = [], 0
     if pool:
-        batches += [[pool[j] for j in b] for b in pack_batches(lengths[pool], max_batch_tokens)]
+        pools.append(pool)
+    batches = [
+        [pool[i] for i in batch]
+        for pool in pools
+        for batch in pack_batches(lengths[pool], max_batch_tokens)
+    ]
     return [batches[b] for b in rng.permutation(len(batches))]

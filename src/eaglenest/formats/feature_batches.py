@@ -174,21 +174,23 @@ class BatchPlan:
 
     def __len__(self) -> int:
         """Batches of epoch 0 (of every epoch when shuffle_pool is 0)."""
-        return len(self.batches) if not self.shuffle_pool else len(self.epoch_order(0))
+        return len(self._epoch_batches(0))
 
-    def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Indices into `refs`, batch by batch, of that epoch."""
         rng = np.random.default_rng([self.seed, epoch])
         if self.shuffle_pool:
-            batches = pooled_batches(self.lengths, self.max_batch_tokens, self.shuffle_pool, rng)
-        else:
-            batches = [self.batches[b] for b in rng.permutation(len(self.batches))]
-        return [[self.refs[i] for i in batch] for batch in batches]
+            return pooled_batches(self.lengths, self.max_batch_tokens, self.shuffle_pool, rng)
+        return [self.batches[b] for b in rng.permutation(len(self.batches))]
+
+    def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
+        return [[self.refs[i] for i in batch] for batch in self._epoch_batches(epoch)]
 
     def epoch_sizes(self, epochs: int) -> list[int]:
         """Batches in each of the first `epochs` epochs."""
         if not self.shuffle_pool:
             return [len(self.batches)] * epochs
-        return [len(self.epoch_order(epoch)) for epoch in range(epochs)]
+        return [len(self._epoch_batches(epoch)) for epoch in range(epochs)]
 
 
 def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:

@@ -502,11 +502,12 @@ def set_up_training(
         shards, settings.max_batch_tokens, settings.seed, shuffle_pool=settings.shuffle_pool
     )
     eval_plan = BatchPlan(heldout, settings.max_batch_tokens, settings.seed) if heldout else None
-    epoch_steps = [n // processes.world_size for n in plan.epoch_sizes(settings.epochs)]
+    epoch_sizes = plan.epoch_sizes(settings.epochs)
+    epoch_steps = [n // processes.world_size for n in epoch_sizes]
     if min(epoch_steps) == 0:
         raise ValueError(
-            f"{min(plan.epoch_sizes(settings.epochs))} batches cannot feed "
-            f"{processes.world_size} processes: lower train.max_batch_tokens or add shards"
+            f"{min(epoch_sizes)} batches cannot feed {processes.world_size} processes: "
+            "lower train.max_batch_tokens or add shards"
         )
     total_steps = sum(epoch_steps)
     if settings.max_steps:
