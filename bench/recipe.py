@@ -102,6 +102,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shuffle_pool_0": {"shuffle_pool": 0},
     "shuffle_pool_2": {"shuffle_pool": 2},
     "shuffle_pool_1": {"shuffle_pool": 1},
+    # New random batches every epoch, lengths mixed, several samples a row (no padding to speak of).
+    "packing": {"packing": True},
     # Every setting of the peer's run (vllm-project/speculators 0.9.0 defaults, its best
     # variant): where eaglenest's recipe and its differ, the peer's.
     "speculators_like": {

@@ -462,3 +462,41 @@ def test_rotary_positions_shifted_by_a_constant_change_nothing(model):
     # The angles are float32 (as in transformers' Llama), hence the tolerance.
     torch.testing.assert_close(at_zero, at_one, rtol=1e-6, atol=1e-7)
     assert not torch.allclose(at_zero, spread, rtol=1e-3, atol=1e-4)  # positions do matter
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_samples_packed_in_a_row_train_as_they_do_alone(model, checkpointed):
+    """Two samples of one row (`segments`) give, at every position with a target in its own
+    sample, the logits and the gradients they give one to a row: attention stays within a sample
+    and rotary positions restart."""
+    model.checkpoint_layer = checkpointed
+    steps, lengths = 3, (7, 5)
+    aux, ids = inputs(batch=2, length=7)
+    ids[1, 5:] = 0  # the second sample is 5 tokens; right padding as build_batch writes it
+    packed_aux = torch.cat([aux[0], aux[1, :5]])[None]
+    packed_ids = torch.cat([ids[0], ids[1, :5]])[None]
+    segments = torch.tensor([[0] * 7 + [1] * 5])
+
+    def kept(i: int) -> list[tuple[int, int, int]]:
+        """(sample, position alone, position packed) of positions whose step-i target is in
+        the same sample."""
+        return [(s, t, t + 7 * s) for s, n in enumerate(lengths) for t in range(n - 1 - i)]
+
+    weights = torch.randn(steps, 12, CONFIG.draft_vocab_size)
+
+    def run(aux, ids, segments, packed):
+        model.zero_grad()
+        logits = ttt_forward(model, aux, ids, steps, segments=segments)
+        rows = [
+            torch.stack([logits[i][0 if packed else s, p if packed else t] for s, t, p in kept(i)])
+            for i in range(steps)
+        ]
+        sum((r * weights[i, : len(r)]).sum() for i, r in enumerate(rows)).backward()
+        return rows, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    alone, alone_grads = run(aux, ids, None, False)
+    packed, packed_grads = run(packed_aux, packed_ids, segments, True)
+    for a, b in zip(alone, packed, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    for name, grad in alone_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5)

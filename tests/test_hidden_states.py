@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.common.batching import pack_batches, pooled_batches
+from eaglenest.common.batching import pack_batches, pack_rows, packed_batches, pooled_batches
 from eaglenest.common.config import settings_from_sections
 from eaglenest.formats.hidden_shard import (
     ShardWriter,
@@ -357,3 +357,26 @@ def test_memory_stays_bounded_as_the_shard_grows(demo_target_dir, tmp_path):
     assert file_kib > 15_000
     assert peaks[1] < 1.5 * peaks[0] + 8_000, peaks
     assert peaks[1] - peaks[0] < file_kib / 2, (peaks, file_kib)
+
+
+def test_packed_batches_mix_lengths_and_pack_rows_under_the_budget():
+    lengths = np.random.default_rng(0).integers(1, 100, size=200)
+    batches = packed_batches(lengths, 256, np.random.default_rng(0))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        rows = pack_rows(lengths[batch])
+        longest = int(lengths[batch].max())
+        assert sorted(i for r in rows for i in r) == list(range(len(batch)))
+        assert all(sum(int(lengths[batch][i]) for i in r) <= longest for r in rows)
+        assert len(batch) == 1 or len(rows) * longest <= 256
+    # Little padding although the lengths are mixed: rows packed nearly full.
+    padded = sum(len(pack_rows(lengths[b])) * int(lengths[b].max()) for b in batches)
+    assert lengths.sum() / padded > 0.8
+    assert packed_batches(lengths, 256, np.random.default_rng(0)) == batches
+
+
+def test_samples_longer_than_the_packing_limit_go_one_to_a_row():
+    from eaglenest.common.batching import PACK_MAX_LENGTH
+
+    assert pack_rows([PACK_MAX_LENGTH + 1, 10, 20]) == [[0], [1], [2]]
+    assert pack_rows([PACK_MAX_LENGTH, 10, 20]) == [[0], [2, 1]]  # longest first

@@ -22,7 +22,13 @@ from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
-from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.formats.feature_batches import (
+    BatchPlan,
+    TargetSignal,
+    build_batch,
+    build_packed_batch,
+    open_shards,
+)
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.train.train import (
     Processes,
@@ -129,6 +135,40 @@ def test_batches_change_every_epoch_and_a_resumed_run_gets_the_same(run):
         assert [(e, p, b.samples) for e, p, b in tail] == whole[first:]
 
 
+def test_a_packed_batch_has_the_loss_and_gradients_of_the_same_samples_padded(run):
+    """Real samples packed several to a row (`build_packed_batch`) give the loss, the counts and
+    the gradients of the same samples one to a row."""
+    head, vocab = TargetHead.load(run["head"]), DraftVocab.load(run["vocab"])
+    shards = open_shards([run["train"]], head, vocab)
+    signal = TargetSignal(head, vocab)
+    settings = settings_from_sections(TrainSettings, train={"ttt_steps": 3})
+    model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
+    refs = BatchPlan(shards, 1024, seed=0, packed=True).epoch_order(0)[0]
+    padded = signal.fill(build_batch(refs, shards))
+    packed = signal.fill(build_packed_batch(refs, shards))
+    assert packed.input_ids.shape[0] < len(refs)  # several samples share rows
+    assert packed.input_ids.numel() < padded.input_ids.numel()
+    assert sorted(packed.samples) == sorted(padded.samples)
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        logits = ttt_forward(model, batch.aux, batch.input_ids, 3, segments=batch.segments)
+        loss, stats = ttt_loss(logits, batch, 0.8)
+        loss.backward()
+        return (
+            loss,
+            stats,
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+
+    loss_a, stats_a, grads_a = loss_and_grads(padded)
+    loss_b, stats_b, grads_b = loss_and_grads(packed)
+    assert stats_b.counted == stats_a.counted and stats_b.correct == stats_a.correct
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-3, atol=1e-6)
+
+
 def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
     """N steps, SIGKILL, rerun: the same weights as one uninterrupted run, metrics without
     repeated steps."""
@@ -138,7 +178,7 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
         "lr": 1e-3,
         "warmup_steps": 4,
         "max_batch_tokens": 512,
-        "shuffle_pool": 1,  # new batches every epoch, epochs of different lengths
+        "packing": True,  # new packed batches every epoch, epochs of different lengths
         "ttt_steps": 2,
         "checkpoint_every": 8,
         "log_every": 1,

@@ -158,11 +158,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Keys and values of every TTT step so far, [B, kv_heads, T, head_dim] each."""
+    """Keys and values of every TTT step so far, [B, kv_heads, T, head_dim] each, and for rows
+    that pack several samples the step-0 keys each query may see ([B, 1, T, T]: causal, within
+    its own sample)."""
 
-    def __init__(self) -> None:
+    def __init__(self, visible: torch.Tensor | None = None) -> None:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.visible = visible
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -213,6 +216,21 @@ class Attention(nn.Module):
             out = out + weights[..., 1 + j : 2 + j] * value
         return out
 
+    def _packed(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], visible):
+        """Rows packing several samples (short ones): the same softmax as `_merged`, over the
+        step-0 keys `visible` allows and each earlier step's own score, as one dense block."""
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        wide = torch.promote_types(q.dtype, torch.float32)
+        prefix = (q @ keys[0].transpose(-1, -2)).to(wide) * scale
+        prefix = prefix.masked_fill(~visible, float("-inf"))
+        own = [(q * key).sum(-1, keepdim=True).to(wide) * scale for key in keys[1:]]
+        weights = torch.cat([prefix, *own], dim=-1).softmax(-1).to(q.dtype)
+        t = q.shape[2]
+        out = weights[..., :t] @ values[0]
+        for j, value in enumerate(values[1:]):
+            out = out + weights[..., t + j : t + j + 1] * value
+        return out
+
     def _out(self, out: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -226,6 +244,8 @@ class Attention(nn.Module):
         cache.values.append(v)
         keys = [self._expand(key) for key in cache.keys]
         values = [self._expand(value) for value in cache.values]
+        if cache.visible is not None:
+            return self._out(self._packed(q, keys, values, cache.visible))
         if len(cache) == 1:
             return self._out(F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True))
         return self._out(self._merged(q, keys, values))
@@ -443,7 +463,7 @@ class Eagle3Drafter(nn.Module):
         steps = len(cache)
 
         def layer(embeds, hidden, cos, sin, *earlier):
-            copy = KVCache()
+            copy = KVCache(cache.visible)
             copy.keys, copy.values = list(earlier[:steps]), list(earlier[steps:])
             out = self.midlayer(embeds, hidden, cos, sin, copy)
             return out, copy.keys[-1], copy.values[-1]
@@ -461,6 +481,7 @@ class Eagle3Drafter(nn.Module):
         input_ids: torch.Tensor,
         ttt_steps: int,
         own_tokens: bool = False,
+        segments: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Training-time test over a right-padded batch: logits [B, T, D] of every step.
 
@@ -469,11 +490,23 @@ class Eagle3Drafter(nn.Module):
         target's distribution at position t + 1 + i. With `own_tokens`, step i > 0 takes step
         i-1's own argmax instead of the data's token (as when serving, where a draft step
         continues from the drafter's previous draft).
+
+        `segments` [B, T] (rows packing several samples, `Batch.segments`): which sample of its
+        row each position belongs to. Attention then stays within a sample and rotary positions
+        start at 0 for each; positions whose step-i target lies in the next sample are the
+        loss's to drop (train.ttt_loss).
         """
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        visible = None
+        if segments is not None:
+            starts = torch.ones_like(segments, dtype=torch.bool)
+            starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+            positions = positions - torch.where(starts, positions, 0).cummax(-1).values
+            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+            visible = (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
         hidden = self.project(aux)
-        cache = KVCache()
+        cache = KVCache(visible)
         logits = []
         tokens = shift_left(input_ids, 1)
         for i in range(ttt_steps):
@@ -506,7 +539,8 @@ def ttt_forward(
     input_ids: torch.Tensor,
     ttt_steps: int,
     own_tokens: bool = False,
+    segments: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Training-time test (`Eagle3Drafter.forward`) through `model`, which may be a DDP wrapper:
     DDP synchronises gradients only for calls that go through its forward."""
-    return model(aux, input_ids, ttt_steps, own_tokens)
+    return model(aux, input_ids, ttt_steps, own_tokens, segments)

@@ -50,3 +50,51 @@ def pooled_batches(
         for batch in pack_batches(lengths[pool], max_batch_tokens)
     ]
     return [batches[b] for b in rng.permutation(len(batches))]
+
+
+# A row that packs several samples attends through a dense [T, T] block: only batches whose
+# longest sample is at most this long are packed; longer ones go one sample a row, memory linear.
+PACK_MAX_LENGTH = 2048
+
+
+def pack_rows(lengths: list[int] | np.ndarray) -> list[list[int]]:
+    """A batch's samples in rows no longer than its longest sample (first fit in decreasing
+    length), or one sample a row when that is longer than PACK_MAX_LENGTH."""
+    width = int(max(lengths))
+    if width > PACK_MAX_LENGTH:
+        return [[i] for i in range(len(lengths))]
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
+        n = int(lengths[i])
+        row = next((r for r, room in enumerate(free) if room >= n), None)
+        if row is None:
+            rows.append([])
+            free.append(width)
+            row = len(rows) - 1
+        rows[row].append(i)
+        free[row] -= n
+    return rows
+
+
+def packed_batches(
+    lengths: list[int] | np.ndarray, max_batch_tokens: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """Batches of samples in a random order, lengths mixed, each as many as fit when packed
+    (`pack_rows`: rows x the longest sample <= max_batch_tokens; a sample longer than the
+    budget goes alone). Long samples (PACK_MAX_LENGTH) are not packed, only mixed."""
+    lengths = np.asarray(lengths)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in rng.permutation(len(lengths)).tolist():
+        trial = [*current, i]
+        if (
+            current
+            and len(pack_rows(lengths[trial])) * int(lengths[trial].max()) > max_batch_tokens
+        ):
+            batches.append(current)
+            trial = [i]
+        current = trial
+    if current:
+        batches.append(current)
+    return batches

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eaglenest.common.batching import pack_batches, pooled_batches
+from eaglenest.common.batching import pack_batches, pack_rows, packed_batches, pooled_batches
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
 from eaglenest.formats.target_head import TargetHead
@@ -47,6 +47,9 @@ class Batch:
     topk_ids: torch.Tensor | None = None  # [B, T, k]
     topk_values: torch.Tensor | None = None  # [B, T, k]
     token_mask: torch.Tensor | None = None  # [B, T] bool: each sample's tokens, prompt included
+    # [B, T] int64, rows that pack several samples (`build_packed_batch`): the sample of its row
+    # each position holds (0, 1, ...; -1 past the row's end). None: one sample a row.
+    segments: torch.Tensor | None = None
 
     TENSORS = (
         "aux",
@@ -58,6 +61,7 @@ class Batch:
         "topk_ids",
         "topk_values",
         "token_mask",
+        "segments",
     )
 
     @property
@@ -149,7 +153,9 @@ class BatchPlan:
 
     `shuffle_pool` 0: the same length-sorted batches every epoch, in a new order. Above 0: new
     batches every epoch (`pooled_batches`: random pools of that many batches' worth of tokens,
-    length-sorted within), so an epoch's batch count can differ a little from the next's."""
+    length-sorted within), so an epoch's batch count can differ a little from the next's.
+    `packed`: new batches of samples in a random order every epoch, lengths mixed, several
+    samples a row (`packed_batches`, `build_packed_batch`); shuffle_pool does not apply."""
 
     def __init__(
         self,
@@ -158,11 +164,13 @@ class BatchPlan:
         seed: int,
         limit: int | None = None,
         shuffle_pool: int = 0,
+        packed: bool = False,
     ):
         self.shards = shards
         self.seed = seed
         self.max_batch_tokens = max_batch_tokens
         self.shuffle_pool = shuffle_pool
+        self.packed = packed
         self.refs = [
             SampleRef(s, i, int(shard.offsets[i + 1] - shard.offsets[i]))
             for s, shard in enumerate(shards)
@@ -179,6 +187,8 @@ class BatchPlan:
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         """Indices into `refs`, batch by batch, of that epoch."""
         rng = np.random.default_rng([self.seed, epoch])
+        if self.packed:
+            return packed_batches(self.lengths, self.max_batch_tokens, rng)
         if self.shuffle_pool:
             return pooled_batches(self.lengths, self.max_batch_tokens, self.shuffle_pool, rng)
         return [self.batches[b] for b in rng.permutation(len(self.batches))]
@@ -188,7 +198,7 @@ class BatchPlan:
 
     def epoch_sizes(self, epochs: int) -> list[int]:
         """Batches in each of the first `epochs` epochs."""
-        if not self.shuffle_pool:
+        if not (self.shuffle_pool or self.packed):
             return [len(self.batches)] * epochs
         return [len(self._epoch_batches(epoch)) for epoch in range(epochs)]
 
@@ -217,4 +227,45 @@ def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
         topk_ids=None if has_final else padded("topk_ids", torch.long),
         topk_values=None if has_final else padded("topk_values", torch.float32),
         token_mask=torch.arange(longest)[None, :] < torch.tensor([r.length for r in refs])[:, None],
+    )
+
+
+def build_packed_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
+    """The samples packed into rows (`pack_rows`: each row as long as the longest sample), each
+    row the concatenation of its samples, right-padded; `segments` says which sample each
+    position holds. Training on it equals training on `build_batch` of the same samples."""
+    rows = pack_rows([r.length for r in refs])
+    batch = build_batch(refs, shards)  # one sample a row, then moved into the packed rows
+    if len(rows) == len(refs):  # nothing shares a row (long samples): linear-memory attention
+        return batch
+    width = max(sum(refs[i].length for i in row) for row in rows)
+    segments = torch.full((len(rows), width), -1, dtype=torch.long)
+    packed: dict[str, torch.Tensor] = {}
+    for name in ("aux", "input_ids", "loss_mask", "final_hidden", "topk_ids", "topk_values",
+                 "token_mask"):  # fmt: skip
+        rowwise = getattr(batch, name)
+        if rowwise is None:
+            continue
+        out = rowwise.new_zeros((len(rows), width, *rowwise.shape[2:]))
+        for r, row in enumerate(rows):
+            at = 0
+            for s, i in enumerate(row):
+                n = refs[i].length
+                out[r, at : at + n] = rowwise[i, :n]
+                segments[r, at : at + n] = s
+                at += n
+        packed[name] = out
+    order = [i for row in rows for i in row]
+    return Batch(
+        aux=packed["aux"],
+        input_ids=packed["input_ids"],
+        loss_mask=packed["loss_mask"],
+        target_logits=None,
+        in_draft_vocab=None,
+        samples=[batch.samples[i] for i in order],
+        final_hidden=packed.get("final_hidden"),
+        topk_ids=packed.get("topk_ids"),
+        topk_values=packed.get("topk_values"),
+        token_mask=packed["token_mask"],
+        segments=segments,
     )

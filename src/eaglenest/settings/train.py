@@ -33,6 +33,7 @@ class TrainSettings(Settings):
     ttt_inputs: str  # data | drafter: the tokens of TTT steps >= 1
     max_batch_tokens: int
     shuffle_pool: int  # 0: fixed length-sorted batches; N: new batches each epoch (BatchPlan)
+    packing: bool  # new random batches each epoch, several samples a row (BatchPlan)
     ttt_steps: int
     step_weight: float
     checkpoint_every: int

@@ -373,11 +373,12 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     )
     inputs = f"{get('ttt_steps')} / {get('ttt_inputs', 'data')} tokens"
     pool = get("shuffle_pool", 0)
-    batches = (
-        f"new each epoch, length-sorted in pools of {pool} batches' worth of tokens"
-        if pool
-        else "the same length-sorted batches every epoch, reordered"
-    )
+    if get("packing", False):
+        batches = "new each epoch, random samples packed several to a row"
+    elif pool:
+        batches = f"new each epoch, length-sorted in pools of {pool} batches' worth of tokens"
+    else:
+        batches = "the same length-sorted batches every epoch, reordered"
     return [
         ("architecture", architecture),
         ("loss", loss),

@@ -41,6 +41,7 @@ from eaglenest.formats.feature_batches import (
     SampleRef,
     TargetSignal,
     build_batch,
+    build_packed_batch,
     open_shards,
 )
 from eaglenest.formats.target_head import TargetHead
@@ -169,6 +170,11 @@ def ttt_loss(
     # Step i at position t predicts what the target predicts at position t + 1 + i.
     counted = batch.loss_mask if objective.loss_positions == "completion" else batch.token_mask
     masked = [shift_left(counted, 1 + i, False) for i in range(len(step_logits))]
+    if batch.segments is not None:  # packed rows: a target in the next sample is no target
+        masked = [
+            m & (shift_left(batch.segments, 1 + i, -1) == batch.segments)
+            for i, m in enumerate(masked)
+        ]
     valid = [m & shift_left(batch.in_draft_vocab, 1 + i, False) for i, m in enumerate(masked)]
     counts = [int(v.sum()) for v in valid]
     world_size = processes.world_size if processes else 1
@@ -386,7 +392,8 @@ def step_batches(
             order = plan.epoch_order(epoch)
         position = step - start
         refs = order[position * processes.world_size + processes.rank]
-        yield epoch, position, build_batch(refs, plan.shards)
+        build = build_packed_batch if plan.packed else build_batch
+        yield epoch, position, build(refs, plan.shards)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
@@ -499,7 +506,11 @@ def set_up_training(
         weight_decay=settings.weight_decay,
     )
     plan = BatchPlan(
-        shards, settings.max_batch_tokens, settings.seed, shuffle_pool=settings.shuffle_pool
+        shards,
+        settings.max_batch_tokens,
+        settings.seed,
+        shuffle_pool=settings.shuffle_pool,
+        packed=settings.packing,
     )
     eval_plan = BatchPlan(heldout, settings.max_batch_tokens, settings.seed) if heldout else None
     epoch_sizes = plan.epoch_sizes(settings.epochs)
@@ -552,6 +563,7 @@ def train_step(
             batch.input_ids,
             settings.ttt_steps,
             own_tokens=settings.ttt_inputs == "drafter",
+            segments=batch.segments,
         )
     loss, stats = ttt_loss(
         logits, batch, settings.step_weight, training.processes, Objective.of(settings)
