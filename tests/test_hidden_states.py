@@ -15,7 +15,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.common.batching import pack_batches, pack_rows, packed_batches, pooled_batches
+from eaglenest.common.batching import (
+    pack_batches,
+    pack_rows,
+    pack_width,
+    packed_batches,
+    packed_rows,
+    pooled_batches,
+)
 from eaglenest.common.config import settings_from_sections
 from eaglenest.formats.hidden_shard import (
     ShardWriter,
@@ -363,16 +370,32 @@ def test_packed_batches_mix_lengths_and_pack_rows_under_the_budget():
     lengths = np.random.default_rng(0).integers(1, 100, size=200)
     batches = packed_batches(lengths, 256, np.random.default_rng(0))
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    padded = 0
     for batch in batches:
-        rows = pack_rows(lengths[batch])
+        rows = packed_rows(lengths[batch], 256)
         longest = int(lengths[batch].max())
+        width = pack_width(longest, 256)
+        # The budget cut evenly into rows that each hold the longest sample.
+        assert width == 256 // (256 // longest) >= longest
         assert sorted(i for r in rows for i in r) == list(range(len(batch)))
-        assert all(sum(int(lengths[batch][i]) for i in r) <= longest for r in rows)
-        assert len(batch) == 1 or len(rows) * longest <= 256
-    # Little padding although the lengths are mixed: rows packed nearly full.
-    padded = sum(len(pack_rows(lengths[b])) * int(lengths[b].max()) for b in batches)
-    assert lengths.sum() / padded > 0.8
+        assert all(sum(int(lengths[batch][i]) for i in r) <= width for r in rows)
+        assert len(batch) == 1 or len(rows) * width <= 256
+        padded += len(rows) * max(sum(int(lengths[batch][i]) for i in r) for r in rows)
+    # Little padding although the lengths are mixed: rows packed nearly full (a batch's tensors
+    # are as wide as its fullest row).
+    assert lengths.sum() / padded > 0.85
     assert packed_batches(lengths, 256, np.random.default_rng(0)) == batches
+
+
+def test_packed_rows_are_never_wider_than_the_packing_limit():
+    from eaglenest.common.batching import PACK_MAX_LENGTH
+
+    assert pack_width(130, 1024) == 146  # 7 rows
+    assert pack_width(1500, 64 * 1024) == 1524  # 43 rows
+    assert pack_width(1000, 4096) == 1024  # 4 rows
+    assert pack_width(1500, 2500) == PACK_MAX_LENGTH  # 1 row, no wider than the limit
+    assert pack_width(3000, 64 * 1024) == 3000  # not packed: as wide as the sample
+    assert pack_width(100, 150) == 150 and pack_width(100, 50) == 100
 
 
 def test_samples_longer_than_the_packing_limit_go_one_to_a_row():

@@ -145,7 +145,7 @@ def test_a_packed_batch_has_the_loss_and_gradients_of_the_same_samples_padded(ru
     model = build_drafter(AutoConfig.from_pretrained(run["target"]), head, vocab, settings)
     refs = BatchPlan(shards, 1024, seed=0, packed=True).epoch_order(0)[0]
     padded = signal.fill(build_batch(refs, shards))
-    packed = signal.fill(build_packed_batch(refs, shards))
+    packed = signal.fill(build_packed_batch(refs, shards, 1024))
     assert packed.input_ids.shape[0] < len(refs)  # several samples share rows
     assert packed.input_ids.numel() < padded.input_ids.numel()
     assert sorted(packed.samples) == sorted(padded.samples)

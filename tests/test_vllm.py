@@ -345,7 +345,10 @@ def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory)
         "target_path": results / "target",
         "max_new_tokens": 64,
         "model_dtype": "float32",
-        "engine": settings_from_sections(VllmEngine, vllm={}),
+        # One request at a time, as our live loop decodes: batched, vLLM's CPU build drafts a
+        # little differently (2-3% lower acceptance here, more on other CPUs), so only unbatched
+        # runs compare the two loops themselves; per prompt they then agree to a draft or so.
+        "engine": settings_from_sections(VllmEngine, vllm={"engine_args": {"max_num_seqs": 1}}),
         "runtime": settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
     }
     request = engine_request(**arguments, drafter_dir=results / "drafter")
@@ -411,4 +414,6 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
     assert vllm["identical_to_plain"] and live["identical_to_greedy"]
     assert vllm["tokens"] == live["tokens"]
     assert live["acceptance_length"] > 1.3  # trained enough that a wrong variant would show
+    # Unbatched, the rounds were equal for every variant here (vLLM may count one more a prompt).
+    assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
     assert abs(live["acceptance_length"] / vllm["acceptance_length"] - 1) <= 0.03

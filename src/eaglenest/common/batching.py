@@ -53,15 +53,30 @@ def pooled_batches(
 
 
 # A row that packs several samples attends through a dense [T, T] block: only batches whose
-# longest sample is at most this long are packed; longer ones go one sample a row, memory linear.
+# longest sample is at most this long are packed, into rows at most this wide; longer ones go one
+# sample a row, memory linear.
 PACK_MAX_LENGTH = 2048
 
 
-def pack_rows(lengths: list[int] | np.ndarray) -> list[list[int]]:
-    """A batch's samples in rows no longer than its longest sample (first fit in decreasing
-    length), or one sample a row when that is longer than PACK_MAX_LENGTH."""
-    width = int(max(lengths))
-    if width > PACK_MAX_LENGTH:
+def pack_width(longest: int, max_batch_tokens: int) -> int:
+    """Width of the packed rows of a batch whose longest sample is `longest`: the budget cut into
+    as many equal rows as can each hold that sample, so the budget's remainder widens the rows
+    instead of going unused (1024 tokens and a longest sample of 130: 7 rows of 146, not 7 of
+    130); at most PACK_MAX_LENGTH wide, never narrower than the longest sample. Wider rows than
+    that fill better but cost more than they save: the dense block grows with the width squared
+    (on the demo, rows twice the longest sample made an epoch 8% slower)."""
+    if longest > PACK_MAX_LENGTH:
+        return longest
+    rows = max(1, max_batch_tokens // longest)
+    return max(longest, min(max_batch_tokens // rows, PACK_MAX_LENGTH))
+
+
+def pack_rows(lengths: list[int] | np.ndarray, width: int | None = None) -> list[list[int]]:
+    """A batch's samples in rows no wider than `width` (default: its longest sample), first fit
+    in decreasing length; one sample a row when the longest is over PACK_MAX_LENGTH."""
+    longest = int(max(lengths))
+    width = max(width or longest, longest)
+    if longest > PACK_MAX_LENGTH:
         return [[i] for i in range(len(lengths))]
     rows: list[list[int]] = []
     free: list[int] = []
@@ -77,24 +92,33 @@ def pack_rows(lengths: list[int] | np.ndarray) -> list[list[int]]:
     return rows
 
 
+def packed_rows(lengths: list[int] | np.ndarray, max_batch_tokens: int) -> list[list[int]]:
+    """The rows a packed batch of these samples trains in (`pack_rows` at `pack_width`)."""
+    return pack_rows(lengths, pack_width(int(max(lengths)), max_batch_tokens))
+
+
 def packed_batches(
     lengths: list[int] | np.ndarray, max_batch_tokens: int, rng: np.random.Generator
 ) -> list[list[int]]:
     """Batches of samples in a random order, lengths mixed, each as many as fit when packed
-    (`pack_rows`: rows x the longest sample <= max_batch_tokens; a sample longer than the
-    budget goes alone). Long samples (PACK_MAX_LENGTH) are not packed, only mixed."""
+    (`packed_rows`: rows x their width <= max_batch_tokens; a sample longer than the budget goes
+    alone). Long samples (PACK_MAX_LENGTH) are not packed, only mixed."""
     lengths = np.asarray(lengths)
     batches: list[list[int]] = []
     current: list[int] = []
     for i in rng.permutation(len(lengths)).tolist():
         trial = [*current, i]
-        if (
-            current
-            and len(pack_rows(lengths[trial])) * int(lengths[trial].max()) > max_batch_tokens
-        ):
+        if current and padded_tokens(lengths[trial], max_batch_tokens) > max_batch_tokens:
             batches.append(current)
             trial = [i]
         current = trial
     if current:
         batches.append(current)
     return batches
+
+
+def padded_tokens(lengths: np.ndarray, max_batch_tokens: int) -> int:
+    """Tokens a packed batch of these samples computes, padding included (rows x width)."""
+    return len(packed_rows(lengths, max_batch_tokens)) * pack_width(
+        int(lengths.max()), max_batch_tokens
+    )

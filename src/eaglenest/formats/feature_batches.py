@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eaglenest.common.batching import pack_batches, pack_rows, packed_batches, pooled_batches
+from eaglenest.common.batching import pack_batches, packed_batches, packed_rows, pooled_batches
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
 from eaglenest.formats.target_head import TargetHead
@@ -230,11 +230,13 @@ def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
     )
 
 
-def build_packed_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
-    """The samples packed into rows (`pack_rows`: each row as long as the longest sample), each
-    row the concatenation of its samples, right-padded; `segments` says which sample each
-    position holds. Training on it equals training on `build_batch` of the same samples."""
-    rows = pack_rows([r.length for r in refs])
+def build_packed_batch(
+    refs: list[SampleRef], shards: list[HiddenShard], max_batch_tokens: int
+) -> Batch:
+    """The samples packed into rows (`packed_rows` under max_batch_tokens), each row the
+    concatenation of its samples, right-padded; `segments` says which sample each position
+    holds. Training on it equals training on `build_batch` of the same samples."""
+    rows = packed_rows([r.length for r in refs], max_batch_tokens)
     batch = build_batch(refs, shards)  # one sample a row, then moved into the packed rows
     if len(rows) == len(refs):  # nothing shares a row (long samples): linear-memory attention
         return batch

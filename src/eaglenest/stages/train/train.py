@@ -392,8 +392,10 @@ def step_batches(
             order = plan.epoch_order(epoch)
         position = step - start
         refs = order[position * processes.world_size + processes.rank]
-        build = build_packed_batch if plan.packed else build_batch
-        yield epoch, position, build(refs, plan.shards)
+        if plan.packed:
+            yield epoch, position, build_packed_batch(refs, plan.shards, plan.max_batch_tokens)
+        else:
+            yield epoch, position, build_batch(refs, plan.shards)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
