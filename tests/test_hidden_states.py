@@ -387,6 +387,30 @@ def test_packed_batches_mix_lengths_and_pack_rows_under_the_budget():
     assert packed_batches(lengths, 256, np.random.default_rng(0)) == batches
 
 
+def test_samples_too_long_to_pack_are_batched_from_length_sorted_pools():
+    """Reasoning-length data (most samples over PACK_MAX_LENGTH, which go one to a row): batches
+    new each epoch that still waste little padding. Drawn at random like the short samples, the
+    long ones padded to each batch's longest computed about 2x their tokens at this budget."""
+    from eaglenest.common.batching import PACK_MAX_LENGTH
+
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(3000), 0.9, 2000).astype(np.int64), 200, 32000)
+    budget = 64 * 1024
+    epochs = [packed_batches(lengths, budget, np.random.default_rng([0, e])) for e in range(2)]
+    for batches in epochs:
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        computed = 0
+        for batch in batches:
+            sizes = lengths[batch]
+            assert (sizes > PACK_MAX_LENGTH).all() or (sizes <= PACK_MAX_LENGTH).all()
+            rows = packed_rows(sizes, budget)
+            padded = len(rows) * max(int(sizes[row].sum()) for row in rows)
+            assert len(batch) == 1 or padded <= budget
+            computed += padded
+        assert lengths.sum() / computed > 0.9
+    assert {tuple(b) for b in epochs[0]} != {tuple(b) for b in epochs[1]}
+
+
 def test_packed_rows_are_never_wider_than_the_packing_limit():
     from eaglenest.common.batching import PACK_MAX_LENGTH
 

@@ -97,13 +97,36 @@ def packed_rows(lengths: list[int] | np.ndarray, max_batch_tokens: int) -> list[
     return pack_rows(lengths, pack_width(int(max(lengths)), max_batch_tokens))
 
 
+# Samples longer than PACK_MAX_LENGTH go one a row, so a batch of them is padded to its longest:
+# drawn at random they would waste half the budget on reasoning-length data (bench/batching.py).
+# They are batched from length-sorted pools of this many batches' worth of tokens instead: new
+# batches every epoch, little padding.
+LONG_POOL_BATCHES = 16
+
+
 def packed_batches(
     lengths: list[int] | np.ndarray, max_batch_tokens: int, rng: np.random.Generator
 ) -> list[list[int]]:
-    """Batches of samples in a random order, lengths mixed, each as many as fit when packed
-    (`packed_rows`: rows x their width <= max_batch_tokens; a sample longer than the budget goes
-    alone). Long samples (PACK_MAX_LENGTH) are not packed, only mixed."""
+    """New batches for each `rng` draw (training draws one per epoch): samples up to
+    PACK_MAX_LENGTH in a random order, lengths mixed, each batch as many as fit when packed
+    (`packed_rows`: rows x their width <= max_batch_tokens); longer samples one a row, in
+    `pooled_batches` of LONG_POOL_BATCHES; the two kinds of batch in a random order. A sample
+    longer than the budget goes alone."""
     lengths = np.asarray(lengths)
+    short = np.flatnonzero(lengths <= PACK_MAX_LENGTH)
+    long = np.flatnonzero(lengths > PACK_MAX_LENGTH)
+    batches = [short[b].tolist() for b in _random_packed(lengths[short], max_batch_tokens, rng)]
+    if len(long) == 0:
+        return batches
+    pools = pooled_batches(lengths[long], max_batch_tokens, LONG_POOL_BATCHES, rng)
+    batches += [long[b].tolist() for b in pools]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _random_packed(
+    lengths: np.ndarray, max_batch_tokens: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """The samples in a random order, cut into batches as many as fit when packed."""
     batches: list[list[int]] = []
     current: list[int] = []
     for i in rng.permutation(len(lengths)).tolist():
