@@ -465,10 +465,17 @@ def test_rotary_positions_shifted_by_a_constant_change_nothing(model):
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])
-def test_samples_packed_in_a_row_train_as_they_do_alone(model, checkpointed):
+@pytest.mark.parametrize("path", ["dense", "linear"])
+def test_samples_packed_in_a_row_train_as_they_do_alone(model, checkpointed, path, monkeypatch):
     """Two samples of one row (`segments`) give, at every position with a target in its own
     sample, the logits and the gradients they give one to a row: attention stays within a sample
-    and rotary positions restart."""
+    and rotary positions restart. Both attention paths of packed rows: the dense masked block,
+    and the linear-memory one (masked SDPA and log-sum-exp, here in chunks of a few queries)."""
+    from eaglenest import drafter
+
+    if path == "linear":
+        monkeypatch.setattr(drafter, "DENSE_PACKED_SCORES", 0)
+        monkeypatch.setattr(drafter, "LSE_CHUNK_SCORES", 64)
     model.checkpoint_layer = checkpointed
     steps, lengths = 3, (7, 5)
     aux, ids = inputs(batch=2, length=7)

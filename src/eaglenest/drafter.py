@@ -20,7 +20,9 @@ the step-0 keys of positions <= t (causal) and the keys of steps 1..i at positio
 position's own draft chain), as in the EAGLE-3 reference training code. `Attention.forward`
 implements it in memory linear in T: the causal part is `scaled_dot_product_attention` over the
 step-0 keys, and each earlier step adds one diagonal score per position; the two are merged by
-log-sum-exp. No [T, T] block is kept for backward, so 32K-token samples train.
+log-sum-exp. No [T, T] block is kept for backward, so 32K-token samples train. Rows that pack
+several samples (`segments`) see only their own sample's keys: through one dense masked block
+while it is small (fastest on the demo), else the same linear-memory path with the mask.
 
 Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
 (`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
@@ -44,6 +46,10 @@ from torch.utils.checkpoint import checkpoint
 # chunk's [rows, T] block exists only while its log-sum-exp is computed, in forward and again
 # in backward.
 LSE_CHUNK_SCORES = 1 << 24
+# Packed rows attend through one dense [B, heads, T, T + steps] block a step (kept for backward;
+# the fastest path at small sizes) while it has at most this many scores; above, the linear-memory
+# path with the mask. 64K tokens in 2048-token rows with 32 heads would keep 17 GB a step dense.
+DENSE_PACKED_SCORES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -198,15 +204,16 @@ class Attention(nn.Module):
             self.config.num_attention_heads // self.config.num_key_value_heads, 1
         )
 
-    def _merged(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    def _merged(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], visible=None):
         """Step >= 1: softmax over [causal step-0 scores, one diagonal score per earlier step],
-        as the prefix attention's output and log-sum-exp merged with the diagonal terms."""
+        as the prefix attention's output and log-sum-exp merged with the diagonal terms.
+        `visible` [B, 1, T, T]: the step-0 keys each query may see, when not all earlier ones."""
         scale = 1.0 / math.sqrt(self.config.head_dim)
-        prefix = F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True)
+        prefix = _prefix_attention(q, keys[0], values[0], visible)
         wide = torch.promote_types(q.dtype, torch.float32)  # bf16 scores merged in float32
         # [B, heads, T, 1 + steps]: the prefix's log-sum-exp, then each step's own score.
         scores = torch.stack(
-            [causal_logsumexp(q, keys[0], scale),
+            [causal_logsumexp(q, keys[0], scale, visible),
              *[(q * key).sum(-1).to(wide) * scale for key in keys[1:]]],
             dim=-1,
         )  # fmt: skip
@@ -244,11 +251,13 @@ class Attention(nn.Module):
         cache.values.append(v)
         keys = [self._expand(key) for key in cache.keys]
         values = [self._expand(value) for value in cache.values]
-        if cache.visible is not None:
-            return self._out(self._packed(q, keys, values, cache.visible))
+        visible = cache.visible
+        dense_scores = q.numel() // q.shape[-1] * (keys[0].shape[2] + len(cache) - 1)
+        if visible is not None and dense_scores <= DENSE_PACKED_SCORES:
+            return self._out(self._packed(q, keys, values, visible))
         if len(cache) == 1:
-            return self._out(F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True))
-        return self._out(self._merged(q, keys, values))
+            return self._out(_prefix_attention(q, keys[0], values[0], visible))
+        return self._out(self._merged(q, keys, values, visible))
 
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
@@ -264,16 +273,32 @@ class Attention(nn.Module):
         return self._out(out)
 
 
+def _prefix_attention(q, k, v, visible: torch.Tensor | None) -> torch.Tensor:
+    """Attention over the step-0 keys: causal, or as `visible` [B, 1, T, T] allows."""
+    if visible is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+
 def _chunk_scores(
-    q: torch.Tensor, k: torch.Tensor, first: int, scale: float, matmul_dtype: torch.dtype
+    q: torch.Tensor,
+    k: torch.Tensor,
+    first: int,
+    scale: float,
+    matmul_dtype: torch.dtype,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal scores of queries first.. (q [B, h, n, d]) against keys k[:first+n], in float32
-    (-inf where a key lies after the query); the matmul runs in `matmul_dtype`."""
+    (-inf where a key lies after the query, or where `visible` [B, 1, T, T] hides it); the
+    matmul runs in `matmul_dtype`."""
     wide = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(matmul_dtype) @ k.to(matmul_dtype).transpose(-1, -2)).to(wide) * scale
-    rows = torch.arange(first, first + q.shape[2], device=q.device)[:, None]
-    visible = torch.arange(k.shape[2], device=q.device)[None, :] <= rows
-    return scores.masked_fill_(~visible, float("-inf"))
+    last = first + q.shape[2]
+    if visible is not None:
+        return scores.masked_fill_(~visible[:, :, first:last, : k.shape[2]], float("-inf"))
+    rows = torch.arange(first, last, device=q.device)[:, None]
+    seen = torch.arange(k.shape[2], device=q.device)[None, :] <= rows
+    return scores.masked_fill_(~seen, float("-inf"))
 
 
 def _lse_chunks(t: int, b: int, h: int):
@@ -291,21 +316,23 @@ class _CausalLogSumExp(torch.autograd.Function):
     size changes from chunk to chunk beyond the scores themselves."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, scale: float, matmul_dtype: torch.dtype):
+    def forward(ctx, q, k, scale: float, matmul_dtype: torch.dtype, visible=None):
         b, h, t, _ = q.shape
         wide = torch.promote_types(q.dtype, torch.float32)
         lse = torch.empty(b, h, t, dtype=wide, device=q.device)
         for first, last in _lse_chunks(t, b, h):
-            scores = _chunk_scores(q[:, :, first:last], k[:, :, :last], first, scale, matmul_dtype)
+            scores = _chunk_scores(
+                q[:, :, first:last], k[:, :, :last], first, scale, matmul_dtype, visible
+            )
             torch.logsumexp(scores, -1, out=lse[:, :, first:last])
             del scores
-        ctx.save_for_backward(q, k, lse)
+        ctx.save_for_backward(q, k, lse, visible)
         ctx.scale, ctx.matmul_dtype = scale, matmul_dtype
         return lse
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        q, k, lse = ctx.saved_tensors
+        q, k, lse, visible = ctx.saved_tensors
         scale, matmul_dtype = ctx.scale, ctx.matmul_dtype
         b, h, t, _ = q.shape
         wide = lse.dtype
@@ -314,7 +341,7 @@ class _CausalLogSumExp(torch.autograd.Function):
         grad = grad.to(wide) * scale
         for first, last in _lse_chunks(t, b, h):
             q_chunk, k_seen = q[:, :, first:last], k[:, :, :last]
-            weights = _chunk_scores(q_chunk, k_seen, first, scale, matmul_dtype)
+            weights = _chunk_scores(q_chunk, k_seen, first, scale, matmul_dtype, visible)
             weights.sub_(lse[:, :, first:last, None]).exp_().mul_(grad[:, :, first:last, None])
             weights = weights.to(matmul_dtype)
             grad_q[:, :, first:last] = weights @ k_seen.to(matmul_dtype)
@@ -322,12 +349,15 @@ class _CausalLogSumExp(torch.autograd.Function):
             del weights
         grad_q = grad_q.to(q.dtype) if ctx.needs_input_grad[0] else None
         grad_k = grad_k.to(k.dtype) if ctx.needs_input_grad[1] else None
-        return grad_q, grad_k, None, None
+        return grad_q, grad_k, None, None, None
 
 
-def causal_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """log sum_{s<=t} exp(scale * q_t . k_s) [B, h, T] in float32, a chunk of queries at a time
-    (LSE_CHUNK_SCORES scores a chunk). Under autograd only q, k and the result are kept; backward
+def causal_logsumexp(
+    q: torch.Tensor, k: torch.Tensor, scale: float, visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log sum_{s<=t} exp(scale * q_t . k_s) [B, h, T] in float32 (over the s that `visible`
+    [B, 1, T, T] allows, when given), a chunk of queries at a time (LSE_CHUNK_SCORES scores a
+    chunk). Under autograd only q, k and the result are kept; backward
     recomputes each chunk's scores (`_CausalLogSumExp`): memory stays linear in T. Under autocast
     the score matmuls run in the autocast dtype, as autocast would run them."""
     device = q.device.type
@@ -337,7 +367,7 @@ def causal_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
         else torch.promote_types(q.dtype, torch.float32)
     )
     with torch.autocast(device, enabled=False):
-        return _CausalLogSumExp.apply(q, k, scale, matmul_dtype)
+        return _CausalLogSumExp.apply(q, k, scale, matmul_dtype, visible)
 
 
 class DecodeCache:
