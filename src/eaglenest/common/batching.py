@@ -52,7 +52,8 @@ def pooled_batches(
     return [batches[b] for b in rng.permutation(len(batches))]
 
 
-# A row that packs several samples attends through a dense [T, T] block: only batches whose
+# A row that packs several samples needs a [T, T] mask of what each position sees (and small
+# batches attend through a dense [T, T] block, drafter.DENSE_PACKED_SCORES): only batches whose
 # longest sample is at most this long are packed, into rows at most this wide; longer ones go one
 # sample a row, memory linear.
 PACK_MAX_LENGTH = 2048
@@ -63,8 +64,8 @@ def pack_width(longest: int, max_batch_tokens: int) -> int:
     as many equal rows as can each hold that sample, so the budget's remainder widens the rows
     instead of going unused (1024 tokens and a longest sample of 130: 7 rows of 146, not 7 of
     130); at most PACK_MAX_LENGTH wide, never narrower than the longest sample. Wider rows than
-    that fill better but cost more than they save: the dense block grows with the width squared
-    (on the demo, rows twice the longest sample made an epoch 8% slower)."""
+    that fill better but cost more than they save: attention grows with the width squared (on
+    the demo, rows twice the longest sample made an epoch 8% slower)."""
     if longest > PACK_MAX_LENGTH:
         return longest
     rows = max(1, max_batch_tokens // longest)
