@@ -143,6 +143,5 @@ def _random_packed(
 
 def padded_tokens(lengths: np.ndarray, max_batch_tokens: int) -> int:
     """Tokens a packed batch of these samples computes, padding included (rows x width)."""
-    return len(packed_rows(lengths, max_batch_tokens)) * pack_width(
-        int(lengths.max()), max_batch_tokens
-    )
+    width = pack_width(int(lengths.max()), max_batch_tokens)
+    return len(pack_rows(lengths, width)) * width
