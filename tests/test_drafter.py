@@ -507,3 +507,110 @@ def test_samples_packed_in_a_row_train_as_they_do_alone(model, checkpointed, pat
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     for name, grad in alone_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5)
+
+
+# --- the MLA drafter (train.drafter.attention: mla) -------------------------------------------
+
+MLA_CONFIG = replace(
+    CONFIG, attention="mla", head_dim=12, num_key_value_heads=4, q_lora_rank=16,
+    kv_lora_rank=20, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+)  # fmt: skip
+
+
+def test_mla_attention_equals_transformers_deepseek_v3_attention():
+    """The MLA drafter's attention (step 0: causal) against transformers' DeepseekV3Attention,
+    which matches DeepSeek's reference inference code, with the same weights: its input is an
+    EAGLE-3 layer's 2H, hence transformers' hidden size 2H and our o_proj its first H rows."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    c = MLA_CONFIG
+    ours = make_model(c).midlayer.self_attn
+    reference = DeepseekV3Config(
+        hidden_size=2 * c.hidden_size, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_attention_heads,
+        q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+        qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,
+        v_head_dim=c.v_head_dim, rope_interleave=True, rms_norm_eps=c.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+    )  # fmt: skip
+    reference._attn_implementation = "eager"
+    theirs = DeepseekV3Attention(reference, layer_idx=0).double().eval()
+    state = {k: v for k, v in ours.state_dict().items() if not k.startswith("o_proj")}
+    theirs.load_state_dict({**state, "o_proj.weight": theirs.o_proj.weight}, strict=True)
+    with torch.no_grad():
+        theirs.o_proj.weight[: c.hidden_size] = ours.o_proj.weight
+    torch.manual_seed(2)
+    x = torch.randn(2, 9, 2 * c.hidden_size, dtype=torch.float64)
+    positions = torch.arange(9).expand(2, 9)
+    mask = torch.full((9, 9), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        cos_sin = DeepseekV3RotaryEmbedding(reference)(x, positions)
+        expected, _ = theirs(x, cos_sin, mask.expand(2, 1, 9, 9))
+        cos, sin = rope_cos_sin(positions, c.qk_rope_head_dim, c.rope_theta, interleaved=True)
+        got = ours(x, cos, sin, drafter_module.KVCache())
+    # Both compute the rotary angles in float32, hence the tolerance; another rotary layout or a
+    # missing norm differs by the size of the values themselves.
+    torch.testing.assert_close(got, expected[..., : c.hidden_size], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        cos, sin = rope_cos_sin(positions, c.qk_rope_head_dim, c.rope_theta, interleaved=False)
+        half_split = ours(x, cos, sin, drafter_module.KVCache())
+    assert not torch.allclose(half_split, expected[..., : c.hidden_size], rtol=1e-3, atol=1e-4)
+
+
+def test_the_mla_drafter_trains_as_it_decodes_on_every_attention_path(monkeypatch):
+    """TTT of the MLA drafter: decoding with a cache gives its logits, the linear-memory path its
+    dense loss and gradients, and packed rows what each sample gives alone (the paths `Attention`
+    shares, here with keys and values of other head sizes than the queries')."""
+    model = make_model(MLA_CONFIG)
+    assert_decoding_equals_ttt(model)
+    model = model.float().train()
+    aux, ids = inputs(batch=2, length=24)
+    loss_mask = torch.ones(2, 24, dtype=torch.bool)
+    target = torch.randn(2, 24, CONFIG.draft_vocab_size)
+    monkeypatch.setattr(drafter_module, "LSE_CHUNK_SCORES", 50)
+    loss, grads = loss_and_gradients(model, aux.float(), ids, loss_mask, target, 4)
+    monkeypatch.setattr(Attention, "forward", dense_ttt_attention)
+    monkeypatch.setattr(drafter_module.MLAttention, "forward", dense_ttt_attention)
+    dense_loss, dense_grads = loss_and_gradients(model, aux.float(), ids, loss_mask, target, 4)
+    torch.testing.assert_close(loss, dense_loss, rtol=1e-5, atol=1e-6)
+    assert "midlayer.self_attn.kv_b_proj.weight" in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_mla_drafter_is_exported_as_vllms_deepseek_eagle3_loads_it(tmp_path):
+    """config.json names Eagle3DeepseekV3ForCausalLM with the MLA sizes under a model type
+    vLLM does not turn into its MTP drafter (deepseek_v3 would), the tensors carry DeepSeek's
+    names, the export reloads as the same drafter, and norm_before_fc (which vLLM's MLA drafter
+    lacks) is refused."""
+    import json
+
+    from safetensors import safe_open
+
+    from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
+
+    model = make_model(MLA_CONFIG).float()
+    export_drafter(model, tmp_path, dtype="float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    assert config["model_type"] == "deepseek_v2"
+    assert (config["kv_lora_rank"], config["qk_rope_head_dim"], config["v_head_dim"]) == (20, 4, 6)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    attention = {f"midlayer.self_attn.{n}.weight" for n in (
+        "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+        "kv_b_proj", "o_proj")}  # fmt: skip
+    assert attention <= names and not any("k_proj" in n or "v_proj" in n for n in names)
+    loaded = load_drafter(tmp_path, model.embed_tokens.weight.detach())
+    assert loaded.config == model.config
+    aux, ids = inputs(batch=1, length=6)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ttt_forward(loaded, aux.float(), ids, 2), ttt_forward(model, aux.float(), ids, 2)
+        )
+    with pytest.raises(ExportError, match="norm_before_fc"):
+        export_drafter(make_model(replace(MLA_CONFIG, norm_before_fc=True)), tmp_path / "x")

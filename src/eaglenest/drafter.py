@@ -74,6 +74,22 @@ class DrafterConfig:
     fc_norm: bool = False
     norm_before_residual: bool = False
     norm_output: bool = False
+    # The drafter's attention: `llama` (vLLM's Eagle3LlamaForCausalLM) or `mla`, DeepSeek-V3's
+    # multi-head latent attention (vLLM's Eagle3DeepseekV3ForCausalLM): queries through a
+    # low-rank `q_lora_rank` (None: one projection), keys and values from one latent of
+    # `kv_lora_rank` per token, the rotary part (`qk_rope_head_dim`, interleaved pairs as
+    # DeepSeek rotates them) shared by all heads. An MLA target on vLLM's CPU build can only be
+    # served beside an MLA drafter (both need its block size of 16).
+    attention: str = "llama"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -120,6 +136,8 @@ class DrafterConfig:
             "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
             "max_position_embeddings": getattr(c, "max_position_embeddings", 4096),
         }
+        if overrides.get("attention") == "mla":
+            values.update(_mla_sizes(c, heads))
         values.update(overrides)
         if values["hidden_size"] != c.hidden_size:
             raise ValueError(
@@ -127,6 +145,23 @@ class DrafterConfig:
                 f"{c.hidden_size}: the drafter shares the target's token embedding"
             )
         return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
+
+
+MLA_SIZES = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _mla_sizes(target: Any, heads: int) -> dict[str, Any]:
+    """An MLA drafter's sizes from an MLA target (DeepSeek-V3, Kimi-K2); its head_dim is the
+    query/key head size."""
+    if not getattr(target, "kv_lora_rank", None):
+        raise ValueError(
+            "train.drafter.attention mla: the target's config has no MLA sizes (kv_lora_rank, "
+            "qk_rope_head_dim, ...); set them under train.drafter or use attention llama"
+        )
+    sizes = {name: getattr(target, name, None) for name in MLA_SIZES}
+    sizes["head_dim"] = sizes["qk_nope_head_dim"] + sizes["qk_rope_head_dim"]
+    sizes["num_key_value_heads"] = heads
+    return sizes
 
 
 class RMSNorm(nn.Module):
@@ -143,14 +178,18 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float
+    positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [B, 1, T, head_dim] for integer positions [B, T] (Llama's half-split layout)."""
+    """cos, sin [B, 1, T, head_dim] for integer positions [B, T]: Llama's half-split layout
+    (frequency i at dims i and i + d/2), or DeepSeek's interleaved pairs (at 2i and 2i + 1)."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
     )
     angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
-    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)[:, None]
+    else:
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos(), angles.sin()
 
 
@@ -159,8 +198,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-second, first], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): the interleaved layout's rotate_half."""
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+) -> torch.Tensor:
+    rotated = rotate_pairs(x) if interleaved else rotate_half(x)
+    return (x * cos.to(x.dtype)) + (rotated * sin.to(x.dtype))
 
 
 class KVCache:
@@ -186,6 +233,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(c.head_dim)  # SDPA's default for the query's head size
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         b, t, _ = x.shape
@@ -208,7 +256,7 @@ class Attention(nn.Module):
         """Step >= 1: softmax over [causal step-0 scores, one diagonal score per earlier step],
         as the prefix attention's output and log-sum-exp merged with the diagonal terms.
         `visible` [B, 1, T, T]: the step-0 keys each query may see, when not all earlier ones."""
-        scale = 1.0 / math.sqrt(self.config.head_dim)
+        scale = self.scale
         prefix = _prefix_attention(q, keys[0], values[0], visible)
         wide = torch.promote_types(q.dtype, torch.float32)  # bf16 scores merged in float32
         # [B, heads, T, 1 + steps]: the prefix's log-sum-exp, then each step's own score.
@@ -226,7 +274,7 @@ class Attention(nn.Module):
     def _packed(self, q, keys: list[torch.Tensor], values: list[torch.Tensor], visible):
         """Rows packing several samples (short ones): the same softmax as `_merged`, over the
         step-0 keys `visible` allows and each earlier step's own score, as one dense block."""
-        scale = 1.0 / math.sqrt(self.config.head_dim)
+        scale = self.scale
         wide = torch.promote_types(q.dtype, torch.float32)
         prefix = (q @ keys[0].transpose(-1, -2)).to(wide) * scale
         prefix = prefix.masked_fill(~visible, float("-inf"))
@@ -271,6 +319,46 @@ class Attention(nn.Module):
             q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
         )
         return self._out(out)
+
+
+class MLAttention(Attention):
+    """DeepSeek-V3's multi-head latent attention with the input of an EAGLE-3 layer (2H), in its
+    plain form: the latent is expanded to per-head keys and values, so every attention path of
+    `Attention` (TTT, packed rows, decoding) runs on them unchanged; vLLM computes the same with
+    the latent absorbed. Names as DeepSeek's checkpoints and vLLM's deepseek_eagle3.py."""
+
+    def __init__(self, config: DrafterConfig):
+        nn.Module.__init__(self)
+        self.config = c = config
+        heads, rope, nope = c.num_attention_heads, c.qk_rope_head_dim, c.qk_nope_head_dim
+        if c.q_lora_rank:
+            self.q_a_proj = nn.Linear(2 * c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, heads * (nope + rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(2 * c.hidden_size, heads * (nope + rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(2 * c.hidden_size, c.kv_lora_rank + rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, heads * (nope + c.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * c.v_head_dim, c.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(nope + rope)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        b, t, _ = x.shape
+        heads, nope = c.num_attention_heads, c.qk_nope_head_dim
+        if c.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        q = q.view(b, t, heads, -1).transpose(1, 2)
+        q_pe = apply_rope(q[..., nope:], cos, sin, interleaved=True)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], -1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, heads, -1).transpose(1, 2)
+        k_nope, v = kv.split([nope, c.v_head_dim], dim=-1)
+        k_pe = apply_rope(k_pe[:, None], cos, sin, interleaved=True).expand(-1, heads, -1, -1)
+        q = torch.cat([q[..., :nope], q_pe], dim=-1)
+        return q, torch.cat([k_nope, k_pe], dim=-1), v
 
 
 def _prefix_attention(q, k, v, visible: torch.Tensor | None) -> torch.Tensor:
@@ -409,7 +497,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on embeddings
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on hidden states
-        self.self_attn = Attention(config)
+        self.self_attn = MLAttention(config) if config.attention == "mla" else Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
         self.norm_before_residual = config.norm_before_residual
@@ -478,7 +566,8 @@ class Eagle3Drafter(nn.Module):
         """One draft step over [B, T]: logits over the draft vocab, and the hidden state that
         the next step takes in place of fc(aux)."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        c = self.config
+        cos, sin = rope_cos_sin(positions, c.rope_dim, c.rope_theta, c.attention == "mla")
         if self.checkpoint_layer and isinstance(cache, KVCache) and torch.is_grad_enabled():
             hidden = self._checkpointed_layer(embeds, hidden, cos, sin, cache)
         else:

@@ -3,7 +3,7 @@ and talking to it.
 
 vLLM pins another transformers than ours, so it never shares the project's environment: a stage
 that needs it starts `python -m <module>` from that environment, with our source on PYTHONPATH,
-and the module imports only the engine, torch, numpy and this file (stdlib only). The child
+and the module imports only the engine, torch, numpy, this file and vllm_cpu (stdlib only). The child
 writes messages to stdout as lines `EAGLENEST <json>` (`say`); every other line there is the
 engine's own log (vLLM logs to stdout), which the parent logs and keeps the end of for errors.
 """
@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args
 
 MARKER = "EAGLENEST "
 LOG_TAIL_LINES = 40
@@ -44,7 +46,31 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
                 "gpu_memory_utilization", "trust_remote_code"):  # fmt: skip
         args[key] = request[key]
     args.update(model=request["target"], **method)
-    return {key: value for key, value in args.items() if value is not None}
+    args = {key: value for key, value in args.items() if value is not None}
+    if request.get("cpu_workarounds", True) and _on_cpu():
+        drafter = (args.get("speculative_config") or {}).get("model")
+        args = cpu_engine_args(
+            args,
+            target_uses_mla=config_uses_mla(model_config(request["target"])),
+            drafter_uses_mla=config_uses_mla(model_config(drafter)) if drafter else None,
+        )
+    return args
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """In the child: a model's config.json, from its directory or the local hub cache."""
+    path = Path(model) / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from huggingface_hub import hf_hub_download  # vLLM's dependency; reads the local cache
+
+    return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
 
 
 def engine_python(python: str, key: str = "vllm.python") -> str:

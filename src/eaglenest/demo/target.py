@@ -166,40 +166,92 @@ def encode_training_batch(
     return encoded
 
 
+# DeepSeek-V3's shape (Kimi-K2, Kimi-K2.5) at the sizes vLLM's CPU kernels take: MLA with a
+# latent of kv_lora_rank 512 + qk_rope_head_dim 64 (CPU MLA's only head size), hidden and expert
+# sizes that are multiples of 32 (its fused MoE), the first layer dense, then routed experts
+# with one shared expert and DeepSeek-V3's sigmoid routing with a correction bias (noaux_tc).
+DEEPSEEK_V3_DEFAULTS = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 128,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 64,
+    "moe_intermediate_size": 64,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+ARCHITECTURES = ("qwen3", "deepseek_v3")
+
+
+def _qwen3_config(shared: dict[str, Any], num_kv_heads: int) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        **shared,
+        num_key_value_heads=num_kv_heads,
+        head_dim=shared["hidden_size"] // shared["num_attention_heads"],
+        tie_word_embeddings=True,
+    )
+
+
+def _deepseek_v3_config(shared: dict[str, Any], deepseek_v3: dict[str, Any]) -> Any:
+    from transformers import DeepseekV3Config
+
+    sizes = {**DEEPSEEK_V3_DEFAULTS, **deepseek_v3}
+    return DeepseekV3Config(
+        **shared,
+        **sizes,
+        num_key_value_heads=shared["num_attention_heads"],
+        n_group=1,  # one expert group: group-limited routing needs more experts than a demo has
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        # As DeepSeek-V3's and Kimi-K2's config.json say it: transformers implies both, but
+        # vLLM reads them (without topk_method it has no correction bias to load).
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        rope_interleave=True,  # as DeepSeek's checkpoints (and their reference code) rotate
+        tie_word_embeddings=False,  # a separate LM head, as in DeepSeek-V3 and Kimi-K2.5
+    )
+
+
 def _make_model(
     tokenizer: Any,
     *,
+    architecture: str,
     vocab_size: int,
     num_layers: int,
     hidden_size: int,
     num_heads: int,
     num_kv_heads: int,
     intermediate_size: int,
+    deepseek_v3: dict[str, Any] | None = None,
 ) -> Any:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import DeepseekV3ForCausalLM, Qwen3ForCausalLM
 
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"demo_target.architecture {architecture!r}: one of {ARCHITECTURES}")
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    eos_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    config = Qwen3Config(
+    shared = {
         # Like Qwen's checkpoints, the embedding may have more rows than the tokenizer has
         # tokens; later stages must size things by config.vocab_size, and this keeps them honest.
-        vocab_size=max(vocab_size, len(tokenizer)),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        bos_token_id=None,
-        use_cache=True,
-    )
-    return Qwen3ForCausalLM(config)
+        "vocab_size": max(vocab_size, len(tokenizer)),
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "max_position_embeddings": 1024,
+        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(END_OF_TURN),
+        "bos_token_id": None,
+        "use_cache": True,
+    }
+    if architecture == "qwen3":
+        return Qwen3ForCausalLM(_qwen3_config(shared, num_kv_heads))
+    return DeepseekV3ForCausalLM(_deepseek_v3_config(shared, deepseek_v3 or {}))
 
 
 def pack_batch(
@@ -471,6 +523,7 @@ def _train_and_evaluate(
     eval_started = time.perf_counter()
     metrics = evaluate_model(model, tokenizer, heldout_examples(seed, heldout_prompts))
     metrics.update(
+        architecture=model.config.model_type,
         seed=seed,
         train_steps=train_steps,
         batch_size=batch_size,
@@ -488,6 +541,7 @@ def build_demo_target(
     out_dir: str | Path,
     *,
     seed: int = 0,
+    architecture: str = "qwen3",
     num_layers: int = 8,
     hidden_size: int = 128,
     num_heads: int = 4,
@@ -499,6 +553,7 @@ def build_demo_target(
     learning_rate: float = 3e-3,
     heldout_prompts: int = 60,
     min_reasoning_share: float = 0.9,
+    deepseek_v3: dict[str, Any] | None = None,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -507,7 +562,9 @@ def build_demo_target(
     The defaults train on 9,600 examples: about 2 minutes on two idle cores (~85 examples/s),
     after which held-out completions are well-formed think blocks. The directory appears only
     when complete, and replaces an existing one. `threads`: see `torch_threads`; in a pipeline
-    job the adapter has already set the rule's threads.
+    job the adapter has already set the rule's threads. `architecture`: qwen3 (dense) or
+    deepseek_v3 (MLA + MoE, sized by `deepseek_v3` over DEEPSEEK_V3_DEFAULTS; `num_kv_heads`
+    unused).
     """
     import torch
 
@@ -521,6 +578,8 @@ def build_demo_target(
         )
         model = _make_model(
             tokenizer,
+            architecture=architecture,
+            deepseek_v3=deepseek_v3,
             vocab_size=vocab_size,
             num_layers=num_layers,
             hidden_size=hidden_size,
@@ -529,7 +588,8 @@ def build_demo_target(
             intermediate_size=intermediate_size,
         )
         say(
-            f"demo target: {len(tokenizer)} tokens, {_parameter_count(model)} parameters; "
+            f"demo target ({architecture}): {len(tokenizer)} tokens, "
+            f"{_parameter_count(model)} parameters; "
             f"{train_steps} steps of {batch_size} examples on {threads_used} threads"
         )
         metrics = _train_and_evaluate(
@@ -560,6 +620,7 @@ def build_demo_target(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory (Hugging Face layout)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default="qwen3")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
@@ -588,6 +649,7 @@ def run(args: argparse.Namespace) -> int:
     build_demo_target(
         args.out,
         seed=args.seed,
+        architecture=args.architecture,
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_heads=args.num_heads,

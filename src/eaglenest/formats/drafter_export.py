@@ -30,12 +30,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglenest.common.io import atomic_path, write_json
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+from eaglenest.drafter import MLA_SIZES, DrafterConfig, Eagle3Drafter
 from eaglenest.settings.train import DRAFTER_VARIANTS
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+# vLLM's EAGLE-3 drafter with DeepSeek's MLA attention (model_executor/models/deepseek_eagle3.py;
+# the V2 and V3 names load the same class). It reads fc_norm, norm_before_residual and
+# norm_output, but not norm_before_fc: a drafter trained with that would be served without it.
+MLA_ARCHITECTURE = "Eagle3DeepseekV3ForCausalLM"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 INTEGER_TENSORS = ("d2t", "t2d")
 
@@ -44,11 +48,39 @@ class ExportError(ValueError):
     """An export disagrees with the run it came from; the message names the file and field."""
 
 
-def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
-    ids = list(config.aux_layer_ids)
+def check_exportable(config: DrafterConfig) -> None:
+    """A drafter the serving engine would load as another model is an error before training."""
+    if config.attention == "mla" and config.norm_before_fc:
+        raise ExportError(
+            "train.drafter: attention mla with norm_before_fc: vLLM's "
+            f"{MLA_ARCHITECTURE} has no input norm before fc and would serve the drafter "
+            "without it; set train.drafter.norm_before_fc: false"
+        )
+
+
+def _mla_config(config: DrafterConfig) -> dict[str, Any]:
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
+        "architectures": [MLA_ARCHITECTURE],
+        "model_type": "deepseek_v2",  # deepseek_v3 would be loaded as vLLM's MTP drafter
+        "q_lora_rank": config.q_lora_rank,
+        "kv_lora_rank": config.kv_lora_rank,
+        "qk_nope_head_dim": config.qk_nope_head_dim,
+        "qk_rope_head_dim": config.qk_rope_head_dim,
+        "v_head_dim": config.v_head_dim,
+        "rope_interleave": True,  # vLLM's MLA always rotates interleaved pairs
+    }
+
+
+def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
+    check_exportable(config)
+    ids = list(config.aux_layer_ids)
+    architecture = (
+        _mla_config(config)
+        if config.attention == "mla"
+        else {"architectures": [ARCHITECTURE], "model_type": "llama"}
+    )
+    return {
+        **architecture,
         "hidden_act": "silu",
         "hidden_size": config.hidden_size,
         "target_hidden_size": config.target_hidden_size,
@@ -75,7 +107,7 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
             # vLLM reads norm_before_fc here first, then at the top level.
             "norm_before_fc": config.norm_before_fc,
         },
-        "eaglenest": {"aux_layer_ids": ids, "format": "eagle3/1"},
+        "eaglenest": {"aux_layer_ids": ids, "format": "eagle3/1", "attention": config.attention},
     }
 
 
@@ -116,7 +148,14 @@ def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
         rope_theta=config.get("rope_theta", 10000.0),
         max_position_embeddings=config["max_position_embeddings"],
         **{name: bool(config.get(name, False)) for name in DRAFTER_VARIANTS},
+        **_mla_from_export(config),
     )
+
+
+def _mla_from_export(config: dict[str, Any]) -> dict[str, Any]:
+    if MLA_ARCHITECTURE not in config.get("architectures", []):
+        return {}
+    return {"attention": "mla", **{name: config[name] for name in MLA_SIZES}}
 
 
 def load_drafter(

@@ -13,6 +13,7 @@ from eaglenest.settings import Settings
 @dataclass(frozen=True)
 class DemoTargetSettings(Settings):
     seed: int
+    architecture: str
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -24,6 +25,7 @@ class DemoTargetSettings(Settings):
     learning_rate: float
     heldout_prompts: int
     min_reasoning_share: float
+    deepseek_v3: dict[str, Any]
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DemoTargetSettings:

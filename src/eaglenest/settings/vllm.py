@@ -17,11 +17,12 @@ from eaglenest.settings import Settings
 class VllmEngine(Settings):
     quantization: str | None
     engine_args: dict[str, Any]
+    cpu_workarounds: bool = True  # eaglenest.common.vllm_cpu
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> VllmEngine:
         section = config["vllm"]
-        return cls(quantization=section["quantization"], engine_args=section["engine_args"])
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

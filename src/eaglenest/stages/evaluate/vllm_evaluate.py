@@ -94,6 +94,7 @@ def engine_request(
         "tensor_parallel_size": runtime.tensor_parallel_size,
         "quantization": engine.quantization,
         "engine_args": engine.engine_args,
+        "cpu_workarounds": engine.cpu_workarounds,
         "max_model_len": runtime.max_model_len or longest + max_new_tokens,
         "gpu_memory_utilization": runtime.gpu_memory_utilization,
         "trust_remote_code": trust_remote_code,

@@ -123,6 +123,7 @@ def engine_request(
         "tensor_parallel_size": runtime.tensor_parallel_size,
         "quantization": engine.quantization if engine else None,
         "engine_args": engine.engine_args if engine else {},
+        "cpu_workarounds": engine.cpu_workarounds if engine else True,
         "max_model_len": runtime.max_model_len or longest + 1,
         "gpu_memory_utilization": runtime.gpu_memory_utilization,
         "requests_per_batch": runtime.requests_per_batch,

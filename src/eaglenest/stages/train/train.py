@@ -35,6 +35,7 @@ from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter, shift_left, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.drafter_export import check_exportable
 from eaglenest.formats.feature_batches import (
     Batch,
     BatchPlan,
@@ -300,6 +301,7 @@ def build_drafter(
         aux_layer_ids=tuple(head.aux_layer_ids),
         overrides=settings.drafter,
     )
+    check_exportable(config)  # before training, not after it
     torch.manual_seed(settings.seed)
     model = Eagle3Drafter(config)
     model.checkpoint_layer = settings.activation_checkpointing

@@ -1,0 +1,80 @@
+"""What vLLM's CPU build needs to compute what its GPU build computes, decided once for every
+engine the pipeline starts (capture, evaluation: engine_process.llm_arguments) and for every
+server started by hand or by the tests (`server_flags`). On GPUs nothing changes.
+
+- **Rotary embedding.** The CPU wrapper of the `rotary_embedding` custom op
+  (csrc/cpu/pos_encoding.cpp in vLLM 0.32) takes `stride(-2)` as the token stride and
+  `size(-1) / head_size` as the head count. MLA (model_executor/layers/mla.py) hands it strided
+  3-D views (q_pe [T, heads, 64], k_pe [T, 1, 64] sliced from the fused projection), so it
+  rotates the wrong rows: the states of an MLA model (DeepSeek-V3, Kimi-K2) drift from the first
+  layer on (0.014-0.061 relative at layer 1 on the DeepSeek-V3 demo) and decoding attends with
+  them. vLLM's own PyTorch rotary (`-rotary_embedding`) is right; dense models (Qwen3) are the
+  same either way. README, known issues, has the smallest reproduction.
+- **MLA backend.** On a CPU with AMX, vLLM picks AMX_MLA for MLA models, which takes only bf16,
+  fp16 or quantised weights; the reference CPU_MLA takes all dtypes and runs on every CPU, so
+  features and acceptance do not depend on which CPU ran them. A drafter beside an MLA target
+  must be an MLA drafter there: CPU_MLA's block size (16) is one CPU_ATTN (multiples of 32)
+  cannot use ("No common block size for 16").
+
+Standard library only: the engine side imports this under vLLM's interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ROTARY_OP = "rotary_embedding"
+MLA_BACKEND = "CPU_MLA"
+
+
+class CpuEngineError(ValueError):
+    """A configuration vLLM's CPU build cannot run; the message says what to change."""
+
+
+def without_custom_rotary(compilation_config: dict[str, Any] | None) -> dict[str, Any]:
+    """`compilation_config` with vLLM's rotary custom op off (and every other op as asked)."""
+    config = dict(compilation_config or {})
+    ops = [op for op in config.get("custom_ops") or ["all"] if op.lstrip("+-") != ROTARY_OP]
+    config["custom_ops"] = [*ops, "-" + ROTARY_OP]
+    return config
+
+
+def cpu_engine_args(
+    args: dict[str, Any], *, target_uses_mla: bool, drafter_uses_mla: bool | None = None
+) -> dict[str, Any]:
+    """`vllm.LLM` keyword arguments (or a server's, as a dict) with the CPU fixes merged in.
+    `drafter_uses_mla`: None when no EAGLE-3 drafter is loaded."""
+    args = dict(args)
+    args["compilation_config"] = without_custom_rotary(args.get("compilation_config"))
+    if target_uses_mla:
+        args.setdefault("attention_backend", MLA_BACKEND)
+        if drafter_uses_mla is False:
+            raise CpuEngineError(
+                "an MLA target (DeepSeek-V3, Kimi-K2) on vLLM's CPU build is served only beside "
+                f"an MLA drafter: its {MLA_BACKEND} block size of 16 is one the Llama drafter's "
+                "CPU attention cannot use; train with train.drafter.attention: mla"
+            )
+    if drafter_uses_mla and "speculative_config" in args:
+        args["speculative_config"] = {"attention_backend": MLA_BACKEND,
+                                      **args["speculative_config"]}  # fmt: skip
+    return args
+
+
+def config_uses_mla(config: dict[str, Any]) -> bool:
+    """Whether a model's config.json (or its `text_config`, as Kimi-K2.5 nests it) is MLA."""
+    text = config.get("text_config") or config
+    return bool(text.get("kv_lora_rank"))
+
+
+def server_flags(args: dict[str, Any]) -> list[str]:
+    """`vllm serve` / `python -m vllm.entrypoints.openai.api_server` flags for engine arguments:
+    `{"attention_backend": "CPU_MLA"}` -> `--attention-backend CPU_MLA`, dicts as JSON."""
+    flags = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False and value is not None:
+            flags += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+    return flags
