@@ -32,7 +32,7 @@ from eaglenest.stages.prompts import (
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.target import TargetModel
@@ -79,6 +79,7 @@ STAGE_ENTRIES = {
         "stages.hidden_states.vllm_connector",
         "settings.target",
     ],
+    "hidden_verify": ["stages.hidden_states.verify", "settings.target"],
     "target_head": ["formats.target_head", "settings.target"],
     "train": ["stages.train.train", "settings.target"],
     "evaluate": [
@@ -161,6 +162,16 @@ def get_activity_log(shard="{shard}"):
 def get_target_dir():
     """The target directory as an input when the pipeline builds it, else nothing."""
     return run_path("target") if DEMO else []
+
+
+def get_hidden_verification(ancient_only=False):
+    """hidden/verify.json when hidden.verify_samples asks for the backend check (vLLM only). The
+    captures wait for it, but only for its existence (`ancient_only`), so a rerun of the check
+    alone recaptures nothing."""
+    if config["hidden"]["backend"] != "vllm" or config["hidden"]["verify_samples"] == 0:
+        return []
+    path = run_path("hidden/verify.json")
+    return ancient(path) if ancient_only else path
 
 
 def get_hidden_states_gpus():

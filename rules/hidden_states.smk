@@ -2,6 +2,7 @@ rule extract_hidden_states:
     input:
         tokens=run_path("tokens/{shard}.parquet"),
         target=get_target_dir(),
+        verified=get_hidden_verification(ancient_only=True),
     output:
         hidden=run_path("hidden/{shard}.safetensors"),
         summary=run_path("hidden/{shard}.json"),
@@ -23,6 +24,31 @@ rule extract_hidden_states:
         code_version=code_version("hidden"),
     script:
         "../scripts/hidden_states.py"
+
+
+# hidden.verify_samples: vLLM against transformers on the first samples of the first shard, before
+# any shard is captured (eaglenest.stages.hidden_states.verify).
+rule verify_hidden_states:
+    input:
+        tokens=run_path(f"tokens/{SHARDS[0]}.parquet"),
+        target=get_target_dir(),
+    output:
+        verify=run_path("hidden/verify.json"),
+    log:
+        get_log("verify_hidden_states"),
+    conda:
+        "../envs/eaglenest.yaml"
+    threads: 2
+    resources:
+        gpu=get_hidden_states_gpus(),
+    params:
+        settings=settings_json(HiddenSettings),
+        verify=settings_json(HiddenVerifySettings),
+        target=settings_json(TargetModel),
+        runtime=untracked(settings_json(VllmRuntime)),
+        code_version=code_version("hidden_verify"),
+    script:
+        "../scripts/verify_hidden_states.py"
 
 
 rule save_target_head:

@@ -16,6 +16,7 @@ rule build_report:
         train_metrics=run_path("drafter/metrics.jsonl"),
         train_report=run_path("drafter/train_report.json"),
         eval_metrics=run_path("eval/metrics.json"),
+        hidden_verify=get_hidden_verification(),
     output:
         html=run_path("report/index.html"),
         funnel=report(

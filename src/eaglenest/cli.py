@@ -20,6 +20,10 @@ SUBCOMMANDS = {
         "send one minimal request to an endpoint and report what it returns",
     ),
     "build-demo-target": ("eaglenest.demo.target", "build and train the tiny demo target model"),
+    "vllm-cpu-flags": (
+        "eaglenest.common.vllm_cpu",
+        "the flags a vLLM server on CPU needs to compute what it does on GPUs",
+    ),
 }
 
 

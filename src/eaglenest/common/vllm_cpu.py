@@ -2,13 +2,14 @@
 engine the pipeline starts (capture, evaluation: engine_process.llm_arguments) and for every
 server started by hand or by the tests (`server_flags`). On GPUs nothing changes.
 
-- **Rotary embedding.** The CPU wrapper of the `rotary_embedding` custom op
+- **Rotary embedding.** Where vLLM uses its custom ops (`enforce_eager`, or `custom_ops` with
+  `all`; compiled runs default to none), the CPU wrapper of the `rotary_embedding` custom op
   (csrc/cpu/pos_encoding.cpp in vLLM 0.32) takes `stride(-2)` as the token stride and
   `size(-1) / head_size` as the head count. MLA (model_executor/layers/mla.py) hands it strided
   3-D views (q_pe [T, heads, 64], k_pe [T, 1, 64] sliced from the fused projection), so it
   rotates the wrong rows: the states of an MLA model (DeepSeek-V3, Kimi-K2) drift from the first
-  layer on (0.014-0.061 relative at layer 1 on the DeepSeek-V3 demo) and decoding attends with
-  them. vLLM's own PyTorch rotary (`-rotary_embedding`) is right; dense models (Qwen3) are the
+  layer on (0.7-1.3 relative at layer 1 on the trained DeepSeek-V3 demo, eager) and decoding
+  attends with them. vLLM's PyTorch rotary (`-rotary_embedding`) is right; dense models are the
   same either way. README, known issues, has the smallest reproduction.
 - **MLA backend.** On a CPU with AMX, vLLM picks AMX_MLA for MLA models, which takes only bf16,
   fp16 or quantised weights; the reference CPU_MLA takes all dtypes and runs on every CPU, so
@@ -33,9 +34,11 @@ class CpuEngineError(ValueError):
 
 
 def without_custom_rotary(compilation_config: dict[str, Any] | None) -> dict[str, Any]:
-    """`compilation_config` with vLLM's rotary custom op off (and every other op as asked)."""
+    """`compilation_config` with vLLM's rotary custom op off, every other op as asked or as
+    vLLM's default (off when compiled with inductor, on with enforce_eager: the bug shows there,
+    or wherever custom ops are turned on)."""
     config = dict(compilation_config or {})
-    ops = [op for op in config.get("custom_ops") or ["all"] if op.lstrip("+-") != ROTARY_OP]
+    ops = [op for op in config.get("custom_ops") or [] if op.lstrip("+-") != ROTARY_OP]
     config["custom_ops"] = [*ops, "-" + ROTARY_OP]
     return config
 
@@ -76,5 +79,20 @@ def server_flags(args: dict[str, Any]) -> list[str]:
         if value is True:
             flags.append(flag)
         elif value is not False and value is not None:
-            flags += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+            text = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else value
+            flags += [flag, str(text)]
     return flags
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--mla", action="store_true", help="the target is MLA (DeepSeek-V3, Kimi)")
+
+
+def run(args: Any) -> int:
+    """`eaglenest vllm-cpu-flags`: the server flags as a shell would take them (JSON quoted), to
+    add to a `vllm serve` command line on CPU."""
+    import shlex
+
+    flags = server_flags(cpu_engine_args({}, target_uses_mla=args.mla))
+    print(" ".join(shlex.quote(flag) for flag in flags))
+    return 0

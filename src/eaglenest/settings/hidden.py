@@ -31,3 +31,18 @@ class HiddenSettings(Settings):
         if values["aux_layer_ids"] is not None:
             values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class HiddenVerifySettings(Settings):
+    """`hidden.verify_samples` and `hidden.verify_tolerance`: the backend check of
+    stages/hidden_states/verify.py, apart from HiddenSettings so that changing it recaptures
+    nothing."""
+
+    samples: int
+    tolerance: float
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> HiddenVerifySettings:
+        section = config["hidden"]
+        return cls(samples=section["verify_samples"], tolerance=section["verify_tolerance"])

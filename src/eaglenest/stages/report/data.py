@@ -36,6 +36,7 @@ class RunData:
     heldout_lines: list[dict] | None
     train_report: dict | None
     eval: dict | None
+    hidden_verify: dict | None = None  # hidden/verify.json: vLLM against transformers per layer
 
 
 # ---------------------------------------------------------------------------------------------

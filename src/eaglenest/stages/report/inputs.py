@@ -67,10 +67,11 @@ class RunFiles:
     train_metrics: Path | None = None
     train_report: Path | None = None
     eval_metrics: Path | None = None
+    hidden_verify: Path | None = None  # hidden/verify.json, with hidden.verify_samples
 
     def __post_init__(self) -> None:
         optional = ("prompts_report", "probe", "draft_vocab", "train_metrics", "train_report",
-                    "eval_metrics")  # fmt: skip
+                    "eval_metrics", "hidden_verify")  # fmt: skip
         for name in optional:
             setattr(self, name, _optional(getattr(self, name)))
         for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):
@@ -394,4 +395,5 @@ def load_run(files: RunFiles) -> RunData:
         heldout_lines=heldout_lines,
         train_report=read_train_report(files.train_report) if files.train_report else None,
         eval=read_eval_metrics(files.eval_metrics) if files.eval_metrics else None,
+        hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
     )

@@ -282,7 +282,21 @@ def section_hidden(data: RunData) -> Section:
             ]
         )
     )
+    if data.hidden_verify:
+        section.blocks.append(backend_agreement_block(data.hidden_verify))
     return section
+
+
+def backend_agreement_block(verify: dict[str, Any]) -> str:
+    """hidden/verify.json: vLLM's states against transformers' on the first samples."""
+    rows = [
+        ("samples / model dtype / tolerance",
+         f"{verify['samples']} / {verify['model_dtype']} / {verify['tolerance']:.1e}"),
+        *[(f"layer {name}: max / mean relative",
+           f"{f['max_relative']:.2e} / {f['mean_relative']:.2e}")
+          for name, f in verify["layers"].items()],
+    ]  # fmt: skip
+    return "<h3>vLLM against transformers (hidden.verify_samples)</h3>" + key_values(rows)
 
 
 def draft_vocab_block(summary: dict[str, Any]) -> str:
