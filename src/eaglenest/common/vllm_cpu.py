@@ -79,7 +79,11 @@ def server_flags(args: dict[str, Any]) -> list[str]:
         if value is True:
             flags.append(flag)
         elif value is not False and value is not None:
-            text = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else value
+            text = (
+                json.dumps(value, separators=(",", ":"))
+                if isinstance(value, dict | list)
+                else value
+            )
             flags += [flag, str(text)]
     return flags
 
