@@ -7,8 +7,13 @@ from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
 with set_current_vllm_config(VllmConfig()):
-    rope = get_rope(64, max_position=256, is_neox_style=False,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    rope = get_rope(
+        64,
+        max_position=256,
+        is_neox_style=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    torch.manual_seed(0)
     positions, q, k = torch.arange(5), torch.randn(5, 2, 64), torch.randn(5, 1, 64)
     ref_q, ref_k = rope.forward_native(positions, q.clone(), k.clone())
     for name, (qq, kk) in {"3-D": (q, k), "2-D": (q.flatten(1), k.flatten(1))}.items():

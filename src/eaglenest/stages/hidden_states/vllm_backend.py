@@ -12,6 +12,14 @@ one packs each file as it comes and deletes it:
 - `final_hidden` [T, H]: the target's final norm (weights read by name from its checkpoint,
   RMSNorm as transformers computes it) applied to layer N; for `topk`, the LM head on that.
 Every file's `token_ids` must equal the ids sent, or the job fails naming the sample.
+
+`verify_backends` (`hidden.verify_samples: N`) checks this backend against the transformers one
+before any shard is captured: the first N samples of the first shard by both, stored exactly
+(fp32, the final hidden state), compared layer by layer. A drafter is served on the engine's
+features; one trained on features that differ (a kernel bug, another rotary layout) loses
+acceptance silently. Per layer: for each token |vLLM - transformers| / |transformers| over the
+hidden size, the largest and the mean over tokens; above `hidden.verify_tolerance` the job
+fails with them, else `hidden/verify.json` keeps them for the report.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +48,15 @@ from eaglenest.common.engine_process import (
     engine_python,
     reply,
 )
-from eaglenest.common.io import sha256_file
-from eaglenest.formats.hidden_shard import create_hidden_shard, tensor_specs
+from eaglenest.common.io import sha256_file, write_json
+from eaglenest.formats.hidden_shard import create_hidden_shard, open_hidden_shard, tensor_specs
 from eaglenest.formats.tokens import read_tokens
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import (
     TOPK_CHUNK_ROWS,
     checked_aux_layer_ids,
+    extract_hidden_states,
     log_planned_size,
     sample_offsets,
     sample_rows,
@@ -243,3 +254,88 @@ def capture_hidden_states_vllm(
         hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=generate_s,
         backend="vllm", summary_out=summary_out,
     )  # fmt: skip
+
+
+# --- the check against the transformers backend (hidden.verify_samples) ---------------------
+
+
+class BackendMismatchError(RuntimeError):
+    """vLLM's states are not transformers' on the same tokens; the message has the figures."""
+
+
+def layer_agreement(engine, reference) -> dict[str, dict[str, float]]:
+    """Per aux layer (by id) and the final hidden state: the largest and mean per-token
+    relative difference over every sample of two shards of the same tokens."""
+    ids = [str(i) for i in reference.aux_layer_ids]
+    errors: dict[str, list[torch.Tensor]] = {name: [] for name in [*ids, "final"]}
+    for i in range(len(reference)):
+        a, b = engine.sample(i), reference.sample(i)
+        pairs = zip(a["aux"].float().chunk(len(ids), -1), b["aux"].float().chunk(len(ids), -1))
+        for name, (x, y) in zip(ids, pairs, strict=True):
+            errors[name].append((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
+        x, y = a["final_hidden"].float(), b["final_hidden"].float()
+        errors["final"].append((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
+    out = {}
+    for name, parts in errors.items():
+        values = torch.cat(parts)
+        out[name] = {"max_relative": float(values.max()), "mean_relative": float(values.mean())}
+    return out
+
+
+def _first_samples(tokens: Path, n: int, out: Path) -> int:
+    frame = read_tokens(tokens).head(n)
+    frame.write_parquet(out)
+    return frame.height
+
+
+def verify_backends(
+    *,
+    tokens: str | Path,
+    target_path: str | Path,
+    out: str | Path,
+    settings: HiddenSettings,
+    verify: HiddenVerifySettings,
+    runtime: VllmRuntime,
+    target_name: str = "",
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Capture the first `verify.samples` samples of `tokens` with both backends, write the
+    per-layer figures to `out`, and fail above `verify.tolerance` (the figures stay in `out`'s
+    place only when they pass; the error message carries them either way)."""
+    exact = replace(settings, dtype="fp32", target_signal="final_hidden")
+    shared = {"target_path": target_path, "target_name": target_name,
+              "trust_remote_code": trust_remote_code}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="eaglenest-verify-") as work:
+        work_dir = Path(work)
+        subset = work_dir / "tokens.parquet"
+        n = _first_samples(Path(tokens), verify.samples, subset)
+        capture_hidden_states_vllm(
+            tokens=subset, out=work_dir / "vllm.safetensors",
+            settings=replace(exact, backend="vllm"), runtime=runtime, **shared,
+        )  # fmt: skip
+        extract_hidden_states(
+            tokens=subset, out=work_dir / "transformers.safetensors",
+            settings=replace(exact, backend="transformers", engine=None), **shared,
+        )  # fmt: skip
+        agreement = layer_agreement(
+            open_hidden_shard(work_dir / "vllm.safetensors"),
+            open_hidden_shard(work_dir / "transformers.safetensors"),
+        )
+    worst = max(figures["max_relative"] for figures in agreement.values())
+    result = {
+        "tokens": str(tokens), "samples": n, "model_dtype": settings.model_dtype,
+        "tolerance": verify.tolerance, "largest": worst, "passed": worst <= verify.tolerance,
+        "layers": agreement,
+    }  # fmt: skip
+    table = ", ".join(f"{name}: {f['max_relative']:.2e}" for name, f in agreement.items())
+    if not result["passed"]:
+        raise BackendMismatchError(
+            f"{tokens}: on its first {n} samples vLLM's hidden states differ from "
+            f"transformers' by up to {worst:.3g} (relative, per token) above "
+            f"hidden.verify_tolerance {verify.tolerance}; largest per layer: {table}. A drafter "
+            "trained on one backend's features would be served on the other's: find the cause "
+            "(README, known issues) before capturing"
+        )
+    log.info("vLLM and transformers agree on %d samples: %s", n, table)
+    write_json(out, result)
+    return result
