@@ -52,6 +52,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import math
 import os
 import socket
 import subprocess
@@ -87,8 +88,9 @@ BUDGET_S = {
 # No step starts after this many seconds of the check: the whole stays under 8 minutes.
 TOTAL_BUDGET_S = 420
 # Tolerances: relative errors ||device - cpu|| / ||cpu||. float32 on CUDA differs from the CPU by
-# summation order only; bf16 (8 significant bits) by ~1% per rounding. Measured on the CPU, bf16
-# autocast against float32: TTT loss 2e-3, gradients 1.2e-2 (max over tensors); capture aux 5e-3.
+# summation order only; bf16 (8 significant bits) by ~0.4% per rounding. Measured on the CPU at
+# the full sizes, bf16 against float32: TTT loss 1e-6, gradients 8e-3 (the worst tensor); packed
+# gradients 5e-3; capture (bf16 weights, 12 layers) aux 1.7e-2, final hidden 1.9e-2.
 TOL = {
     "fp32_loss": 1e-4,
     "fp32_grad": 1e-3,
@@ -100,9 +102,13 @@ TOL = {
     "curve_fp32": 1e-3,
     "curve_bf16": 3e-2,
     "capture_fp32": 1e-4,
-    "capture_bf16": 3e-2,
+    "capture_bf16": 5e-2,
     "topk_agree_fp32": 0.99,
     "fp8_roundtrip": 0.05,
+    # fp8 encoded on the device as on the CPU; a rounding that differs moves a value one fp8 step
+    # (6%): 0.1% of them would make a relative error of 2e-3.
+    "fp8_equal_share": 0.999,
+    "fp8_shard": 5e-3,
     "ddp": 1e-5,
     "long_context_ratio": 4.5,
 }
@@ -123,7 +129,7 @@ CAPTURE_SIZES = {
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
               "vocab_size": 300, "lengths": (20, 13, 7)},
 }  # fmt: skip
-FP8_SIZES = {"full": (8192, 4096), "small": (64, 32)}  # tokens, hidden size
+FP8_SIZES = {"full": (2048, 4096), "small": (64, 32)}  # tokens, hidden size
 
 
 class CheckFailed(AssertionError):
@@ -160,7 +166,7 @@ def check(figures: dict, name: str, value: float, tolerance: float, at_most: boo
     """Record a figure and fail the step when it lies outside its tolerance."""
     figures[name] = value
     bad = value > tolerance if at_most else value < tolerance
-    if bad or value != value:  # NaN fails too
+    if bad or math.isnan(value):
         relation = "<=" if at_most else ">="
         raise CheckFailed(f"{name}={value:.3g}, goal {relation} {tolerance:g}")
 
@@ -179,10 +185,16 @@ def free_memory() -> None:
 def bench_train():
     """bench/train.py as a module (its long-context step and synthetic shards)."""
     if "gpu_check_bench_train" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check_bench_train", BENCH_DIR / "train.py")
+        spec = importlib.util.spec_from_file_location(
+            "gpu_check_bench_train", BENCH_DIR / "train.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[spec.name]  # the next step tries again, and says why it failed
+            raise
     return sys.modules["gpu_check_bench_train"]
 
 
@@ -216,8 +228,7 @@ def demo_run(ctx: Context) -> dict:
     """Synthetic hidden shards, target head, draft vocab and target config at the demo's sizes
     (bench/train.py `write_run`), made once per check."""
     if "demo_run" not in ctx.cache:
-        root = ctx.root / "demo_run"
-        root.mkdir()
+        root = Path(tempfile.mkdtemp(prefix="demo_run-", dir=ctx.root))
         size = bench_train().SIZES["demo"]
         ctx.cache["demo_run"] = bench_train().write_run(root, size, samples=48, shards=2)
     return ctx.cache["demo_run"]
@@ -301,7 +312,9 @@ def loss_and_grads(model, batch: Batch, steps: int, device: str, precision: str,
         logits = ttt_forward(model, batch.aux, batch.input_ids, steps, segments=segments)
     loss, _ = ttt_loss(logits, batch, 0.8, processes)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in grads_of.named_parameters() if p.grad is not None}
+    grads = {
+        n: p.grad.detach().clone() for n, p in grads_of.named_parameters() if p.grad is not None
+    }
     grads_of.zero_grad(set_to_none=True)
     return loss.detach(), grads
 
@@ -379,13 +392,15 @@ def step_long_context(ctx: Context, figures: dict) -> None:
         if last_s * (length / max(rows, default=length)) ** 2 > ctx.left_s():
             figures[f"T{length}"] = "skipped (budget)"
             continue
+        row = None
         try:
             row = step(length, ctx.device)
         except torch.OutOfMemoryError:
-            figures[f"T{length}"] = "out of memory"
-            free_memory()
-            continue
+            pass  # freed below, once the exception no longer holds the step's tensors
         free_memory()
+        if row is None:
+            figures[f"T{length}"] = "out of memory"
+            continue
         rows[length], last_s = row, row["seconds"]
         figures[f"T{length}_peak_mib"] = round(row["peak_mib"])
         figures[f"T{length}_tokens_per_s"] = round(row["tokens_per_s"])
@@ -416,7 +431,7 @@ def packed_setup(ctx: Context):
     run = demo_run(ctx)
     head, vocab = TargetHead.load(run["target_head"]), DraftVocab.load(run["draft_vocab"])
     shards = open_shards(run["train_shards"], head, vocab)
-    settings = train_settings(device=ctx.device, init_std=0.02)
+    settings = train_settings(device=ctx.device)
     model = build_drafter(AutoConfig.from_pretrained(run["target_path"]), head, vocab, settings)
     plan = BatchPlan(shards, 1024, seed=0, packed=True)
     signal = TargetSignal(head, vocab, ctx.device)
@@ -517,7 +532,9 @@ def capture(path: Path, device: str, model_dtype: str, batch_ids, settings) -> d
     hooks = AuxCapture(model, default_aux_layer_ids(model.config.num_hidden_layers))
     try:
         result = forward_batch(model, hooks, batch_ids, settings)
-        topk = forward_batch(model, hooks, batch_ids, dataclasses.replace(settings, target_signal="topk"))
+        topk = forward_batch(
+            model, hooks, batch_ids, dataclasses.replace(settings, target_signal="topk")
+        )
     finally:
         hooks.remove()
     del model
@@ -578,41 +595,42 @@ def step_fp8(ctx: Context, figures: dict) -> None:
     q_dev, scale_dev = fp8_quantize(aux.to(ctx.device), 3)
     figures.update(tokens=tokens, H=hidden)
     same = (q_dev.cpu().view(torch.uint8) == q_cpu.view(torch.uint8)).float().mean()
-    check(figures, "encoded_equal_share", float(same), 1.0, at_most=False)
+    check(figures, "encoded_equal_share", float(same), TOL["fp8_equal_share"], at_most=False)
     check(figures, "scale_rel", rel_err(scale_dev, scale_cpu), 0.0)
     decoded_dev = fp8_dequantize(q_cpu.to(ctx.device), scale_cpu.to(ctx.device))
     decoded_cpu = fp8_dequantize(q_cpu, scale_cpu)
     check(figures, "decoded_rel", rel_err(decoded_dev, decoded_cpu), 1e-7)
     check(figures, "roundtrip_rel", rel_err(decoded_cpu, aux), TOL["fp8_roundtrip"])
     read = fp8_shard_roundtrip(ctx, aux.to(ctx.device), final.to(ctx.device))
-    check(figures, "shard_aux_rel", rel_err(read["aux"], decoded_cpu), 1e-7)
+    check(figures, "shard_aux_rel", rel_err(read["aux"], decoded_cpu), TOL["fp8_shard"])
     final_cpu = fp8_dequantize(*fp8_quantize(final, 1))
-    check(figures, "shard_final_rel", rel_err(read["final_hidden"], final_cpu), 1e-7)
+    check(figures, "shard_final_rel", rel_err(read["final_hidden"], final_cpu), TOL["fp8_shard"])
 
 
 def fp8_shard_roundtrip(ctx: Context, aux: torch.Tensor, final: torch.Tensor) -> dict:
     """A fp8 hidden shard of two samples written from device tensors, read back and decoded on
     the device (its stored fp8 values and scales moved there)."""
-    from eaglenest.formats.hidden_shard import (
-        FORMAT, create_hidden_shard, fp8_dequantize, open_hidden_shard, tensor_specs,
-    )  # fmt: skip
+    from eaglenest.formats import hidden_shard
     from eaglenest.settings.hidden import HiddenSettings
 
     settings = HiddenSettings.from_config(schema_config(hidden={"dtype": "fp8"}))
+    fp8_dequantize = hidden_shard.fp8_dequantize
     tokens, hidden = final.shape
     offsets = torch.tensor([0, tokens // 3, tokens])
-    metadata = {"format": FORMAT, "aux_layer_ids": "[2, 4, 6]", "hidden_size": str(hidden),
+    metadata = {"format": hidden_shard.FORMAT, "aux_layer_ids": "[2, 4, 6]", "hidden_size": str(hidden),
                 "dtype": "fp8", "target_signal": "final_hidden", "sample_ids": '["a", "b"]'}  # fmt: skip
-    specs = tensor_specs(2, tokens, hidden, 3, settings)
+    specs = hidden_shard.tensor_specs(2, tokens, hidden, 3, settings)
     path = ctx.root / "fp8.safetensors"
-    with create_hidden_shard(path, specs, metadata, settings, 3) as writer:
+    with hidden_shard.create_hidden_shard(path, specs, metadata, settings, 3) as writer:
         writer.write("offsets", 0, offsets)
         for first, last in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             ids = torch.zeros(last - first, dtype=torch.long)
             mask = torch.ones(last - first, dtype=torch.uint8)
             signal = {"final_hidden": final[first:last]}
             writer.write_sample(first, aux[first:last], signal, ids, mask)
-    shard = open_hidden_shard(path, expect_layer_ids=[2, 4, 6], expect_hidden_size=hidden)
+    shard = hidden_shard.open_hidden_shard(
+        path, expect_layer_ids=[2, 4, 6], expect_hidden_size=hidden
+    )
     decoded = {}
     for name in ("aux", "final_hidden"):
         stored = shard._rows(name, 0, tokens).to(ctx.device)
@@ -768,7 +786,9 @@ def run_step(name: str, ctx: Context) -> dict:
         STEPS[name](ctx, record["figures"])  # fills the figures as it goes: kept on a failure
     except Exception as error:  # noqa: BLE001 (reported, and the next step runs)
         record["status"] = "FAIL"
-        record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        record["error"] = (
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        )
         if not isinstance(error, CheckFailed):
             record["traceback"] = traceback.format_exc(limit=8)
     finally:
@@ -788,7 +808,8 @@ def environment(device: str, small: bool) -> dict:
            "cuda_available": torch.cuda.is_available()}  # fmt: skip
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(device))
-        env.update(cuda=torch.version.cuda, gpu=props.name, gpu_mib=props.total_memory // 2**20)
+        env.update(cuda=torch.version.cuda, gpu=props.name, gpu_mib=props.total_memory // 2**20,
+                   tf32_matmul=torch.backends.cuda.matmul.allow_tf32)  # fmt: skip
     return env
 
 
