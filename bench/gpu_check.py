@@ -73,8 +73,8 @@ from eaglenest.stages.train.train import Processes, autocast, ttt_loss
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-# Seconds each step may take on an H200 (checked between its parts); measured there, each step
-# takes a fraction of its budget.
+# Seconds each step may take on an H200, checked between its parts (estimates from FLOP counts:
+# not yet measured on one; each step should take well under its budget).
 BUDGET_S = {
     "gpus": 10,
     "ttt": 30,
@@ -94,7 +94,7 @@ TOTAL_BUDGET_S = 420
 TOL = {
     "fp32_loss": 1e-4,
     "fp32_grad": 1e-3,
-    "bf16_loss": 2e-2,
+    "bf16_loss": 5e-3,
     "bf16_grad": 6e-2,
     "lse_bf16": 2e-3,
     "packed_loss": 1e-5,
@@ -384,6 +384,8 @@ def step_long_context(ctx: Context, figures: dict) -> None:
     CUDA `max_memory_allocated` is reset for each, so each T's peak is its own."""
     lengths = LONG_CONTEXT_LENGTHS[ctx.size]
     step = bench_train().long_context_step
+    sizes = bench_train().LONG_CONTEXT_SIZES["cuda" if ctx.cuda else "cpu"]
+    figures["sizes"] = "/".join(f"{k}{v}" for k, v in sizes.items())
     step(lengths[0] // 2, ctx.device)  # warm-up: kernels and cuBLAS handles, not timed
     free_memory()
     rows, last_s = {}, 0.0
@@ -395,7 +397,7 @@ def step_long_context(ctx: Context, figures: dict) -> None:
         row = None
         try:
             row = step(length, ctx.device)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             pass  # freed below, once the exception no longer holds the step's tensors
         free_memory()
         if row is None:
@@ -610,6 +612,8 @@ def step_fp8(ctx: Context, figures: dict) -> None:
 def fp8_shard_roundtrip(ctx: Context, aux: torch.Tensor, final: torch.Tensor) -> dict:
     """A fp8 hidden shard of two samples written from device tensors, read back and decoded on
     the device (its stored fp8 values and scales moved there)."""
+    from safetensors import safe_open
+
     from eaglenest.formats import hidden_shard
     from eaglenest.settings.hidden import HiddenSettings
 
@@ -631,11 +635,14 @@ def fp8_shard_roundtrip(ctx: Context, aux: torch.Tensor, final: torch.Tensor) ->
     shard = hidden_shard.open_hidden_shard(
         path, expect_layer_ids=[2, 4, 6], expect_hidden_size=hidden
     )
-    decoded = {}
-    for name in ("aux", "final_hidden"):
-        stored = shard._rows(name, 0, tokens).to(ctx.device)
-        scale = shard._rows(f"{name}_scale", 0, tokens).to(ctx.device)
-        decoded[name] = fp8_dequantize(stored, scale)
+    with safe_open(str(path), framework="pt") as stored:
+        decoded = {
+            name: fp8_dequantize(
+                stored.get_tensor(name).to(ctx.device),
+                stored.get_tensor(f"{name}_scale").to(ctx.device),
+            )
+            for name in ("aux", "final_hidden")
+        }
     on_cpu = torch.cat([shard.sample(0)["aux"], shard.sample(1)["aux"]])
     if rel_err(decoded["aux"], on_cpu) > 1e-7:
         raise CheckFailed("the shard's aux decoded on the device differs from HiddenShard.sample")
