@@ -90,7 +90,8 @@ TOTAL_BUDGET_S = 420
 # Tolerances: relative errors ||device - cpu|| / ||cpu||. float32 on CUDA differs from the CPU by
 # summation order only; bf16 (8 significant bits) by ~0.4% per rounding. Measured on the CPU at
 # the full sizes, bf16 against float32: TTT loss 1e-6, gradients 8e-3 (the worst tensor); packed
-# gradients 5e-3; capture (bf16 weights, 12 layers) aux 1.7e-2, final hidden 1.9e-2.
+# gradients 5e-3; capture (bf16 weights, 12 layers) aux 1.7e-2, final hidden 1.9e-2; the 40-step
+# loss curve 4.8e-5 (float32 on one thread against two: 2e-7).
 TOL = {
     "fp32_loss": 1e-4,
     "fp32_grad": 1e-3,
@@ -100,7 +101,7 @@ TOL = {
     "packed_loss": 1e-5,
     "packed_grad": 1e-4,
     "curve_fp32": 1e-3,
-    "curve_bf16": 3e-2,
+    "curve_bf16": 1e-2,
     "capture_fp32": 1e-4,
     "capture_bf16": 5e-2,
     "topk_agree_fp32": 0.99,
