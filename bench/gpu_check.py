@@ -32,8 +32,8 @@ after a failure:
   the gradients must be twice a plain step's and the step's reported loss the plain one's.
 
 Needs only python, torch, transformers (with its pyyaml), safetensors, tqdm and numpy plus the
-project's source: no Snakemake, polars, pandera, jsonschema, httpx or vLLM (tests/test_gpu_check.py
-runs it with those blocked). Steps have time budgets (`BUDGET_S`, 345 s in all) checked between
+project's source: no Snakemake, polars, pandera, jsonschema, httpx or vLLM, no wheel to carry
+(tests/test_gpu_check.py runs it in an environment of only those packages, httpx blocked). Steps have time budgets (`BUDGET_S`, 345 s in all) checked between
 their parts, and a step that would start after TOTAL_BUDGET_S is not run, so on an H200 the whole
 check ends in well under 8 minutes. The lines and a JSON file (`gpu_check.log`,
 `gpu_check.json`) are written under $OUT when it is set, after every step, so a killed run keeps
