@@ -4,7 +4,8 @@ Each `bench/<name>.py` (not this file, not `_*.py` helpers) runs in its own proc
 `--json <tmpfile>`; its figures land under `benches.<name>.figures` with its wall time, exit status
 and, when it failed, the tail of its output. A failing bench is recorded and the others still run;
 the exit status is 1 when any failed. `--quick` passes small sizes (QUICK_ARGS) to the benches that
-take size flags, for CI; by default every bench runs at its normal size.
+take size flags, for CI; by default every bench runs at its normal size. A bench of NEEDS_GPU is
+recorded as skipped, not failed, on a machine whose nvidia-smi lists no GPU.
 
 Usage: python bench/run_all.py [--out bench/results.json] [--only generate ...] [--quick]
                                [--timeout-s 3600] [--bench-dir DIR]
@@ -49,6 +50,7 @@ QUICK_ARGS = {
         "100",
     ],
     "tokenization": ["--samples", "300", "--reasoning-repeat", "1", "4", "--runs", "1"],
+    "gpu_check": ["--small"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1"],
     "train": ["--quick"],
     # The small demo, made by Snakemake in the bench's temp dir, and one top-k besides 32.
@@ -65,6 +67,8 @@ QUICK_ARGS = {
         "--no-combined",
     ],
 }
+# Benches that test CUDA paths only: skipped where nvidia-smi lists no GPU.
+NEEDS_GPU = {"gpu_check"}
 LIBRARIES = (
     "eaglenest", "torch", "transformers", "tokenizers", "safetensors", "numpy", "polars",
     "pandera", "snakemake", "aiohttp", "httpx", "openai", "matplotlib", "vllm", "sglang",
@@ -167,6 +171,12 @@ def run_bench(script: Path, args: list[str], timeout_s: float) -> dict:
     return record
 
 
+def skipped(script: Path, args: list[str], reason: str) -> dict:
+    print(f"<== {script.stem}: skipped: {reason}", flush=True)
+    return {"status": "skipped", "reason": reason, "returncode": None, "wall_s": 0.0,
+            "args": args, "figures": None}  # fmt: skip
+
+
 def _echo(stream, tail: collections.deque) -> None:
     for line in stream:
         print(f"    {line}", end="", flush=True)
@@ -203,9 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     for script in scripts:
         bench_args = QUICK_ARGS.get(script.stem, []) if args.quick else []
-        results["benches"][script.stem] = run_bench(script, bench_args, args.timeout_s)
+        if script.stem in NEEDS_GPU and not results["machine"]["gpus"]:
+            results["benches"][script.stem] = skipped(script, bench_args, "no GPU (nvidia-smi)")
+        else:
+            results["benches"][script.stem] = run_bench(script, bench_args, args.timeout_s)
         results["wall_s"] = round(time.perf_counter() - started, 2)
-        results["failed"] = [n for n, r in results["benches"].items() if r["status"] != "ok"]
+        results["failed"] = [
+            n for n, r in results["benches"].items() if r["status"] not in ("ok", "skipped")
+        ]
         write_results(args.out, results)  # after every bench: a killed run keeps what it has
     if not scripts:
         results["wall_s"], results["failed"] = 0.0, []

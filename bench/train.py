@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.feature_batches import (
@@ -283,6 +282,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # Here, not at the top: jsonschema is not on every GPU machine, and bench/gpu_check.py
+    # imports this module's long-context step and synthetic run.
+    from eaglenest.common.config import settings_from_sections
+
     if args.long_context_one:
         step = long_context_step(args.long_context_one, args.device, args.activation_checkpointing)
         print(json.dumps(step))

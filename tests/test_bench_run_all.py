@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 RUN_ALL = BENCH_DIR / "run_all.py"
@@ -87,3 +90,17 @@ def test_quick_sizes_name_benches_that_exist():
     benches = {p.stem for p in run_all_module.discover(BENCH_DIR)}
     assert "storage" in benches
     assert set(run_all_module.QUICK_ARGS) <= benches, set(run_all_module.QUICK_ARGS) - benches
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_the_gpu_check_is_skipped_without_a_gpu(tmp_path: Path):
+    """A bench of NEEDS_GPU (bench/gpu_check.py) is not run where nvidia-smi lists no GPU: it is
+    recorded as skipped, and a skip is no failure."""
+    (tmp_path / "fast.py").write_text(WRITES_FIGURES)
+    (tmp_path / "gpu_check.py").write_text(FAILS)
+    result, merged = run_all(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert merged["benches"]["gpu_check"]["status"] == "skipped"
+    assert "about to fail" not in result.stdout
+    assert merged["failed"] == []
+    assert merged["benches"]["fast"]["status"] == "ok"

@@ -41,7 +41,6 @@ from eaglenest.formats.hidden_shard import (
     create_hidden_shard,
     tensor_specs,
 )
-from eaglenest.formats.tokens import loss_mask, read_tokens
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.target.loading import (
     decoder_layers,
@@ -185,6 +184,10 @@ def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
 
 def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample's input_ids [n] int64 and loss_mask [n] uint8 rows."""
+    # formats.tokens (polars, pandera) imported here, not at the top: the capture itself
+    # (AuxCapture, forward_batch) runs where only torch and transformers are (bench/gpu_check.py).
+    from eaglenest.formats.tokens import loss_mask
+
     ids = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # a copy: parquet's is read-only
     mask = torch.from_numpy(loss_mask(prompt_len, len(ids)).astype(np.uint8))
     return ids, mask
@@ -261,6 +264,8 @@ def extract_hidden_states(
     model=None,
 ) -> dict[str, Any]:
     """Run the target over a tokens shard and write its hidden-state shard; returns the summary."""
+    from eaglenest.formats.tokens import read_tokens  # polars: see sample_rows
+
     started = time.perf_counter()
     frame = read_tokens(tokens)
     if model is None:
