@@ -111,3 +111,24 @@ def test_kimi_shaped_target_through_the_stages_that_read_it(kimi_dir, tmp_path):
     plan = plan_hidden_shard(tokens, load_text_config(target), settings)
     assert (plan.layer_ids, plan.hidden_size) == ((2, 4, 5), 64)
     assert {name: shape for name, _, shape in plan.specs}["aux"] == [plan.n_tokens, 3 * 64]
+
+
+def test_the_vllm_backends_top1_signal_from_kimis_language_model_tensors(kimi_dir):
+    """The vLLM backend's signal (FinalSignal) reads the final norm and the untied LM head
+    under `language_model.` (never the vision tower's norm) and keeps the target's top-1 token
+    of each row, as the examples store it."""
+    from eaglenest.stages.hidden_states.vllm_backend import FinalSignal
+
+    target, state = kimi_dir
+    config = validate_config({"hidden": {"dtype": "fp8", "target_signal": "topk", "top_k": 1}})
+    settings = HiddenSettings.from_config(config)
+    signal = FinalSignal(target, load_text_config(target), settings)
+    last_layer = torch.randn(
+        5, TINY_DEEPSEEK_V3["hidden_size"], generator=torch.Generator().manual_seed(0)
+    )
+    got = signal(last_layer)
+    assert set(got) == {"topk_ids", "topk_values"} and got["topk_ids"].shape == (5, 1)
+    h = last_layer.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * state["model.norm.weight"]
+    expected = (normed @ state["lm_head.weight"].T).argmax(-1)
+    assert got["topk_ids"][:, 0].tolist() == expected.tolist()
