@@ -6,7 +6,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded demo only when the command names no config of its own: a run with --configfile gets
+# its files over the schema's defaults, never a demo value it did not ask for (a variant of the
+# demo names config/config.yaml first, e.g. `--configfile config/config.yaml config/tests/x.yaml`).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "report/workflow.rst"

@@ -51,8 +51,9 @@ def dry_run(workdir: Path, shards: int, quiet: bool = False, config: Path | None
     """One `snakemake -n` over `shards` shards: wall time, peak RSS and the jobs it planned."""
     override = workdir / f"shards-{shards}.yaml"
     override.write_text(json.dumps({"prompts": {"max_samples": shards, "shard_size": 1}}))
+    # A real target's config alone, else the embedded demo (read only without --configfile).
     command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile"]
-    command += [*([str(config)] if config else []), str(override)]
+    command += [str(config) if config else "config/config.yaml", str(override)]
     command += ["--quiet"] if quiet else []
     out_path = workdir / f"dry-run-{shards}.log"
     with out_path.open("w") as out:

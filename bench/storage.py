@@ -106,8 +106,8 @@ def make_run(
         *(["extract_hidden_states"] if hidden else []),
     ]
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--until", *until]
-    if configfiles:
-        command += ["--configfile", *[str(p.resolve()) for p in configfiles]]
+    if configfiles:  # variants of the demo, over it as run_config reads them
+        command += ["--configfile", "config/config.yaml", *[str(p.resolve()) for p in configfiles]]
     print(f"making the run's data: {' '.join(command[2:])}", flush=True)
     # The copy's own src first: the jobs run the code this bench was started with.
     env = {**os.environ, "PYTHONPATH": str(workdir / "src")}

@@ -16,7 +16,15 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pytest
-from workflow_helpers import SMALL_DEMO, SMALL_RUN, copy_workflow, job_logs, merged, snakemake
+from workflow_helpers import (
+    DEMO_CONFIGFILE,
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    merged,
+    snakemake,
+)
 
 from eaglenest.demo.server_process import running_server
 from eaglenest.stages.generate import iter_journal
@@ -90,7 +98,7 @@ def test_kill_9_unlock_and_rerun_answer_every_prompt_once(demo_target_dir: Path,
         # Targets before --configfile, which takes every file name after it.
         command = [sys.executable, "-m", "snakemake", "--cores", "4", *RAW]
         run = subprocess.Popen(
-            [*command, "--configfile", "override.yaml"],
+            [*command, "--configfile", DEMO_CONFIGFILE, "override.yaml"],
             cwd=workdir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

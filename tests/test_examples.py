@@ -1,47 +1,41 @@
-"""The example configs of real targets (config/examples/) as a user runs them: Snakemake reads
-config/config.yaml (the embedded demo) and merges the example over it, so an example must set again
-every demo value that does not fit a real target. Each example is dry-run with real Snakemake
-(no model, no dataset, no server: an empty offline Hugging Face cache) for its plan, and its
-jobs' params (the settings each script gets) are read from the same parse. The Kimi-K2.5 disk
-figures of the README are checked against the hidden-state stage's own arithmetic, and rows shaped
-as mlabonne/open-perfectblend's go through the prompts stage with the examples' settings."""
+"""The example configs of real targets (config/examples/) as a user runs them: with a --configfile
+the Snakefile does not read config/config.yaml (the embedded demo), so an example is the whole
+config over the schema's defaults, and no demo value reaches its jobs. Each example is dry-run
+with real Snakemake (no model, no dataset, no server: an empty offline Hugging Face cache) for its
+plan, and its jobs' params (the settings each script gets) are read from the same parse. The
+Kimi-K2.5 disk figures of the README are checked against the hidden-state stage's own arithmetic,
+and rows shaped as mlabonne/open-perfectblend's go through the prompts stage with the examples'
+settings."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from snakemake.utils import update_config
+from kimi_shape import KIMI_K25_TEXT, write_kimi_config, write_tokens
 from workflow_helpers import REPO, copy_workflow, planned_jobs, snakemake
 
 from eaglenest.common.config import validate_config
 from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
 from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.stages.hidden_states.extract import plan_hidden_shard
 from eaglenest.stages.prompts import PromptOptions, prepare_prompts, read_prompts
+from eaglenest.target.loading import load_text_config
 
 EXAMPLES = REPO / "config" / "examples"
 DEMO_CONFIG = REPO / "config" / "config.yaml"
 DATASET = "mlabonne/open-perfectblend"
-
-# Leaves of config/config.yaml an example may leave to the demo: they fit a real target as well.
-# Kimi-K2.5's template reads `thinking`; the demo's `enable_thinking` rides along unread (a merge
-# cannot drop a key).
-INHERITED = {
-    "demo_target.seed",
-    "server.dialect",
-    "evaluate.ks",
-    "train.eval_shards",
-    "target.chat_template_kwargs.enable_thinking",
-}
 
 # What each example is for (README "Kimi-K2.5 on a vLLM node" for the first).
 EXPECTED = {
@@ -50,7 +44,9 @@ EXPECTED = {
         "gpus": {"extract_hidden_states": 8, "train_drafter": 8, "evaluate_drafter": 8},
         "hidden": {
             "backend": "vllm",
-            "dtype": "bf16",
+            "dtype": "fp8",
+            "target_signal": "topk",
+            "top_k": 1,
             "engine": {
                 "quantization": "compressed-tensors",
                 "engine_args": {"language_model_only": True},
@@ -62,7 +58,13 @@ EXPECTED = {
     "qwen3-8b": {
         "shards": 20,
         "gpus": {"extract_hidden_states": 1, "train_drafter": 1, "evaluate_drafter": 1},
-        "hidden": {"backend": "transformers", "dtype": "bf16", "engine": None},
+        "hidden": {
+            "backend": "transformers",
+            "dtype": "fp8",
+            "target_signal": "topk",
+            "top_k": 1,
+            "engine": None,
+        },
         "runtime": {"tensor_parallel_size": 1, "max_model_len": None},
         "live": True,
     },
@@ -102,19 +104,31 @@ with open(_os.environ["EAGLENEST_PLAN"], "w") as _out:
 """
 
 
-def merged_example(name: str) -> dict:
-    """config/config.yaml with the example merged over it, as Snakemake does, validated."""
-    config = yaml.safe_load(DEMO_CONFIG.read_text())
-    update_config(config, yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()))
-    return validate_config(config)
+def example_config(name: str) -> dict:
+    """The example over the schema's defaults, validated: what the workflow runs it with."""
+    return validate_config(yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()))
 
 
-def leaves(tree: dict, prefix: str = "") -> set[str]:
-    out: set[str] = set()
+def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted path: value} of every leaf of a nested dict."""
+    out: dict[str, object] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
-        out |= leaves(value, f"{path}.") if isinstance(value, dict) and value else {path}
+        out |= leaves(value, f"{path}.") if isinstance(value, dict) and value else {path: value}
     return out
+
+
+def demo_only_values(name: str) -> dict[str, object]:
+    """Leaves of config/config.yaml that the schema's defaults do not have (at that value) and
+    that the example does not set: what a run of the example must never get."""
+    demo = leaves(yaml.safe_load(DEMO_CONFIG.read_text()))
+    defaults = leaves(validate_config({}))
+    example = leaves(yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()))
+    return {
+        path: value
+        for path, value in demo.items()
+        if path not in example and (path not in defaults or defaults[path] != value)
+    }
 
 
 def gpus_by_rule(result: subprocess.CompletedProcess) -> dict[str, set[int]]:
@@ -241,10 +255,81 @@ def test_example_jobs_get_the_jobs_settings(name, plans):
     train = plan.settings("train_drafter")
     assert (train["lr"], train["epochs"], train["max_batch_tokens"]) == (1.0e-4, 10, 16384)
 
-    example = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    demo = yaml.safe_load(DEMO_CONFIG.read_text())
-    assert leaves(demo) - leaves(example) <= INHERITED, "demo values the example inherits"
     assert plan.config["prompts"]["source"] == DATASET
+
+
+def param_keys(value) -> set[str]:
+    """Every key of every dict in a param (JSON settings parsed), at any depth."""
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return set()
+    if isinstance(value, dict):
+        return set(value).union(*(param_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(param_keys(v) for v in value))
+    return set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_no_demo_value_reaches_an_examples_jobs(name, plans):
+    """The workflow parses the example over the schema's defaults and nothing else: every demo
+    value the example does not set (the demo's target and server, its template switch, prompts,
+    lengths, training) is absent from the parsed config, and no key the demo alone has appears
+    in any param of any job."""
+    plan = plans(name)
+    demo_only = demo_only_values(name)
+    assert {"server.enabled", "demo_target.enabled"} <= set(demo_only)
+    assert plan.config == example_config(name)
+    parsed = leaves(plan.config)
+    reached = {p: v for p, v in demo_only.items() if p in parsed and parsed[p] == v}
+    assert not reached, f"demo values in the {name} run"
+    schema_keys = leaves(validate_config({})).keys()
+    demo_keys = {p.rsplit(".", 1)[-1] for p in demo_only if p not in schema_keys}
+    example_keys = {p.rsplit(".", 1)[-1] for p in leaves(plan.config)}
+    in_jobs = {
+        (rule, param, key)
+        for rule, params in plan.params.items()
+        for param, value in params.items()
+        for key in param_keys(value) & (demo_keys - example_keys)
+    }
+    assert not in_jobs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("configfiles", "run"),
+    [([], "demo"), (["config/config.yaml", "config/tests/demo-small.yaml"], "demo-small")],
+)
+def test_without_a_configfile_the_run_is_the_whole_demo(workdir, offline_env, configfiles, run):
+    """A bare `snakemake` (what `make run` types) reads config/config.yaml: the demo target is
+    built and served, every stage planned; a variant of the demo names it first and gets it."""
+    args = ["--configfile", *configfiles] if configfiles else []
+    result = snakemake(workdir, "-n", *args, env=offline_env)
+    jobs = planned_jobs(result)
+    assert jobs["build_demo_target"] == 1 and jobs["build_report"] == 1, jobs
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
+    shards = math.ceil(demo["prompts"]["max_samples"] / demo["prompts"]["shard_size"])
+    if run == "demo":
+        assert jobs["extract_hidden_states"] == shards
+    assert f"results/{run}/report/" in result.stdout
+
+
+@pytest.mark.slow
+def test_kimi_requests_carry_its_templates_thinking_switch(plans):
+    """Kimi-K2.5's chat template reads `thinking`; vLLM's kimi_k2 parser reads `enable_thinking`
+    as well, so the demo's `enable_thinking` must not ride along: the probe's and the generation
+    jobs' requests, and tokenize's rebuilds, carry `thinking` alone."""
+    plan = plans("kimi-k2.5")
+    assert demo_only_values("kimi-k2.5")["target.chat_template_kwargs.enable_thinking"] is True
+    for rule, settings in (
+        ("probe_endpoints", plan.settings("probe_endpoints")),
+        ("generate_responses", plan.settings("generate_responses")),
+        ("prepare_samples", plan.settings("prepare_samples")["tokenize"]["target"]),
+    ):
+        assert settings["chat_template_kwargs"] == {"thinking": True}, rule
 
 
 @pytest.mark.slow
@@ -272,18 +357,29 @@ def test_kimi_generation_runs_alone_while_the_server_holds_the_gpus(workdir, off
 # --- without Snakemake -------------------------------------------------------------------------
 
 
-def test_kimi_hidden_state_disk_is_what_the_readme_says():
-    """README: B = 3 aux x 7168 x 2 (bf16) + 7168 x 2 (final_hidden) + 8 (input_ids) + 1
-    (loss_mask) bytes a token, 10,000 samples of 16,384 tokens; the stage's own arithmetic (the
-    figure its log gives before capture) must agree."""
+def test_kimi_hidden_state_disk_is_what_the_readme_says(tmp_path, caplog):
+    """README: with the example's fp8 aux and top-1 signal, B = 3 aux x 7168 x 1 (fp8) + 3 x 4
+    (their scales) + 4 + 4 (top-1 id and value) + 8 (input_ids) + 1 (loss_mask) bytes a token,
+    against the anchors' 4 x 7168 x 2 and bf16's 57,353, for 10,000 samples of 16,384 tokens.
+    The hidden stage's own size line, planned from a config.json of Kimi-K2.5's nesting and
+    sizes (text_config: 61 layers, so aux layers (2, 30, 58)), must say the same."""
     readme = (REPO / "README.md").read_text()
-    settings = HiddenSettings.from_config(merged_example("kimi-k2.5"))
-    per_token = bytes_per_token(tensor_specs(1, 1, 7168, 3, settings))
-    assert per_token == 3 * 7168 * 2 + 7168 * 2 + 8 + 1 == 57_353
+    settings = HiddenSettings.from_config(example_config("kimi-k2.5"))
+    target = write_kimi_config(tmp_path / "kimi-k2.5", KIMI_K25_TEXT)
+    tokens = write_tokens(tmp_path / "tokens.parquet", [16_384, 100])
+    with caplog.at_level(logging.INFO, logger="eaglenest.stages.hidden_states.extract"):
+        plan = plan_hidden_shard(tokens, load_text_config(target), settings)
+    assert (plan.layer_ids, plan.hidden_size) == ((2, 30, 58), 7168)
+    per_token = bytes_per_token(plan.specs)
+    assert per_token == 3 * 7168 + 3 * 4 + 4 + 4 + 8 + 1 == 21_533
+    assert f"({per_token} bytes/token)" in caplog.text
     assert f"{per_token:,}" in readme
     assert f"{10_000 * 16_384 * per_token / 1e12:.1f} TB" in readme
-    fp8 = bytes_per_token(tensor_specs(1, 1, 7168, 3, dataclasses.replace(settings, dtype="fp8")))
-    assert f"{fp8:,}" in readme
+    anchors = 4 * 7168 * 2
+    assert f"{anchors:,}" in readme and f"{per_token / anchors:.2f}" in readme
+    bf16 = replace(settings, dtype="bf16", target_signal="final_hidden")
+    assert bytes_per_token(tensor_specs(1, 1, 7168, 3, bf16)) == 57_353
+    assert "57,353" in readme and f"{10_000 * 16_384 * 57_353 / 1e12:.1f} TB" in readme
 
 
 def perfectblend_row(source: str, *turns: tuple[str, str]) -> dict:
@@ -311,7 +407,7 @@ def test_open_perfectblend_rows_become_prompts(name, tmp_path):
     dataset = tmp_path / "open-perfectblend"
     (dataset / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), dataset / "data" / "train-00000-of-00001.parquet")
-    options = PromptOptions.from_config(merged_example(name))
+    options = PromptOptions.from_config(example_config(name))
     assert (options.source, options.format) == (DATASET, "sharegpt")
     options = dataclasses.replace(
         options, source=str(dataset), cache_dir=str(tmp_path / "hf"), max_samples=2

@@ -30,6 +30,7 @@ from eaglenest.stages.tokenize import (
     tokenize_samples,
     tokenize_shard,
 )
+from eaglenest.target.remote_code import RemoteCodeError
 
 THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
@@ -411,12 +412,34 @@ def test_tokenizer_without_think_tokens_fails_naming_them(tmp_path):
     message = str(err.value)
     assert "'<think>'" in message and "target.think_tokens" in message
 
-    # With the ids given in config, the same tokenizer works (as for Kimi-K2.5 or Qwen3).
+    # Ids given in config do not make it the target's tokenizer: it has no think token at all.
     config = config_for(tokenizer_dir)
     config["target"]["think_tokens"].update(start_id=1, end_id=2)
+    with pytest.raises(TokenizeError, match="has no single token '<think>', and id 1 decodes"):
+        tokenize(samples, config)
+
+
+def test_think_ids_that_differ_from_the_tokenizers_stop_tokenize(qwen3_dir):
+    """The guard: the config's (probe.json's) think ids must be the tokenizer's own, as when
+    transformers loads a fallback tokenizer for Kimi-K2.5 whose ids are not 163606/163607."""
+    tokenizer = load(qwen3_dir)
+    start, end = tokenizer.convert_tokens_to_ids([THINK_START, THINK_END])
+    samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
+    config = config_for(qwen3_dir)
+    config["target"]["think_tokens"].update(start_id=start, end_id=end + 1)
+    with pytest.raises(TokenizeError) as err:
+        tokenize(samples, config)
+    message = str(err.value)
+    assert (
+        f"think end token: probe.json says '</think>' is id {end + 1} (source: config)" in message
+    )
+    assert f"has '</think>' as id {end}" in message
+
+    # The tokenizer's own ids, given in config (as the Kimi-K2.5 example does): tokenize runs.
+    config["target"]["think_tokens"].update(end_id=end)
     frame, _, report = tokenize(samples, config)
     completion = frame["input_ids"][0].to_list()[frame["prompt_len"][0] :]
-    assert completion[0] == 1 and 2 in completion
+    assert completion[0] == start and end in completion
     assert report["target_tokens"]["think_source"] == "config"
 
 
@@ -586,3 +609,80 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
     assert rebuilt["input_ids"].to_list() == frame["input_ids"].to_list()
     assert rebuilt["prompt_len"].to_list() == frame["prompt_len"].to_list()
     assert report["dropped_rebuild_decode_mismatch"] == 0
+
+
+# Kimi-K2.5's tokenizer is remote code (tokenizer_config.json auto_map), and has imported
+# bytes_to_unicode from where transformers 5.24 no longer has it.
+KIMI_TOKENIZER_CODE = """\
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+from transformers import PreTrainedTokenizer
+
+
+class TikTokenTokenizer(PreTrainedTokenizer):
+    pass
+"""
+
+
+def name_tokenizer_class(tokenizer_dir: Path, name: str, auto_map: str | None = None) -> Path:
+    path = tokenizer_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text()) | {"tokenizer_class": name}
+    if auto_map:
+        config["auto_map"] = {"AutoTokenizer": [auto_map, None]}
+    path.write_text(json.dumps(config))
+    return tokenizer_dir
+
+
+def test_a_tokenizer_of_another_class_than_the_target_names_stops_tokenize(qwen3_dir, tmp_path):
+    """tokenizer_config.json names a class transformers does not have (remote code, as Kimi's
+    TikTokenTokenizer) and transformers falls back to its generic TokenizersBackend: not the
+    target's tokenizer, even when the think ids happen to agree."""
+    import shutil
+
+    tokenizer_dir = name_tokenizer_class(
+        Path(shutil.copytree(qwen3_dir, tmp_path / "tok")), "TikTokenTokenizer"
+    )
+    samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
+    with pytest.raises(TokenizeError, match="names tokenizer_class TikTokenTokenizer, but "
+                       "transformers loaded TokenizersBackend"):  # fmt: skip
+        tokenize(samples, config_for(tokenizer_dir))
+    # A class of transformers' own that it replaced by the generic one (DeepSeek-V3 names
+    # LlamaTokenizerFast over a byte-level tokenizer.json) reads the same files: it runs.
+    name_tokenizer_class(tokenizer_dir, "LlamaTokenizerFast")
+    frame, _, _ = tokenize(samples, config_for(tokenizer_dir))
+    assert frame.height == 1
+
+
+def test_remote_tokenizer_code_that_fails_to_import_names_target_version_and_import(
+    qwen3_dir, tmp_path, monkeypatch
+):
+    """As the Kimi-K2.5 example runs (trust_remote_code, think ids in config): the tokenizer's
+    own code fails to import under this transformers, and the error says which target, which
+    transformers and which line of the model's code."""
+    import shutil
+
+    import transformers
+    import transformers.dynamic_module_utils
+
+    # transformers copies remote code to its modules cache: one in the test's directory
+    monkeypatch.setattr(
+        transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules")
+    )
+    tokenizer_dir = Path(shutil.copytree(qwen3_dir, tmp_path / "kimi-tok"))
+    (tokenizer_dir / "tokenization_kimi.py").write_text(KIMI_TOKENIZER_CODE)
+    name_tokenizer_class(tokenizer_dir, "TikTokenTokenizer", "tokenization_kimi.TikTokenTokenizer")
+    config = config_for(tokenizer_dir)
+    config["target"].update(trust_remote_code=True)
+    tokenizer = load(qwen3_dir)
+    config["target"]["think_tokens"].update(
+        zip(("start_id", "end_id"), tokenizer.convert_tokens_to_ids([THINK_START, THINK_END]))
+    )
+    samples = samples_frame([sample("What is 2 + 2?", "\nadd\n", "\n\n4")])
+    with pytest.raises(RemoteCodeError) as err:
+        tokenize(samples, config)
+    message = str(err.value)
+    assert f"the tokenizer of target '{tokenizer_dir}'" in message  # target.path
+    assert f"transformers {transformers.__version__}" in message
+    assert (
+        "tokenization_kimi.py:1: from transformers.models.gpt2.tokenization_gpt2 import "
+        "bytes_to_unicode -> cannot import name 'bytes_to_unicode'" in message
+    )

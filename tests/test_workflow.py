@@ -14,6 +14,7 @@ import pytest
 
 # Shared with other workflow tests; `finished_run` is a session fixture in conftest.py.
 from workflow_helpers import (
+    DEMO_CONFIGFILE,
     SMALL_DEMO,
     SMALL_RUN,
     copy_workflow,
@@ -200,13 +201,15 @@ def test_a_test_config_runs_as_a_person_runs_it(
     token_source: str,
 ):
     """config/tests/<name>.yaml through one shard's samples, with the command line a person uses
-    (`--configfile`, over config/config.yaml). The demo target it would build (demo-small's,
+    (`--configfile config/config.yaml <file>`: a variant of the demo). The demo target it would build (demo-small's,
     tests/test_config.py) is copied in: prompts, probe, generation and samples run."""
     run_name = load_test_config(name)["run"]
     workdir = copy_workflow(tmp_path / "workflow")
     shutil.copytree(demo_target_dir, workdir / "results" / run_name / "target")
     target = f"results/{run_name}/tokens/00000.parquet"
-    result = snakemake(workdir, target, "--configfile", f"config/tests/{name}.yaml")
+    result = snakemake(
+        workdir, target, "--configfile", DEMO_CONFIGFILE, f"config/tests/{name}.yaml"
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
     run = workdir / "results" / run_name
     probe = json.loads((run / "probe.json").read_text())

@@ -18,9 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 # hashed from this snapshot (edits elsewhere in the tree during a test session change nothing).
 WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
 
-# The configs a person can also run by hand (`snakemake --cores 2 --configfile <file>`), each
-# over config/config.yaml and under its own `run:` name.
+# The configs a person can also run by hand, each over the embedded demo and under its own `run:`
+# name (`snakemake --cores 2 --configfile config/config.yaml <file>`: the Snakefile reads the demo
+# only when no --configfile is given, so a variant of the demo names it first).
 TEST_CONFIGS = REPO / "config" / "tests"
+DEMO_CONFIGFILE = "config/config.yaml"
 
 
 def load_test_config(name: str) -> dict:
@@ -57,7 +59,7 @@ def snakemake(
     if config is not None:
         path = workdir / "override.yaml"
         path.write_text(yaml.safe_dump(config))
-        command += ["--configfile", str(path)]
+        command += ["--configfile", DEMO_CONFIGFILE, str(path)]  # a variant of the demo
     return subprocess.run(
         command,
         cwd=workdir,

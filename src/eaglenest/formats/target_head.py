@@ -17,7 +17,11 @@ from eaglenest.common.io import atomic_path, library_versions
 from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.target.checkpoint import TargetHeadError, checkpoint_head_tensors
 from eaglenest.target.files import resolve_target_dir
-from eaglenest.target.loading import default_aux_layer_ids, target_config_hash
+from eaglenest.target.loading import (
+    default_aux_layer_ids,
+    load_text_config,
+    target_config_hash,
+)
 
 if TYPE_CHECKING:
     from eaglenest.settings.hidden import HiddenSettings
@@ -37,11 +41,9 @@ def save_target_head(
     """Input embedding, LM head (unless tied to the embedding) and final norm of the target, read
     from its checkpoint files without loading the model (Kimi-K2.5 is hundreds of GB)."""
     from safetensors.torch import save_file
-    from transformers import AutoConfig
 
     target_dir = resolve_target_dir(target_path)
-    config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = load_text_config(target_path, trust_remote_code)  # Kimi-K2.5: its text_config
     tensors, tied = checkpoint_head_tensors(
         target_dir, bool(getattr(config, "tie_word_embeddings", False))
     )

@@ -44,11 +44,13 @@ from eaglenest.formats.tokens import TOKEN_SOURCES, TokensSchema, empty_tokens_f
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.target.tokenizer import (
     TokenizeError,
+    check_tokenizer_class,
     end_of_turn,
     load_tokenizer,
     model_dir,
     special_token_ids,
     target_vocab_size,
+    tokenizer_path,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,28 @@ class TargetTokens:
 # --- the target's tokenizer -------------------------------------------------------------------
 
 
+def check_think_ids(tokenizer: Any, ids: dict[str, Any]) -> None:
+    """The tokenizer's own ids of the think tokens must be those of probe.json (the config's, or
+    the probe's tokenizer's): a tokenizer that is not the target's (e.g. transformers' fallback
+    when remote code is off) would mask and rebuild around the wrong tokens."""
+    for name in ("start", "end"):
+        token, expected = ids[name], int(ids[f"{name}_id"])
+        found = tokenizer.convert_tokens_to_ids(token)
+        if found == expected and tokenizer.decode([expected], skip_special_tokens=False) == token:
+            continue
+        is_single = found is not None and tokenizer.convert_ids_to_tokens(found) == token
+        has = f"has {token!r} as id {found}" if is_single else f"has no single token {token!r}"
+        decoded = tokenizer.decode([expected], skip_special_tokens=False)
+        raise TokenizeError(
+            f"think {name} token: probe.json says {token!r} is id {expected} (source: "
+            f"{ids.get('source')}), but the tokenizer ({type(tokenizer).__name__}, "
+            f"{getattr(tokenizer, 'name_or_path', '')}) {has}, and id {expected} decodes to "
+            f"{decoded!r}. The tokenizer is not the target's, or target.think_tokens is wrong: "
+            "set target.tokenizer (and target.trust_remote_code if it is remote code), or "
+            f"target.think_tokens.{name} and {name}_id to the model's, and rerun the probe"
+        )
+
+
 def resolve_target_tokens(
     tokenizer: Any, think_ids: dict[str, Any], settings: TokenizeSettings
 ) -> TargetTokens:
@@ -100,16 +124,7 @@ def resolve_target_tokens(
             f"no think token ids in probe.json (source: {ids.get('source')}): set target.tokenizer "
             "or target.path, or target.think_tokens.start_id and end_id, and rerun the probe"
         )
-    for name in ("start", "end"):
-        decoded = tokenizer.decode([ids[f"{name}_id"]], skip_special_tokens=False)
-        if decoded != ids[name]:
-            log.warning(
-                "think %s id %d decodes to %r, not %r: check target.think_tokens",
-                name,
-                ids[f"{name}_id"],
-                decoded,
-                ids[name],
-            )
+    check_think_ids(tokenizer, ids)
     model_path = model_dir(settings.target)
     eot, eot_id, eot_source = end_of_turn(tokenizer, settings.end_of_turn_token, model_path)
     return TargetTokens(
@@ -643,6 +658,7 @@ def tokenize_samples(
     raise TokenizeError when the rebuild agrees less often than tokenize.min_agreement."""
     started = time.perf_counter()
     tokenizer = load_tokenizer(settings.target)
+    check_tokenizer_class(tokenizer, tokenizer_path(settings.target))
     tokens = resolve_target_tokens(tokenizer, think_ids, settings)
     log.info("shard %s: target tokens %s", shard, tokens.describe())
     default_kwargs = settings.target["chat_template_kwargs"]

@@ -1,5 +1,9 @@
 """The target model itself: loading it (transformers, on the chosen device) and the facts of its
-architecture that the stages share (decoder layers, vLLM's default aux layer ids)."""
+architecture that the stages share (its text config, decoder layers, vLLM's default aux layer ids).
+
+A multimodal target nests its language model's config: Kimi-K2.5's config.json is
+`KimiK25ForConditionalGeneration` with `num_hidden_layers` (61), `hidden_size` (7168) and
+`vocab_size` (163,840) only under `text_config`. Every stage reads those through `text_config`."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import sha256_file
 from eaglenest.target.files import resolve_target_dir
+from eaglenest.target.remote_code import remote_code_errors
 
 _MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -19,6 +24,22 @@ def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, int, int]:
     """vLLM's default `eagle_aux_hidden_state_layer_ids`."""
     n = num_hidden_layers
     return (2, n // 2, n - 3)
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config: `text_config` of a multimodal one (transformers'
+    get_text_config), the config itself otherwise."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def load_text_config(target_path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The target's language-model config from its config.json (no weights are read)."""
+    from transformers import AutoConfig
+
+    target_dir = resolve_target_dir(target_path)
+    with remote_code_errors("config", str(target_path), target_dir):
+        config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
+    return text_config(config)
 
 
 def target_config_hash(target_path: str | Path) -> str:

@@ -14,6 +14,7 @@ from eaglenest.client.reasoning import (
     THINK_START,
 )
 from eaglenest.target.files import resolve_target_dir, tokenizer_dir
+from eaglenest.target.remote_code import remote_code_errors
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,67 @@ def model_dir(target: dict[str, Any]) -> Path | None:
     return resolve_target_dir(target["path"], "target.path") if target.get("path") else None
 
 
-def load_tokenizer(target: dict[str, Any]) -> Any:
+def open_tokenizer(path: str | Path, trust_remote_code: bool, target_name: str = "") -> Any:
+    """AutoTokenizer of a local directory; remote code that fails to import is a RemoteCodeError
+    naming the target, transformers' version and the import."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        tokenizer_path(target), trust_remote_code=bool(target.get("trust_remote_code"))
+    with remote_code_errors("tokenizer", target_name, Path(path)):
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(target: dict[str, Any]) -> Any:
+    named = target.get("tokenizer") or target.get("path") or ""  # as the config names it
+    return open_tokenizer(tokenizer_path(target), bool(target.get("trust_remote_code")), named)
+
+
+def named_tokenizer_class(tokenizer_dir: str | Path) -> str | None:
+    """The tokenizer class the target names (tokenizer_config.json `tokenizer_class`), if any."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    named = json.loads(path.read_text()).get("tokenizer_class")
+    return named if isinstance(named, str) and named else None
+
+
+def transformers_class(named: str) -> type | None:
+    """transformers' own class of that name (a `Fast` suffix is the same class in transformers
+    5, which has one tokenizer class per model), or None: remote code, or unknown."""
+    import transformers
+
+    for name in (named, named.removesuffix("Fast")):
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+def check_tokenizer_class(tokenizer: Any, tokenizer_dir: str | Path) -> None:
+    """The tokenizer must be of the class the target names (tokenizer_config.json): when that
+    class is remote code that did not load, transformers falls back to a generic tokenizer, whose
+    special-token ids can differ from the model's. A class transformers knows but replaced itself
+    (DeepSeek-V3 names LlamaTokenizerFast over a byte-level tokenizer.json, which transformers 5
+    loads as TokenizersBackend) reads the same files: a warning."""
+    named = named_tokenizer_class(tokenizer_dir)
+    if named is None:
+        return
+    loaded = type(tokenizer)
+    if any(c.__name__.removesuffix("Fast") == named.removesuffix("Fast") for c in loaded.__mro__):
+        return
+    known = transformers_class(named)
+    if known is not None and isinstance(tokenizer, known):  # an alias (PreTrainedTokenizerFast)
+        return
+    if known is not None:
+        log.warning(
+            "%s names tokenizer_class %s; transformers loaded %s from the same files",
+            Path(tokenizer_dir) / "tokenizer_config.json", named, loaded.__name__,
+        )  # fmt: skip
+        return
+    raise TokenizeError(
+        f"{Path(tokenizer_dir) / 'tokenizer_config.json'} names tokenizer_class {named}, but "
+        f"transformers loaded {loaded.__name__}: the target's own tokenizer did not load (its "
+        "class is not transformers': remote code needs target.trust_remote_code), and another "
+        "tokenizer's ids need not be the model's"
     )
 
 
@@ -157,13 +214,10 @@ def think_token_ids(
         return result | {"source": "config"}
     if tokenizer_path is None:
         return result | {"source": "unknown (no tokenizer configured)"}
-    from transformers import AutoTokenizer
-
-    from eaglenest.target.files import resolve_target_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(resolve_target_dir(tokenizer_path, "target.tokenizer (or target.path)")),
-        trust_remote_code=trust_remote_code,
+    tokenizer = open_tokenizer(
+        resolve_target_dir(tokenizer_path, "target.tokenizer (or target.path)"),
+        trust_remote_code,
+        tokenizer_path,
     )
     for name, token, override in (("start", start, start_id), ("end", end, end_id)):
         if override is not None:

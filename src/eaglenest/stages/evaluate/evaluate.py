@@ -362,5 +362,5 @@ def eos_token_ids(target_path: str | Path, target) -> set[int]:
         eos = target.config.eos_token_id
     if eos is None:
         config = json.loads((resolve_target_dir(target_path) / "config.json").read_text())
-        eos = config.get("eos_token_id")
+        eos = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
     return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from eaglenest.target.loading import (
     default_aux_layer_ids,
     load_target,
     target_config_hash,
+    text_config,
 )
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,38 @@ def log_planned_size(tokens: str | Path, n_samples: int, n_tokens: int, specs) -
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ShardPlan:
+    """What a hidden-state shard will hold, known before any forward pass: from the tokens shard
+    and the target's (text) config."""
+
+    frame: Any  # the tokens frame
+    layer_ids: tuple[int, ...]
+    hidden_size: int
+    lengths: np.ndarray
+    offsets: np.ndarray
+    specs: list
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+
+def plan_hidden_shard(tokens: str | Path, model_config, settings: HiddenSettings) -> ShardPlan:
+    """The shard's layout from the target's text config (Kimi-K2.5 nests it as `text_config`):
+    aux layer ids, hidden size, tensor specs; logs the size it will take on disk."""
+    from eaglenest.formats.tokens import read_tokens  # polars: see sample_rows
+
+    config = text_config(model_config)
+    frame = read_tokens(tokens)
+    layer_ids = checked_aux_layer_ids(config, settings)
+    lengths, offsets = sample_offsets(frame)
+    n_tokens = int(offsets[-1])
+    specs = tensor_specs(len(frame), n_tokens, config.hidden_size, len(layer_ids), settings)
+    log_planned_size(tokens, len(frame), n_tokens, specs)
+    return ShardPlan(frame, layer_ids, config.hidden_size, lengths, offsets, specs)
+
+
 def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, offsets) of the tokens frame's samples in the packed shard."""
     lengths = frame["n_tokens"].to_numpy()
@@ -264,20 +298,14 @@ def extract_hidden_states(
     model=None,
 ) -> dict[str, Any]:
     """Run the target over a tokens shard and write its hidden-state shard; returns the summary."""
-    from eaglenest.formats.tokens import read_tokens  # polars: see sample_rows
-
     started = time.perf_counter()
-    frame = read_tokens(tokens)
     if model is None:
         model = load_target(target_path, settings.device, settings.model_dtype, trust_remote_code)
-    hidden_size = model.config.hidden_size
-    layer_ids = checked_aux_layer_ids(model.config, settings)
-    lengths, offsets = sample_offsets(frame)
-    n_tokens = int(offsets[-1])
-    specs = tensor_specs(len(frame), n_tokens, hidden_size, len(layer_ids), settings)
-    log_planned_size(tokens, len(frame), n_tokens, specs)
+    plan = plan_hidden_shard(tokens, model.config, settings)
+    frame, layer_ids, lengths, offsets = plan.frame, plan.layer_ids, plan.lengths, plan.offsets
+    hidden_size, n_tokens, specs = plan.hidden_size, plan.n_tokens, plan.specs
     metadata = shard_metadata(
-        model_config=model.config,
+        model_config=text_config(model.config),
         backend="transformers",
         target_path=target_path,
         target_name=target_name,

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from eaglenest.common.devices import resolve_device
 from eaglenest.common.engine_process import (
     EngineError,
     engine_messages,
@@ -49,22 +50,20 @@ from eaglenest.common.engine_process import (
     reply,
 )
 from eaglenest.common.io import sha256_file, write_json
-from eaglenest.formats.hidden_shard import create_hidden_shard, open_hidden_shard, tensor_specs
-from eaglenest.formats.tokens import read_tokens
+from eaglenest.formats.hidden_shard import create_hidden_shard, open_hidden_shard
 from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import (
     TOPK_CHUNK_ROWS,
-    checked_aux_layer_ids,
     extract_hidden_states,
-    log_planned_size,
-    sample_offsets,
+    plan_hidden_shard,
     sample_rows,
     shard_metadata,
     shard_summary,
 )
 from eaglenest.target.checkpoint import checkpoint_head_tensors
 from eaglenest.target.files import resolve_target_dir
+from eaglenest.target.loading import load_text_config
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,12 @@ class VllmCaptureError(EngineError):
 
 
 class FinalSignal:
-    """The target signal from layer N's states: the final norm, then the LM head for top-k."""
+    """The target signal from layer N's states: the final norm, then the LM head for top-k.
+
+    The LM head runs on `hidden.device` (auto: the first GPU when there is one): Kimi-K2.5's is
+    163,840 x 7168, 2.3 GFLOP a token, hours of CPU time a shard. It moves there at the first
+    sample, once vLLM holds its share of the GPU memory (vLLM checks the free memory as it
+    starts; 2.3 GB fits in what its default gpu_memory_utilization leaves)."""
 
     def __init__(self, target_dir: Path, model_config, settings: HiddenSettings):
         tied = bool(getattr(model_config, "tie_word_embeddings", False))
@@ -84,6 +88,7 @@ class FinalSignal:
         self.norm = tensors["norm.weight"]
         self.eps = float(model_config.rms_norm_eps)
         self.settings = settings
+        self.device = resolve_device(settings.device)
         if settings.target_signal == "topk":
             self.head = tensors["embed_tokens.weight" if tied else "lm_head.weight"]
 
@@ -97,11 +102,13 @@ class FinalSignal:
         final = self.rms_norm(last_layer)
         if self.settings.target_signal != "topk":
             return {"final_hidden": final}
+        self.head = self.head.to(self.device)  # a no-op after the first sample
         values, ids = [], []
         for chunk in final.split(TOPK_CHUNK_ROWS):
-            top = torch.topk((chunk.to(self.head.dtype) @ self.head.T).float(), self.settings.top_k)
-            values.append(top.values)
-            ids.append(top.indices.to(torch.int32))
+            logits = chunk.to(self.device, self.head.dtype) @ self.head.T
+            top = torch.topk(logits.float(), self.settings.top_k)
+            values.append(top.values.cpu())
+            ids.append(top.indices.to(torch.int32).cpu())
         return {"topk_ids": torch.cat(ids), "topk_values": torch.cat(values)}
 
 
@@ -203,18 +210,12 @@ def capture_hidden_states_vllm(
     summary_out: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the target in vLLM over a tokens shard and write its hidden-state shard."""
-    from transformers import AutoConfig
-
     started = time.perf_counter()
     tokens, target_dir = Path(tokens), resolve_target_dir(target_path)
-    frame = read_tokens(tokens)
-    model_config = AutoConfig.from_pretrained(target_dir, trust_remote_code=trust_remote_code)
-    model_config = model_config.get_text_config()
-    layer_ids = checked_aux_layer_ids(model_config, settings)
-    lengths, offsets = sample_offsets(frame)
-    n_tokens, hidden_size = int(offsets[-1]), model_config.hidden_size
-    specs = tensor_specs(len(frame), n_tokens, hidden_size, len(layer_ids), settings)
-    log_planned_size(tokens, len(frame), n_tokens, specs)
+    model_config = load_text_config(target_path, trust_remote_code)  # Kimi-K2.5: text_config
+    plan = plan_hidden_shard(tokens, model_config, settings)
+    frame, layer_ids, lengths, offsets = plan.frame, plan.layer_ids, plan.lengths, plan.offsets
+    n_tokens, hidden_size, specs = plan.n_tokens, plan.hidden_size, plan.specs
     metadata = shard_metadata(
         model_config=model_config, backend="vllm", target_path=target_path,
         target_name=target_name, layer_ids=layer_ids, settings=settings,
@@ -283,6 +284,8 @@ def layer_agreement(engine, reference) -> dict[str, dict[str, float]]:
 
 
 def _first_samples(tokens: Path, n: int, out: Path) -> int:
+    from eaglenest.formats.tokens import read_tokens  # polars: see extract.py
+
     frame = read_tokens(tokens).head(n)
     frame.write_parquet(out)
     return frame.height
