@@ -50,6 +50,7 @@ EXPECTED = {
             "engine": {
                 "quantization": "compressed-tensors",
                 "engine_args": {"language_model_only": True},
+                "cpu_workarounds": True,  # a no-op on the node's GPUs
             },
         },
         "runtime": {"tensor_parallel_size": 8, "max_model_len": 40961},
