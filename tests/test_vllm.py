@@ -226,7 +226,7 @@ def test_probe_generate_and_samples_against_a_real_vllm(
 
 
 def restart_settings(slots_dir: Path):
-    """Streamed like any vLLM run, answers of 192 tokens each (ignore_eos), and retries that
+    """Streamed like any vLLM run, answers of 256 tokens each (ignore_eos), and retries that
     outlast a server restart (about 60-120 s here): up to 40 attempts, backoff up to 8 s."""
     from eaglenest.common.config import validate_config
     from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
@@ -236,7 +236,7 @@ def restart_settings(slots_dir: Path):
         {
             "target": {"model": SERVED_NAME},
             "generation": {
-                "max_tokens": 192, "extra_body": {"ignore_eos": True}, "concurrency": 2,
+                "max_tokens": 256, "extra_body": {"ignore_eos": True}, "concurrency": 2,
                 "max_attempts": 40, "backoff_base_s": 1.0, "backoff_max_s": 8.0,
                 "idle_timeout_s": 60.0, "bench_s": 1.0, "slots_dir": str(slots_dir),
             },
@@ -265,7 +265,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
 
     prompts = [
         {"id": f"{i:016x}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}]}
-        for i in range(16)
+        for i in range(40)  # ~0.3 s each on the demo target, two at a time: ~6 s to kill in
     ]
     journal, log_path = tmp_path / "journal.jsonl", tmp_path / "server.log"
     port = free_port()
@@ -289,7 +289,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
         generation.start()
         deadline = time.monotonic() + 300
         while len(list(iter_journal(journal))) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.05)
         answered_at_kill = len(list(iter_journal(journal)))
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
@@ -309,7 +309,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
     write_raw([records[p["id"]] for p in prompts], tmp_path / "raw.parquet")
     raw = RawSchema.validate(pl.read_parquet(tmp_path / "raw.parquet"))
     assert raw["error_kind"].null_count() == len(prompts)
-    assert (raw["completion_token_ids"].list.len() == 192).all()
+    assert (raw["completion_token_ids"].list.len() == 256).all()
     retried = raw.filter(pl.col("attempts") > 1)
     print(f"{answered_at_kill} answered at the kill; attempts {sorted(raw['attempts'])}")
     assert retried.height >= 1, "the requests in flight at the kill were retried"
