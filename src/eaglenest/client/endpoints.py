@@ -4,24 +4,62 @@ server, started for exactly the duration of the job that needs it."""
 from __future__ import annotations
 
 import contextlib
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglenest.client.credentials import redacted_url
 from eaglenest.settings.endpoints import EndpointSettings
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    url: str  # base URL without the /v1 suffix
+    url: str  # base URL without the /v1 suffix; used as written (with any credentials) to send
     api_key_env: str | None = None
     max_concurrency: int = 128
 
+    @property
+    def name(self) -> str:
+        """The URL as logs, files and the slot lock show it: without its credentials."""
+        return redacted_url(self.url)
+
 
 def api_base(url: str) -> str:
-    """Normalise 'http://h:8000/v1/' and 'http://h:8000' to 'http://h:8000'."""
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
+    """Normalise 'http://h:8000/v1/' and 'http://h:8000' to 'http://h:8000' (a query stays)."""
+    parts = urllib.parse.urlsplit(url.strip())
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return urllib.parse.urlunsplit(parts._replace(path=path, fragment=""))
+
+
+def endpoint_path(base: str, path: str) -> str:
+    """`base` (an api_base) with `path` appended to its path, before any query it has."""
+    parts = urllib.parse.urlsplit(base)
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
+def endpoint_identity(url: str) -> str:
+    """What makes two URLs one server: scheme, host and port (defaults filled in), and path,
+    compared without case where case does not matter; credentials and query aside."""
+    parts = urllib.parse.urlsplit(api_base(url))
+    port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}{parts.path}"
+
+
+def check_distinct(urls: list[str]) -> None:
+    """Refuse an endpoint listed twice: two slot sets would share one lock file in one process,
+    whose record locks do not exclude each other, so the job would send twice the cap."""
+    seen: dict[str, int] = {}
+    for i, url in enumerate(urls):
+        first = seen.setdefault(endpoint_identity(url), i)
+        if first != i:
+            raise ValueError(
+                f"config key 'endpoints': entries {first} ({redacted_url(urls[first])}) and {i} "
+                f"({redacted_url(url)}) are the same endpoint; list it once, with the "
+                "max_concurrency it takes"
+            )
 
 
 @contextlib.contextmanager
@@ -41,6 +79,7 @@ def open_endpoints(
             "config key 'endpoints' is empty and 'server.enabled' is false: "
             "list at least one endpoint URL (e.g. endpoints: [{url: http://host:8000}])"
         )
+    check_distinct([e["url"] for e in settings.endpoints])
     yield [
         Endpoint(
             url=api_base(e["url"]),

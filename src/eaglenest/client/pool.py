@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from eaglenest.client.endpoints import Endpoint
+from eaglenest.client.endpoints import Endpoint, check_distinct, endpoint_path
 from eaglenest.client.slots import POLL_S, EndpointSlots
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,9 @@ class EndpointPool:
         bench_s: float,
         slots_dir: Path | None = None,
     ):
+        check_distinct([e.url for e in endpoints])
         self.states = [
-            EndpointState(e, EndpointSlots(e.url, e.max_concurrency, slots_dir)) for e in endpoints
+            EndpointState(e, EndpointSlots(e.name, e.max_concurrency, slots_dir)) for e in endpoints
         ]
         self.bench_after_failures = bench_after_failures
         self.bench_s = bench_s
@@ -99,14 +100,18 @@ class EndpointPool:
 
     async def _scan_for_slot(self) -> Slot:
         while True:
-            for state in self._candidates():
+            candidates = self._candidates()
+            for state in candidates:
                 index = state.slots.try_acquire()
                 if index is not None:
                     state.in_flight += 1
                     state.attempts += 1
                     return Slot(state, index, time.monotonic())
+            # Waiting is marked only where this job would take a slot: a mark on a benched
+            # endpoint would hold younger jobs back from it for nothing.
+            wanted = {id(state) for state in candidates}
             for state in self.states:
-                state.slots.set_waiting(True)
+                state.slots.set_waiting(id(state) in wanted)
             # Woken at once by this job's releases; other jobs' are seen by polling.
             self._freed.clear()
             try:
@@ -126,7 +131,7 @@ class EndpointPool:
             if state.consecutive_failures >= self.bench_after_failures:
                 state.benched_until = time.monotonic() + self.bench_s
                 state.consecutive_failures = 0
-                log.warning("endpoint %s benched for %.0f s", state.endpoint.url, self.bench_s)
+                log.warning("endpoint %s benched for %.0f s", state.endpoint.name, self.bench_s)
         self._freed.set()
 
 
@@ -151,7 +156,7 @@ async def server_gauges(
         return None
     try:
         async with session.get(
-            f"{state.endpoint.url}/metrics",
+            endpoint_path(state.endpoint.url, "/metrics"),
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=2.0),
         ) as response:
@@ -183,7 +188,7 @@ async def watch_activity(
             )
             log.info(
                 "endpoint %s: %d of %d slots in flight (this job %d)%s",
-                state.endpoint.url,
+                state.endpoint.name,
                 in_use,
                 state.endpoint.max_concurrency,
                 state.in_flight,
@@ -205,7 +210,7 @@ def activity_summary(pool: EndpointPool, started_at: float, finished_at: float) 
         cap = state.endpoint.max_concurrency
         endpoints.append(
             {
-                "url": state.endpoint.url,
+                "url": state.endpoint.name,
                 "cap": cap,
                 "attempts": state.attempts,
                 "busy_s": round(state.busy_s, 3),

@@ -54,7 +54,7 @@ class StreamAssembler:
             return
         try:
             chunk = json.loads(payload)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: deep nesting
             raise StreamError("malformed_json", f"{err}: {payload[:200]!r}") from err
         self.feed(chunk)
 
@@ -70,18 +70,31 @@ class StreamAssembler:
             self.prompt_token_ids = chunk["prompt_token_ids"]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            for name in TEXT_FIELDS:
-                if isinstance(delta.get(name), str):
-                    self.text.setdefault(name, []).append(delta[name])
-            if isinstance(choice.get("token_ids"), list):
-                self.token_ids = (self.token_ids or []) + choice["token_ids"]
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise StreamError("malformed_json", f"choices is not a list: {choices!r:.200}")
+        for choice in choices:
+            self._feed_choice(choice)
+
+    def _feed_choice(self, choice: Any) -> None:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict) or not isinstance(delta or {}, dict):
+            raise StreamError(
+                "malformed_json", f"a choice or its delta is not an object: {choice!r:.200}"
+            )
+        if choice.get("index", 0) != 0:
+            return
+        for name in TEXT_FIELDS:
+            if isinstance((delta or {}).get(name), str):
+                self.text.setdefault(name, []).append(delta[name])
+        if isinstance(choice.get("token_ids"), list):
+            # Extended in place: vLLM sends one id per chunk, and a copy per chunk is O(n^2).
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids.extend(choice["token_ids"])
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+            self.stop_reason = choice.get("stop_reason")
 
     @property
     def complete(self) -> bool:

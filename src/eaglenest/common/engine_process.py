@@ -11,12 +11,14 @@ engine's own log (vLLM logs to stdout), which the parent logs and keeps the end 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args
 
 MARKER = "EAGLENEST "
 LOG_TAIL_LINES = 40
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,26 @@ class EngineError(RuntimeError):
 
 
 def say(message: dict[str, Any]) -> None:
-    """In the child: one message to the parent."""
-    print(MARKER + json.dumps(message), flush=True)
+    """In the child: one message to the parent, as one write of the whole line (print writes the
+    text and the newline apart, and an engine worker's log line could land between them)."""
+    sys.stdout.write(MARKER + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """What a child runs before exec to get SIGKILL when its parent dies, however it dies (kill -9
+    included), so an engine never keeps a GPU for a job that is gone (Linux PR_SET_PDEATHSIG).
+    Looked up here, in the parent: a forked child of a threaded process should not load libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call
+            os._exit(1)
+
+    return in_child
 
 
 def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
@@ -98,6 +119,8 @@ def engine_process(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, **env, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        # Safe here: the child calls one function looked up before the fork, then execs.
+        preexec_fn=die_with_parent(),  # noqa: PLW1509
     )  # fmt: skip
     try:
         yield process
@@ -117,8 +140,11 @@ def engine_messages(process: subprocess.Popen, tail: list[str]) -> Iterator[dict
     """The child's messages; its other lines are logged, and the last ones kept in `tail`."""
     assert process.stdout is not None
     for line in process.stdout:
-        if line.startswith(MARKER):
-            yield json.loads(line[len(MARKER) :])
+        at = line.find(MARKER)
+        if at >= 0:  # after a worker's unfinished line, if one was written just before
+            if at:
+                log.info("engine: %s", line[:at])
+            yield json.loads(line[at + len(MARKER) :])
             continue
         log.info("engine: %s", line.rstrip())
         tail.append(line.rstrip())

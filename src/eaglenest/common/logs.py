@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,15 +15,31 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM (a SLURM time limit, preemption, Snakemake stopping a job) raises
+    KeyboardInterrupt as SIGINT does, so `finally` blocks run: engine processes are stopped,
+    temporary files removed. Python's default for SIGTERM ends the process without them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def log_to(path: str | Path) -> Iterator[logging.Logger]:
-    """Send logging and stderr (tqdm writes there) to `path` for the duration of a job.
+    """Send logging and stderr (tqdm writes there) to `path` for the duration of a job, in which
+    SIGTERM is handled like SIGINT (`sigterm_as_interrupt`).
 
     A failing job still writes its traceback to the log, then re-raises so Snakemake fails the job.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
-    with open(path, "a", buffering=1) as stream:
+    with open(path, "a", buffering=1) as stream, sigterm_as_interrupt():
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.client.reasoning import THINK_END, THINK_START, split_think
-from eaglenest.common.io import temp_beside, write_json
+from eaglenest.common.io import held_temp_beside, write_json
 from eaglenest.demo.tasks import (
     END_OF_TURN,
     PAD_TOKEN,
@@ -480,15 +480,16 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds,
     so a killed or failed build never leaves a directory that looks complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_beside(path, directory=True)  # made like mkdir makes it (mkdtemp: 0700)
-    try:
-        yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    # Made like mkdir makes it (mkdtemp: 0700); stale ones of killed builds are removed first.
+    with held_temp_beside(path, directory=True) as tmp:
+        try:
+            yield tmp
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
 
 
 def _parameter_count(model: Any) -> int:

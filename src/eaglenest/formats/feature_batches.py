@@ -76,13 +76,22 @@ class Batch:
         return Batch(**moved, samples=self.samples)
 
 
-def open_shards(paths: list[str | Path], head: TargetHead, vocab: DraftVocab) -> list[HiddenShard]:
-    """Open every shard, checking layer ids and sizes against the target head and draft vocab."""
+def open_shards(
+    paths: list[str | Path],
+    head: TargetHead,
+    vocab: DraftVocab,
+    tokens: list[str | Path] | None = None,
+) -> list[HiddenShard]:
+    """Open every shard, checking layer ids and sizes against the target head and draft vocab,
+    and, given the tokens shard of each, that it was computed from that file."""
     shards = [
         open_hidden_shard(
-            p, expect_layer_ids=head.aux_layer_ids, expect_hidden_size=head.hidden_size
+            p,
+            expect_layer_ids=head.aux_layer_ids,
+            expect_hidden_size=head.hidden_size,
+            expect_tokens=None if tokens is None else tokens[i],
         )
-        for p in paths
+        for i, p in enumerate(paths)
     ]
     if len(vocab.t2d) != head.vocab_size:
         raise TrainDataError(

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from eaglenest.common.io import atomic_path
+from eaglenest.common.io import atomic_path, sha256_file
 
 if TYPE_CHECKING:
     from eaglenest.settings.hidden import HiddenSettings
@@ -153,12 +153,22 @@ class ShardWriter:
             for name, dtype, shape in specs
         }
         self.stored = {name: dtype for name, dtype, _ in specs}
+        self.rows = {name: shape[0] for name, _, shape in specs}
         self.settings = settings
         self.n_aux = n_aux
 
     def write(self, name: str, first_row: int, values: torch.Tensor) -> None:
+        """Rows `first_row:` of tensor `name`; refused unless they lie inside it and have its row
+        size: a positioned write past them would overwrite the next tensor silently."""
         data = _as_bytes(values)
-        pwrite_all(self.fd, data, self.positions[name] + first_row * self.row_bytes[name])
+        row_bytes = self.row_bytes[name]
+        n_rows = len(data) // row_bytes if row_bytes else 0
+        if len(data) != n_rows * row_bytes or not 0 <= first_row <= self.rows[name] - n_rows:
+            raise ValueError(
+                f"{name}: rows {first_row}:{first_row + n_rows} of {len(data)} bytes do not fit "
+                f"its {self.rows[name]} rows of {row_bytes} bytes (values {list(values.shape)})"
+            )
+        pwrite_all(self.fd, data, self.positions[name] + first_row * row_bytes)
 
     def write_states(self, name: str, first_row: int, values: torch.Tensor, blocks: int) -> None:
         """aux / final_hidden rows in the storage dtype (with their scales for fp8)."""
@@ -234,6 +244,27 @@ class HiddenShard:
         self.hidden_size = int(self.metadata["hidden_size"])
         self.dtype = self.metadata["dtype"]
         self.target_signal = self.metadata["target_signal"]
+        self.check_offsets()
+
+    def check_offsets(self) -> None:
+        """offsets start at 0, never decrease, end at every row tensor's row count, and number
+        one more than the sample ids: else `sample(i)` would read another sample's rows."""
+        offsets = self.offsets
+        problem = None
+        if offsets.dim() != 1 or len(offsets) < 1 or int(offsets[0]) != 0:
+            problem = "do not start at 0"
+        elif bool((offsets[1:] < offsets[:-1]).any()):
+            problem = "decrease"
+        elif "sample_ids" in self.metadata and len(self.sample_ids) != len(offsets) - 1:
+            problem = f"count {len(offsets) - 1} samples, the metadata {len(self.sample_ids)} ids"
+        else:
+            for name in sorted(self.names - {"offsets"}):
+                rows = self._file.get_slice(name).get_shape()[0]
+                if rows != int(offsets[-1]):
+                    problem = f"end at {int(offsets[-1])}, but {name} has {rows} rows"
+                    break
+        if problem:
+            raise ValueError(f"{self.path}: field offsets: {problem}")
 
     @property
     def sample_ids(self) -> list[str]:
@@ -277,9 +308,16 @@ def open_hidden_shard(
     path: str | Path,
     expect_layer_ids: list[int] | tuple[int, ...] | None = None,
     expect_hidden_size: int | None = None,
+    expect_tokens: str | Path | None = None,
 ) -> HiddenShard:
+    """Open a shard, checking what the caller knows: layer ids, hidden size, and the tokens
+    shard it was computed from (`tokens_sha256` of its metadata)."""
     shard = HiddenShard(path)
     if expect_layer_ids is not None:
         shard.check("aux_layer_ids", list(expect_layer_ids), shard.aux_layer_ids)
     shard.check("hidden_size", expect_hidden_size, shard.hidden_size)
+    if expect_tokens is not None:
+        shard.check(
+            "tokens_sha256", sha256_file(expect_tokens), shard.metadata.get("tokens_sha256")
+        )
     return shard

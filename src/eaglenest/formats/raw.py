@@ -68,6 +68,7 @@ class RawSchema(pa.DataFrameModel):
     prompt_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     completion_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     latency_s: pl.Float64 = pa.Field(nullable=False, ge=0)
+    slot_wait_s: pl.Float64 = pa.Field(nullable=True, ge=0)
     attempts: pl.Int64 = pa.Field(nullable=False, ge=1)
     error_kind: str = pa.Field(nullable=True)
     error: str = pa.Field(nullable=True)
@@ -106,7 +107,8 @@ RAW_SCHEMA = {
     "token_ids_error": pl.String,  # why the server's ids were unusable (then both ids are null)
     "prompt_tokens": pl.Int64,
     "completion_tokens": pl.Int64,
-    "latency_s": pl.Float64,
+    "latency_s": pl.Float64,  # the answering attempt's time in flight (slot held)
+    "slot_wait_s": pl.Float64,  # waits for an endpoint slot, all attempts (null: older journals)
     "attempts": pl.Int64,
     "error_kind": pl.String,
     "error": pl.String,

@@ -40,9 +40,9 @@ import polars as pl
 from tqdm import tqdm
 
 from eaglenest.client.chat import STREAM_FIELDS, RetryableError, TerminalError, post_once
-from eaglenest.client.credentials import api_key_from_env, auth_headers, redact
+from eaglenest.client.credentials import api_key_from_env, auth_headers, redact, url_secrets
 from eaglenest.client.endpoints import Endpoint, open_endpoints
-from eaglenest.client.pool import EndpointPool, activity_summary, watch_activity
+from eaglenest.client.pool import EndpointPool, Slot, activity_summary, watch_activity
 from eaglenest.client.reasoning import extract_reasoning
 from eaglenest.client.responses import extract_token_ids
 from eaglenest.common.io import read_json, write_json
@@ -143,6 +143,7 @@ def record_from_response(
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "latency_s": round(latency_s, 4),
+        "slot_wait_s": None,
         "attempts": attempts,
         "error_kind": None,
         "error": None,
@@ -157,7 +158,7 @@ def failure_record(
     kind: str,
     error: str,
     attempts: int,
-    latency_s: float,
+    spent: Attempt,
 ) -> dict[str, Any]:
     record = dict.fromkeys(RAW_SCHEMA)
     record.update(
@@ -165,10 +166,10 @@ def failure_record(
         endpoint=endpoint,
         request=json.dumps(body, sort_keys=True),
         reasoning_field="none",
-        latency_s=round(latency_s, 4),
         attempts=attempts,
         error_kind=kind,
         error=error,
+        **timing(spent),
     )
     return record
 
@@ -201,6 +202,45 @@ def _backoff_s(attempt: int, settings: GenerationSettings, server_wait_s: float 
     return max(backoff, min(server_wait_s or 0.0, settings.client.retry_after_max_s))
 
 
+@dataclass
+class Attempt:
+    """What one prompt's attempts cost: the seconds spent waiting for slots, and in flight."""
+
+    slot_wait_s: float = 0.0
+    in_flight_s: float = 0.0  # of the latest attempt: the answer's latency, not its queueing
+
+
+async def attempt_once(
+    sample_id: str,
+    attempt: int,
+    slot: Slot,
+    body: dict,
+    session: aiohttp.ClientSession,
+    headers: dict,
+    settings: GenerationSettings,
+) -> dict[str, Any]:
+    """One request on a held slot, made a record. Anything a server's answer makes the client
+    raise, beyond the two errors it sorts answers into, is a retry too: one odd answer must
+    never end a job that has a week of answers in flight."""
+    endpoint = slot.state.endpoint
+    try:
+        response, text = await post_once(
+            session,
+            endpoint,
+            body,
+            headers,
+            stream=settings.stream,
+            timeout_s=settings.client.timeout_s,
+            idle_timeout_s=settings.client.idle_timeout_s,
+        )
+        return record_from_response(sample_id, endpoint.name, body, response, text, 0.0, attempt)
+    except (RetryableError, TerminalError, asyncio.CancelledError):
+        raise
+    except Exception as err:  # the policy above
+        log.warning("an answer from %s raised %r; retried", slot.state.endpoint.name, err)
+        raise RetryableError("client_error", f"{type(err).__name__}: {err}"[:500]) from err
+
+
 async def request_with_retries(
     sample_id: str,
     body: dict,
@@ -211,23 +251,19 @@ async def request_with_retries(
     progress: Progress,
 ) -> dict[str, Any]:
     """One prompt's answer or terminal failure; a slot is held only while a request is in flight
-    (not while backing off), so waiting retries leave the endpoint to other requests."""
-    started = time.perf_counter()
-    last_kind, last_error, last_url = "none", "", ""
+    (not while backing off), so waiting retries leave the endpoint to other requests. The row's
+    `latency_s` is its answering attempt's time in flight; `slot_wait_s` the waits for slots."""
+    spent = Attempt()
+    last_kind, last_error, last_name = "none", "", ""
     for attempt in range(1, settings.client.max_attempts + 1):
+        asked_at = time.monotonic()
         slot = await pool.acquire()
-        url = last_url = slot.state.endpoint.url
+        spent.slot_wait_s += slot.acquired_at - asked_at
+        url, last_name = slot.state.endpoint.url, slot.state.endpoint.name
         progress.in_flight += 1
         try:
-            response, text = await post_once(
-                session,
-                slot.state.endpoint,
-                body,
-                headers_by_url[url],
-                stream=settings.stream,
-                timeout_s=settings.client.timeout_s,
-                idle_timeout_s=settings.client.idle_timeout_s,
-            )
+            headers = headers_by_url[url]
+            record = await attempt_once(sample_id, attempt, slot, body, session, headers, settings)
         except RetryableError as err:
             pool.release(slot, ok=False)
             last_kind, last_error = err.kind, str(err)
@@ -237,24 +273,23 @@ async def request_with_retries(
             continue
         except TerminalError as err:
             pool.release(slot, ok=True)  # the endpoint answered; the request is at fault
-            return failure_record(
-                sample_id, url, body, err.kind, str(err), attempt, time.perf_counter() - started
-            )
+            spent.in_flight_s = time.monotonic() - slot.acquired_at
+            return failure_record(sample_id, last_name, body, err.kind, str(err), attempt, spent)
         finally:
             progress.in_flight -= 1
+            spent.in_flight_s = time.monotonic() - slot.acquired_at
         pool.release(slot, ok=True)
-        return record_from_response(
-            sample_id, url, body, response, text, time.perf_counter() - started, attempt
-        )
-    return failure_record(
-        sample_id,
-        last_url,
-        body,
-        last_kind,
-        f"gave up after {settings.client.max_attempts} attempts: {last_error}",
-        settings.client.max_attempts,
-        time.perf_counter() - started,
-    )
+        return record | timing(spent)
+    error = f"gave up after {settings.client.max_attempts} attempts: {last_error}"
+    attempts = settings.client.max_attempts
+    return failure_record(sample_id, last_name, body, last_kind, error, attempts, spent)
+
+
+def timing(spent: Attempt) -> dict[str, float]:
+    return {
+        "latency_s": round(spent.in_flight_s, 4),
+        "slot_wait_s": round(spent.slot_wait_s, 4),
+    }
 
 
 def request_key(body: dict[str, Any]) -> str:
@@ -272,6 +307,17 @@ def iter_journal(journal: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def encodable(record: dict[str, Any]) -> bool:
+    """Can the record be written as UTF-8? An answer journaled before answers were checked may
+    hold a lone surrogate (valid JSON, no UTF-8): it is asked again, never reused, or it would
+    fail the raw file on every rerun."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_journal(journal: Path) -> dict[str, dict[str, Any]]:
@@ -314,7 +360,7 @@ def match_journal(journal: Path, bodies: dict[str, dict[str, Any]]) -> JournalMa
         if sample_id not in keys or sample_id in reused:
             continue
         same_request = request_key(json.loads(record["request"])) == keys[sample_id]
-        if same_request and record["error_kind"] is None:
+        if same_request and record["error_kind"] is None and encodable(record):
             reused[sample_id] = record
         elif same_request:
             failed.add(sample_id)
@@ -462,7 +508,8 @@ async def generate_records(
     matched = match_journal(journal, bodies)
     todo = [p for p in prompts if p["id"] in matched.origins]
     _log_plan(shard, len(prompts), len(todo), matched, journal, settings)
-    secrets = [api_key_from_env(e.api_key_env) for e in endpoints]
+    keys = [api_key_from_env(e.api_key_env) for e in endpoints]
+    secrets = [*keys, *(secret for e in endpoints for secret in url_secrets(e.url))]
     slots_dir = Path(settings.client.slots_dir) if settings.client.slots_dir else None
     job = ShardRequests(
         bodies,
@@ -471,7 +518,7 @@ async def generate_records(
         EndpointPool(
             endpoints, settings.client.bench_after_failures, settings.client.bench_s, slots_dir
         ),
-        {e.url: auth_headers(k) for e, k in zip(endpoints, secrets)},
+        {e.url: auth_headers(k) for e, k in zip(endpoints, keys, strict=True)},
         secrets,
         _progress(shard, len(prompts), already_done=len(prompts) - len(todo)),
         {k: v | {"origin": "journal"} for k, v in matched.reused.items()},

@@ -17,8 +17,14 @@ from typing import Any
 
 import httpx
 
-from eaglenest.client.credentials import api_key_from_env, auth_headers, redact
-from eaglenest.client.endpoints import Endpoint, api_base, open_endpoints
+from eaglenest.client.credentials import (
+    api_key_from_env,
+    auth_headers,
+    redact,
+    redacted_url,
+    url_secrets,
+)
+from eaglenest.client.endpoints import Endpoint, api_base, endpoint_path, open_endpoints
 from eaglenest.client.reasoning import (
     NO_FIELD,
     THINK_END,
@@ -43,27 +49,28 @@ class ProbeError(RuntimeError):
 
 
 def _served_models(client: httpx.Client, base: str) -> list[str]:
+    shown = redacted_url(base)  # messages and logs never show a URL's credentials
     try:
-        response = client.get(f"{base}/v1/models")
+        response = client.get(endpoint_path(base, "/v1/models"))
     except httpx.TransportError as err:
         raise ProbeError(
-            f"endpoint {base} is unreachable ({type(err).__name__}: {err}); is the server running "
+            f"endpoint {shown} is unreachable ({type(err).__name__}: {err}); is the server running "
             "and the URL (host, port) right?"
         ) from err
     if response.status_code in (401, 403):
         raise ProbeError(
-            f"endpoint {base} refused the request with HTTP {response.status_code}: set the API key "
+            f"endpoint {shown} refused the request with HTTP {response.status_code}: set the API key "
             "in the environment variable named by endpoints[].api_key_env"
         )
     if response.status_code != 200:
-        raise ProbeError(f"endpoint {base}/v1/models answered HTTP {response.status_code}")
+        raise ProbeError(f"endpoint {shown}/v1/models answered HTTP {response.status_code}")
     try:
         listing = response.json()
     except json.JSONDecodeError:
         listing = None
     if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
         raise ProbeError(
-            f"{base}/v1/models did not answer an OpenAI model list (a JSON object with 'data'): "
+            f"{shown}/v1/models did not answer an OpenAI model list (a JSON object with 'data'): "
             f"{response.text[:200]!r}. Is the URL the server's API base, not a web page or proxy?"
         )
     return [m.get("id") for m in listing["data"] if isinstance(m, dict)]
@@ -71,11 +78,11 @@ def _served_models(client: httpx.Client, base: str) -> list[str]:
 
 def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[dict, float, int]:
     """POST with a few quick retries on transient failures; returns (json, latency_s, attempts)."""
-    last_problem = ""
+    last_problem, shown = "", redacted_url(base)
     for attempt in range(1, PROBE_ATTEMPTS + 1):
         started = time.perf_counter()
         try:
-            response = client.post(f"{base}/v1/chat/completions", json=body)
+            response = client.post(endpoint_path(base, "/v1/chat/completions"), json=body)
         except httpx.TransportError as err:
             last_problem = f"{type(err).__name__}: {err}"
         else:
@@ -92,15 +99,15 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
             else:
                 raise ProbeError(
-                    f"{base}/v1/chat/completions answered HTTP {response.status_code}: "
+                    f"{shown}/v1/chat/completions answered HTTP {response.status_code}: "
                     f"{response.text[:500]}"
                 )
         log.warning(
-            "probe attempt %d/%d on %s failed: %s", attempt, PROBE_ATTEMPTS, base, last_problem
+            "probe attempt %d/%d on %s failed: %s", attempt, PROBE_ATTEMPTS, shown, last_problem
         )
         time.sleep(0.5 * attempt)
     raise ProbeError(
-        f"{base}/v1/chat/completions failed {PROBE_ATTEMPTS} times; last: {last_problem}"
+        f"{shown}/v1/chat/completions failed {PROBE_ATTEMPTS} times; last: {last_problem}"
     )
 
 
@@ -161,7 +168,7 @@ def _ask(
     served = _served_models(client, base)
     if model not in served:
         raise ProbeError(
-            f"model '{model}' is not served by {base}; served: {served}. "
+            f"model '{model}' is not served by {redacted_url(base)}; served: {served}. "
             "Set target.model to one of them."
         )
     responses, answers = [], []
@@ -170,7 +177,7 @@ def _ask(
         answered_by = response.get("model")
         if answered_by is not None and answered_by != model:
             raise ProbeError(
-                f"{base} answered a request for model '{model}' with model '{answered_by}': "
+                f"{redacted_url(base)} answered a request for model '{model}' with model '{answered_by}': "
                 "a router or proxy in front of the server is sending the run to another model"
             )
         responses.append(response)
@@ -274,13 +281,14 @@ def probe_endpoint(
             served, responses, answers = _ask(client, base, model, bodies)
     except ProbeError as err:
         # Error texts quote what the server said, which a proxy may fill with our headers.
-        raise ProbeError(redact(str(err), [api_key])) from None
-    empty = _answers_without_reasoning(base, model, answers, require_reasoning)
-    supported = _check_token_ids(base, answers, require_token_ids)
+        raise ProbeError(redact(str(err), [api_key, *url_secrets(base)])) from None
+    shown_base = redacted_url(base)
+    empty = _answers_without_reasoning(shown_base, model, answers, require_reasoning)
+    supported = _check_token_ids(shown_base, answers, require_token_ids)
     shown = next((i for i in range(len(answers)) if i not in empty), 0)
     # No redaction here: the key travels only in headers, and the model's text is kept as it is.
     return {
-        "url": base,
+        "url": shown_base,
         "model": model,
         "served_models": served,
         "request": bodies[shown],
@@ -373,7 +381,7 @@ def probe_endpoints(
         )
         log.info(
             "probe %s: reasoning in '%s' (%d of %d answers without), token ids %s, %.3f s",
-            endpoint.url,
+            endpoint.name,
             result["reasoning_field"],
             result["answers_without_reasoning"],
             len(result["answers"]),

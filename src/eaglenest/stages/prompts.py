@@ -517,16 +517,19 @@ def _file_part(path: str, options: PromptOptions) -> _Part:
 
 
 def _read_json_lines(path: str) -> tuple[list[Any], list[int]]:
-    """Records and their 0-based line numbers (the `source_index`); blank lines are not rows."""
+    """Records and their 0-based line numbers (the `source_index`); blank lines are not rows. A
+    line that is not UTF-8 or not JSON is counted as unparsable, with its line number."""
     records: list[Any] = []
     line_numbers: list[int] = []
-    with open(path, encoding="utf-8") as stream:
-        for line_number, line in enumerate(stream):
-            if not line.strip():
+    with open(path, "rb") as stream:
+        for line_number, raw in enumerate(stream):
+            if not raw.strip():
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
+                records.append(json.loads(raw.decode("utf-8")))
+            except UnicodeDecodeError as err:
+                records.append(_Unparsable(f"line {line_number + 1}: not UTF-8: {err}"))
+            except (json.JSONDecodeError, RecursionError) as err:
                 records.append(_Unparsable(f"line {line_number + 1}: {err}"))
             line_numbers.append(line_number)
     return records, line_numbers
@@ -535,7 +538,14 @@ def _read_json_lines(path: str) -> tuple[list[Any], list[int]]:
 def _read_json(path: str) -> tuple[list[Any], list[int] | None]:
     """A .json file: a list of rows, or an object holding one list (e.g. {"data": [...]});
     a .json file that is really JSON Lines is read as such."""
-    text = Path(path).read_text(encoding="utf-8")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise PromptSourceError(
+            f"{path}: line {line}: not UTF-8 ({err.reason} at byte {err.start})"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

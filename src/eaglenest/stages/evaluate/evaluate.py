@@ -212,6 +212,7 @@ def live(
         wall = sum(r.wall_s for r in done)
         results[name][str(k)] = {
             "acceptance_length": float(np.mean(rounds)) if rounds else 1.0,
+            "emitted_per_round": emitted_per_round(tokens, len(prompts), len(rounds)),
             "rounds": len(rounds),
             **per_position_acceptance(done, k),
             "target_forwards_per_token": sum(r.target_forwards for r in done) / max(tokens, 1),
@@ -225,6 +226,13 @@ def live(
         }
         log.info("live %s K=%d: %s", name, k, results[name][str(k)])
     return results
+
+
+def emitted_per_round(tokens: int, prompts: int, rounds: int) -> float | None:
+    """Tokens kept per verification round: all tokens less the one per prompt the prefill emits,
+    over the rounds. Measured the same way for vLLM and for us (vLLM's counters, 1 + accepted /
+    drafts, also count drafts accepted past the end of an answer)."""
+    return (tokens - prompts) / rounds if rounds else None
 
 
 def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:
@@ -294,7 +302,9 @@ def evaluate_drafter(
     started = time.perf_counter()
     head = TargetHead.load(target_head)
     vocab = DraftVocab.load(draft_vocab)
-    shards = open_shards(heldout_hidden, head, vocab)
+    # Each hidden shard's tokens shard is the same shard's: a stale pairing is refused.
+    paired = heldout_tokens if len(heldout_tokens) == len(heldout_hidden) else None
+    shards = open_shards(heldout_hidden, head, vocab, tokens=paired)
     drafter = load_drafter(drafter_dir, head.embed, expect_layer_ids=head.aux_layer_ids)
     drafter = drafter.to(device).eval()
     untrained = untrained_like(drafter, settings.seed)
@@ -345,14 +355,24 @@ def evaluate_drafter(
             ks=settings.ks, max_new_tokens=settings.live_max_new_tokens, model_dtype=model_dtype,
             engine=settings.vllm, runtime=runtime, trust_remote_code=trust_remote_code,
         )  # fmt: skip
+        for engine_k in metrics["engine"]["per_k"].values():
+            engine_k["emitted_per_round"] = emitted_per_round(
+                engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
+            )
         if metrics["live"]:
-            metrics["live_vs_engine"] = {
-                k: metrics["live"][k]["acceptance_length"] / engine_k["acceptance_length"]
-                for k, engine_k in metrics["engine"]["per_k"].items()
-            }
+            metrics["live_vs_engine"] = live_vs_engine(metrics["live"], metrics["engine"]["per_k"])
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
+
+
+def live_vs_engine(live: dict[str, dict], engine: dict[str, dict]) -> dict[str, float | None]:
+    """Per K: our live emitted tokens per round over the engine's, on that one definition."""
+    ratios: dict[str, float | None] = {}
+    for k, engine_k in engine.items():
+        ours, theirs = live[k].get("emitted_per_round"), engine_k.get("emitted_per_round")
+        ratios[k] = ours / theirs if ours is not None and theirs else None
+    return ratios
 
 
 def eos_token_ids(target_path: str | Path, target) -> set[int]:

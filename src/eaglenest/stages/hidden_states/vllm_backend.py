@@ -164,6 +164,11 @@ def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -
             f"position {where})"
         )
     hidden = states["hidden_states"]  # [T, 4, H]: the aux layers, then layer N
+    if hidden.shape[0] != len(ids):
+        raise VllmCaptureError(
+            f"{tokens}: sample {frame['id'][i]!r} (row {i}): vLLM's state file has "
+            f"{hidden.shape[0]} rows for {len(ids)} tokens"
+        )
     aux = hidden[:, :3, :].reshape(hidden.shape[0], -1)
     writer.write_sample(int(offsets[i]), aux, signal(hidden[:, 3, :]), ids, mask)
 

@@ -479,10 +479,22 @@ def acceptance_table(metrics: dict, ks: list[str]) -> str:
     return table(header, rows)
 
 
+def emitted_per_round(figures: dict) -> float | None:
+    """Tokens the verification rounds emitted, per round: the tokens less the one per prompt
+    that the prefill emits, over the rounds. One definition for the engine and for us, counting
+    only tokens the answer kept (vLLM's own figure also counts drafts accepted past its end)."""
+    tokens, prompts, rounds = (figures.get(key) for key in ("tokens", "prompts", "rounds"))
+    if not rounds or tokens is None or prompts is None:
+        return None
+    return (tokens - prompts) / rounds
+
+
 def engine_table(metrics: dict, ks: list[str]) -> str:
-    """Per K: the engine's acceptance (what users get in production) beside the project's live
-    and simulated ones, rounds and per-position acceptance of both."""
+    """Per K: emitted tokens per round, one definition for the engine and our live decoding,
+    with the rounds of each; then each one's own acceptance length (vLLM's counters, ours) and
+    the simulated one, labelled, and per-position acceptance of both."""
     engine = metrics["engine"]
+    name = engine["engine"]
     rows = []
     for k in ks:
         served = (engine.get("per_k") or {}).get(k) or {}
@@ -492,11 +504,13 @@ def engine_table(metrics: dict, ks: list[str]) -> str:
         rows.append(
             [
                 k,
+                emitted_per_round(served),
+                emitted_per_round(live_k),
+                served.get("rounds"),
+                live_k.get("rounds"),
                 served.get("acceptance_length"),
                 live_k.get("acceptance_length"),
                 metrics["simulated"][k]["acceptance_length"],
-                served.get("rounds"),
-                live_k.get("rounds"),
                 served.get("identical_to_plain"),
                 ", ".join(map(str, rounding)),
                 ", ".join(map(str, live_rounding)),
@@ -504,16 +518,25 @@ def engine_table(metrics: dict, ks: list[str]) -> str:
         )
     header = [
         "K",
-        f"{engine['engine']} acceptance length",
-        "live acceptance length",
-        "simulated acceptance length",
-        f"{engine['engine']} rounds",
+        f"emitted tokens per round, {name}",
+        "emitted tokens per round, live",
+        f"{name} rounds",
         "live rounds",
+        f"{name}'s own acceptance length (1 + accepted / drafts)",
+        "live acceptance length (1 + accepted per round)",
+        "simulated acceptance length",
         "identical to plain decoding",
-        f"{engine['engine']} acceptance by position",
+        f"{name} acceptance by position",
         "live acceptance by position",
     ]
-    return table(header, rows)
+    note = (
+        "<p>Emitted tokens per round: the tokens each answer kept, less the one the prefill "
+        f"emits, over the verification rounds; the same definition for {name} and for the live "
+        f"decoding, so these two compare. {name}'s own acceptance length comes from its "
+        "spec_decode counters, which also count drafts accepted past the end of an answer "
+        "(tokens it then discards): it reads higher than the kept tokens give.</p>"
+    )
+    return table(header, rows) + note
 
 
 def live_table(live_by_name: dict[str, dict], ks: list[str]) -> str:

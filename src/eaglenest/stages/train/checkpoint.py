@@ -123,20 +123,35 @@ class Training(Protocol):
 
 
 class MetricsLog:
-    """metrics.jsonl in the journal; on resume, lines past the checkpoint's step are dropped."""
+    """metrics.jsonl in the journal; on resume, lines past the checkpoint's step are dropped, and
+    so is a torn line (a kill, power loss or full disk mid-write), with a warning: a resume never
+    fails on it. The rewrite is atomic, so a kill during it loses no line."""
 
     def __init__(self, path: Path, keep_until_step: int):
         self.path = path
         kept: list[str] = []
         if path.exists() and keep_until_step > 0:
-            for line in path.read_text().splitlines():
-                if line.strip() and json.loads(line)["step"] <= keep_until_step:
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                step = _step_of(line)
+                if step is None and line.strip():
+                    log.warning("%s: line %d is torn or not a record; dropped", path, number)
+                elif step is not None and step <= keep_until_step:
                     kept.append(line)
-        path.write_text("".join(line + "\n" for line in kept))
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as stream:
             stream.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def save_checkpoint(training: Training, step: int) -> None:
