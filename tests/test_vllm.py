@@ -567,7 +567,7 @@ def deepseek_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
     target_dir = workdir / "results" / DEEPSEEK_RUN / "target"
     server_log = tmp_path_factory.mktemp("deepseek-server") / "server.log"
-    engine_args = DEEPSEEK["vllm"]["engine_args"]  # eager, as the pipeline's own engines run
+    engine_args = {"enforce_eager": True}  # as the pipeline's own engines run; batched
     with vllm_server(target_dir, server_log, DEEPSEEK["target"]["model"], engine_args) as url:
         config["endpoints"] = [{"url": url, "max_concurrency": 16}]
         result = snakemake(workdir, "--until", "prepare_samples", config=config)
