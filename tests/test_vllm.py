@@ -55,6 +55,10 @@ STOP_TIMEOUT_S = 30
 # vLLM's CPU attention takes these head sizes only (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 SMALL_TARGET = {key: value for key, value in SMALL_DEMO["demo_target"].items() if key != "enabled"}
+# Servers whose answers are compared with the same engine's only (generation, the restart): eager,
+# which starts in ~15 s instead of ~50 s (no compilation). Engines whose figures are compared with
+# our own (capture, acceptance) keep vLLM's default, the figures of earlier rounds.
+EAGER = {"enforce_eager": True}
 
 
 def free_port() -> int:
@@ -174,7 +178,7 @@ def vllm_target_dir(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
 def vllm_url(vllm_target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     started = time.monotonic()
-    with vllm_server(vllm_target_dir, log_path) as url:
+    with vllm_server(vllm_target_dir, log_path, engine_args=EAGER) as url:
         print(f"vLLM healthy after {time.monotonic() - started:.0f} s at {url}")
         yield url
 
@@ -295,7 +299,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
         except Exception as err:  # noqa: BLE001 (reported by the test's thread)
             outcome["error"] = err
 
-    first = start_vllm_server(vllm_target_dir, log_path, port)
+    first = start_vllm_server(vllm_target_dir, log_path, port, engine_args=EAGER)
     try:
         wait_healthy(first, url, log_path)
         generation = threading.Thread(target=run, daemon=True)
@@ -309,7 +313,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
     finally:
         stop_process_group(first)
     assert 3 <= answered_at_kill < len(prompts), "the kill landed mid-run"
-    second = start_vllm_server(vllm_target_dir, log_path, port)
+    second = start_vllm_server(vllm_target_dir, log_path, port, engine_args=EAGER)
     try:
         wait_healthy(second, url, log_path)
         generation.join(600)
@@ -567,8 +571,8 @@ def deepseek_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
     target_dir = workdir / "results" / DEEPSEEK_RUN / "target"
     server_log = tmp_path_factory.mktemp("deepseek-server") / "server.log"
-    engine_args = {"enforce_eager": True}  # as the pipeline's own engines run; batched
-    with vllm_server(target_dir, server_log, DEEPSEEK["target"]["model"], engine_args) as url:
+    # eager, as the pipeline's own engines run (batched: the server takes 16 requests at once)
+    with vllm_server(target_dir, server_log, DEEPSEEK["target"]["model"], EAGER) as url:
         config["endpoints"] = [{"url": url, "max_concurrency": 16}]
         result = snakemake(workdir, "--until", "prepare_samples", config=config)
         assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
@@ -607,7 +611,10 @@ def test_the_deepseek_v3_demo_runs_through_vllm(deepseek_run):
               f" live {live['acceptance_length']:.4f} ({live['rounds']} rounds)")  # fmt: skip
         assert vllm["identical_to_plain"] and live["identical_to_greedy"]
         assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
-        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
+        # K=3: 129 rounds against our 130 here. K=7: 119 against 111, one a prompt, with vLLM's
+        # first drafts accepted less often than at K=3 while ours are not (README, known
+        # issues): twice that is the bound, so another CPU's near-ties do not fail the run.
+        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"] * (1 if k == "3" else 2)
     page = (run / "report" / "index.html").read_text()
     assert "vLLM against transformers" in page
 
