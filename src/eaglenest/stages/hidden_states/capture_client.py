@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 
 from eaglenest.client.endpoints import api_base, endpoint_path
 from eaglenest.client.slots import POLL_S, EndpointSlots
@@ -53,12 +54,12 @@ def shard_key(out: str | Path) -> str:
 
 @dataclass
 class CaptureJob:
-    """One shard's requests: sample i is `prompts[i]`; `pack(i, path)` packs and deletes its
-    state file (blocking; run in a thread)."""
+    """One shard's requests: sample i is `prompts[i]` (token ids, an int64 array); `pack(i, path)`
+    packs and deletes its state file (blocking; run in a thread)."""
 
     url: str
     model: str
-    prompts: list[list[int]]
+    prompts: list[np.ndarray]
     pack: Callable[[int, str], None]
     cap: int
     key: str
@@ -105,7 +106,7 @@ async def check_server(session: aiohttp.ClientSession, url: str, model: str) -> 
 
 async def post_sample(session: aiohttp.ClientSession, job: CaptureJob, i: int) -> dict:
     body = {
-        "model": job.model, "prompt": job.prompts[i], "max_tokens": 1, "temperature": 0.0,
+        "model": job.model, "prompt": job.prompts[i].tolist(), "max_tokens": 1, "temperature": 0.0,
         "return_token_ids": True, "request_id": f"eaglenest-{job.key}-{job.attempt}-{i}",
     }  # fmt: skip
     for attempt in range(1, ATTEMPTS + 1):
@@ -115,21 +116,21 @@ async def post_sample(session: aiohttp.ClientSession, job: CaptureJob, i: int) -
                 if r.status == 200:
                     return json.loads(text)
                 if r.status not in RETRYABLE_STATUS or attempt == ATTEMPTS:
-                    raise CaptureServerError(f"HTTP {r.status}: {text[:500]}")
+                    raise CaptureServerError(f"sample row {i}: HTTP {r.status}: {text[:500]}")
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             if attempt == ATTEMPTS:
-                raise CaptureServerError(f"{type(err).__name__}: {err}") from err
+                raise CaptureServerError(f"sample row {i}: {type(err).__name__}: {err}") from err
         await asyncio.sleep(attempt)
     raise AssertionError("unreachable")
 
 
-def answered_path(answer: dict, sent: list[int], i: int) -> str:
+def answered_path(answer: dict, sent, i: int) -> str:
     """The state file of an answer, once its prompt ids are checked against those sent."""
     choices = answer.get("choices") or [{}]
     returned = choices[0].get("prompt_token_ids")
     if returned is None:
         returned = answer.get("prompt_token_ids")
-    if returned is not None and list(returned) != sent:
+    if returned is not None and list(returned) != sent.tolist():
         raise CaptureServerError(
             f"sample row {i}: the server ran other prompt ids than were sent "
             f"({len(returned)} vs {len(sent)} tokens)"

@@ -185,6 +185,7 @@ def capture_through_server(request: dict, runtime: VllmRuntime, frame, out, pack
     """The shard through the run's capture server (`vllm.capture_url`, capture_client.py)."""
     import asyncio
 
+    from eaglenest.client.credentials import redacted_url
     from eaglenest.stages.hidden_states.capture_client import (
         CaptureJob,
         CaptureServerError,
@@ -195,11 +196,12 @@ def capture_through_server(request: dict, runtime: VllmRuntime, frame, out, pack
 
     job = CaptureJob(
         url=runtime.capture_url, model=served_name(request),
-        prompts=[[int(t) for t in ids] for ids in frame["input_ids"].to_list()], pack=pack,
+        prompts=[np.asarray(ids, dtype=np.int64) for ids in frame["input_ids"].to_list()],
+        pack=pack,
         cap=runtime.requests_per_batch, key=shard_key(out),
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
     )  # fmt: skip
-    log.info("capturing %d samples through %s (%s)", len(frame), job.url, job.model)
+    log.info("capturing %d samples through %s (%s)", len(frame), redacted_url(job.url), job.model)
     try:
         return asyncio.run(run_capture(job))
     except CaptureServerError as err:
