@@ -41,7 +41,8 @@ DATASET = "mlabonne/open-perfectblend"
 EXPECTED = {
     "kimi-k2.5": {
         "shards": 50,
-        "gpus": {"extract_hidden_states": 8, "train_drafter": 8, "evaluate_drafter": 8},
+        # the capture server holds the 8 GPUs; its shard jobs only send requests and pack
+        "gpus": {"extract_hidden_states": 0, "train_drafter": 8, "evaluate_drafter": 8},
         "hidden": {
             "backend": "vllm",
             "dtype": "fp8",
@@ -53,7 +54,11 @@ EXPECTED = {
                 "cpu_workarounds": True,  # a no-op on the node's GPUs
             },
         },
-        "runtime": {"tensor_parallel_size": 8, "max_model_len": 40961},
+        "runtime": {
+            "tensor_parallel_size": 8,
+            "max_model_len": 40961,
+            "capture_url": "http://127.0.0.1:8765",
+        },
         "live": False,
     },
     "qwen3-8b": {
@@ -66,7 +71,7 @@ EXPECTED = {
             "top_k": 1,
             "engine": None,
         },
-        "runtime": {"tensor_parallel_size": 1, "max_model_len": None},
+        "runtime": {"tensor_parallel_size": 1, "max_model_len": None, "capture_url": None},
         "live": True,
     },
 }
