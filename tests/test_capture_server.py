@@ -82,3 +82,15 @@ def test_serve_capture_refuses_a_config_without_the_vllm_backend(tmp_path):
     with pytest.raises(EngineError, match="hidden.backend"):
         server_request(config, tmp_path, "127.0.0.1", 8765)
     assert not os.listdir(tmp_path)
+
+
+def test_serve_capture_says_how_to_build_a_missing_demo_target(tmp_path, monkeypatch):
+    from eaglenest.common.engine_process import EngineError
+    from eaglenest.stages.hidden_states.capture_server import server_request
+
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"run": "unbuilt", "hidden": {"backend": "vllm"}}))
+    config = merged_config([str(REPO / "config" / "config.yaml"), str(override)])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EngineError, match=r"built by `snakemake results/unbuilt/target`"):
+        server_request(config, tmp_path, "127.0.0.1", 8765)

@@ -45,7 +45,7 @@ from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
 from eaglenest.stages.hidden_states.extract import checked_aux_layer_ids
-from eaglenest.target.files import resolve_target_dir
+from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target.loading import load_text_config
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,12 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
         raise EngineError("serve-capture: hidden.backend is not vllm in this config")
     settings, runtime = HiddenSettings.from_config(config), VllmRuntime.from_config(config)
     target = TargetModel.from_config(config)
-    target_dir = resolve_target_dir(target.path)
+    try:
+        target_dir = resolve_target_dir(target.path)
+    except TargetNotFoundError as err:
+        hint = f"; the demo's is built by `snakemake {target.path}`" if config["demo_target"][
+            "enabled"] else ""  # fmt: skip
+        raise EngineError(f"serve-capture: {err}{hint}") from err
     model_config = load_text_config(target.path, target.trust_remote_code)
     layer_ids = [*checked_aux_layer_ids(model_config, settings), model_config.num_hidden_layers]
     request = engine_request(
