@@ -360,6 +360,19 @@ def test_kimi_generation_runs_alone_while_the_server_holds_the_gpus(workdir, off
     assert gpus_by_rule(result) == {}
 
 
+@pytest.mark.slow
+def test_kimi_capture_runs_through_the_server_and_claims_no_gpus(workdir, offline_env):
+    """README step 2: under `eaglenest serve-capture`, `--until extract_hidden_states` plans the
+    50 capture jobs (and what they need), none of them claiming the GPUs the server holds, and
+    nothing that needs them after it (training, evaluation)."""
+    result = snakemake(
+        workdir, "-n", "--configfile", "config/examples/kimi-k2.5.yaml",
+        "--until", "extract_hidden_states", env=offline_env,
+    )  # fmt: skip
+    assert planned_jobs(result)["extract_hidden_states"] == 50
+    assert gpus_by_rule(result) == {"extract_hidden_states": {0}}
+
+
 # --- without Snakemake -------------------------------------------------------------------------
 
 
