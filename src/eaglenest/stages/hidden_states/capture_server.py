@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from eaglenest.common.config import validate_config
+from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.common.engine_process import EngineError, die_with_parent, engine_python
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.target import TargetModel
@@ -200,6 +200,14 @@ def add_arguments(parser: Any) -> None:
 
 
 def run(args: Any) -> int:
+    try:
+        return serve(args)
+    except (EngineError, ConfigError) as err:
+        log.error("%s", err)
+        return 2
+
+
+def serve(args: Any) -> int:
     config = merged_config(args.configfile)
     # SIGTERM (a scheduler ending the allocation) stops the server as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
