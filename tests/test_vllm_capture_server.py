@@ -72,8 +72,8 @@ def serve_capture(workdir: Path, config: dict, *command: str, storage: Path, log
 
 
 def snakemake_command(workdir: Path, *targets: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", DEMO_CONFIGFILE,
-            str(workdir / "override.yaml"), *targets]  # fmt: skip
+    return [sys.executable, "-m", "snakemake", "--cores", "2", *targets,
+            "--configfile", DEMO_CONFIGFILE, str(workdir / "override.yaml")]  # fmt: skip
 
 
 def assert_shards_equal(found: Path, reference: Path) -> None:
