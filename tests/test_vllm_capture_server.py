@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 import torch
 from test_vllm import EXACT, VLLM_PYTHON, free_port, healthy, require_vllm_venv
@@ -179,7 +180,8 @@ def test_a_changed_tokens_shard_recaptures_only_that_shard(served_run):
     elsewhere = {**config, "vllm": {**config["vllm"], "capture_url": "http://127.0.0.1:9"}}
     assert planned_jobs(snakemake(workdir, *hidden_targets(), "-n", config=elsewhere)) == {}
     tokens = workdir / "results" / SMALL_RUN / "tokens" / f"{shard}.parquet"
-    tokens.write_bytes(tokens.read_bytes())  # new contents' time: what a regenerated shard has
+    frame = pl.read_parquet(tokens)
+    frame.head(frame.height - 1).write_parquet(tokens)  # a regenerated shard: other contents
     dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
     assert planned_jobs(dry) == {"extract_hidden_states": 1}, dry.stdout[-2000:]
     outputs = [line for line in dry.stdout.splitlines() if line.strip().startswith("output:")]
