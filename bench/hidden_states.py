@@ -15,16 +15,26 @@ The vLLM backend (`hidden.backend: vllm`) on the same tokens, when a vLLM interp
 tokens/s of vLLM's generate calls against the transformers stage's forward passes, and of the
 whole job (vLLM's engine start, 40-90 s here, included) against the transformers stage.
 
+A whole run's capture both ways (`--shards K`, default 3; 0 skips): the same tokens split into K
+shards, captured by an engine per shard job (the offline backend, as `vllm.capture_url: null`)
+and by one capture server for all of them (`eaglenest serve-capture`, as `vllm.capture_url`):
+tokens/s of the whole capture with every engine start included, and engine starts per run. From
+those measured parts (seconds per engine start, tokens/s inside the engine) and the Kimi-K2.5
+example's shard count, a projection for Kimi-K2.5: starts x load time per start + capture time,
+both ways; its load time per start and capture rate are inputs (`--kimi-load-s`,
+`--kimi-capture-tokens-per-s`), not measured here (no 8-GPU node, no weights).
+
 The target is `--target DIR` (e.g. results/demo/target), else an untrained demo-architecture
 model built here (speed does not depend on training). CPU only.
 
 Usage: python bench/hidden_states.py [--target DIR] [--samples 200] [--min-len 64 --max-len 512]
-                                    [--vllm-python PATH] [--json out.json]
+                                    [--vllm-python PATH] [--shards 3] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -109,6 +119,85 @@ def vllm_backend(args, tmp: Path, target: Path, base: dict, results: dict, stage
     }
 
 
+def split_shards(tmp: Path, frame: pl.DataFrame, k: int) -> list[Path]:
+    paths = []
+    for i, part in enumerate(np.array_split(np.arange(len(frame)), k)):
+        path = tmp / f"shard-{i:05d}.parquet"
+        frame[part.tolist()].write_parquet(path)
+        paths.append(path)
+    return paths
+
+
+def capture_config(args, target: Path, base: dict, url: str | None) -> dict:
+    from eaglenest.common.config import validate_config
+
+    return validate_config({
+        "run": "bench", "target": {"path": str(target)},
+        "hidden": {**base, "dtype": "bf16", "backend": "vllm"},
+        "vllm": {"python": args.vllm_python, "capture_url": url},
+    })  # fmt: skip
+
+
+def whole_run_capture(args, tmp: Path, target: Path, base: dict, frame: pl.DataFrame) -> dict:
+    """K shards by an engine per shard job, then by one capture server; every start included."""
+    from eaglenest.stages.hidden_states.capture_server import capture_server
+
+    shards, n_tokens = split_shards(tmp, frame, args.shards), int(frame["n_tokens"].sum())
+    runs = {}
+    for way in ("per_shard", "server"):
+        url = f"http://127.0.0.1:{free_port()}" if way == "server" else None
+        config = capture_config(args, target, base, url)
+        settings, runtime = HiddenSettings.from_config(config), VllmRuntime.from_config(config)
+        started = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(capture_server(config)) if url else None
+            engine_s = [server["ready_s"]] if server else []
+            for path in shards:
+                tick = time.perf_counter()
+                summary = capture_hidden_states_vllm(tokens=path, target_path=target,
+                                                     out=path.with_suffix(".safetensors"),
+                                                     settings=settings, runtime=runtime)  # fmt: skip
+                if not server:  # the job's time beside vLLM's generate calls: its engine's start
+                    engine_s.append(time.perf_counter() - tick - summary["forward_seconds"])
+        seconds = time.perf_counter() - started
+        runs[way] = {"seconds": seconds, "tokens_per_s": n_tokens / seconds,
+                     "engine_starts": len(engine_s), "engine_start_s": float(np.mean(engine_s)),
+                     "capture_s": seconds - sum(engine_s)}  # fmt: skip
+    return {
+        "shards": args.shards,
+        "tokens": n_tokens,
+        **runs,
+        "speedup_server_vs_per_shard": runs["per_shard"]["seconds"] / runs["server"]["seconds"],
+    }
+
+
+def kimi_projection(args) -> dict:
+    """Kimi-K2.5's capture both ways: its example's shards and tokens (samples x ~16K tokens),
+    starts x load time per start, plus the tokens at the capture rate."""
+    import yaml
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "examples"
+                              / "kimi-k2.5.yaml").read_text())  # fmt: skip
+    prompts = example["prompts"]
+    shards = -(-prompts["max_samples"] // prompts["shard_size"])
+    tokens = prompts["max_samples"] * args.kimi_tokens_per_sample
+    capture_s = tokens / args.kimi_capture_tokens_per_s
+    ways = {"per_shard": shards * (1 + args.kimi_rerun_share), "server": 1}
+    return {"shards": shards, "tokens": tokens, "load_s_per_start": args.kimi_load_s,
+            "capture_tokens_per_s": args.kimi_capture_tokens_per_s, "capture_h": capture_s / 3600,
+            **{f"{way}_starts": starts for way, starts in ways.items()},
+            **{f"{way}_h": (starts * args.kimi_load_s + capture_s) / 3600
+               for way, starts in ways.items()}}  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=Path)
@@ -119,6 +208,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
+    parser.add_argument("--shards", type=int, default=3, help="whole-run capture: 0 skips it")
+    # Kimi-K2.5 on one 8-GPU node: inputs of the projection, not measured here.
+    parser.add_argument(
+        "--kimi-load-s",
+        type=float,
+        default=900,
+        help="one engine start: ~600 GB of weights onto 8 GPUs, then warm-up",
+    )
+    parser.add_argument(
+        "--kimi-capture-tokens-per-s",
+        type=float,
+        default=50_000,
+        help="prefill of the capture on the node",
+    )
+    parser.add_argument("--kimi-tokens-per-sample", type=int, default=16_000)
+    parser.add_argument(
+        "--kimi-rerun-share",
+        type=float,
+        default=0.1,
+        help="share of shards captured twice (a failed or changed shard)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -180,6 +290,9 @@ def main() -> None:
             results[f"ratio_to_pickle_{name}"] = summary["bytes_per_token"] / (8 * hidden)
         if args.vllm_python and Path(args.vllm_python).exists():
             results.update(vllm_backend(args, tmp, target, base, results, best["stage_forward"]))
+            if args.shards:
+                results["whole_run_capture"] = whole_run_capture(args, tmp, target, base, frame)
+        results["kimi_k2_5_projection"] = kimi_projection(args)
 
     print(f"bare forward : {results['bare_tokens_per_s']:10.0f} tokens/s")
     print(f"stage        : {results['stage_tokens_per_s']:10.0f} tokens/s  "
@@ -196,6 +309,19 @@ def main() -> None:
               f"{results['ratio_vllm_job_vs_stage']:.3f} x the transformers stage")  # fmt: skip
     else:
         print(f"vLLM backend : skipped (no interpreter at {args.vllm_python!r}; `make vllm`)")
+    if "whole_run_capture" in results:
+        run = results["whole_run_capture"]
+        for way in ("per_shard", "server"):
+            r = run[way]
+            print(f"whole capture, {run['shards']} shards, {way:9s}: {r['seconds']:6.1f} s, "
+                  f"{r['tokens_per_s']:7.0f} tokens/s, {r['engine_starts']} engine starts of "
+                  f"{r['engine_start_s']:.1f} s, {r['capture_s']:.1f} s besides")  # fmt: skip
+        print(f"  one server: {run['speedup_server_vs_per_shard']:.2f} x faster")
+    kimi = results["kimi_k2_5_projection"]
+    print(f"Kimi-K2.5 projection ({kimi['shards']} shards, {kimi['tokens'] / 1e6:.0f}M tokens, "
+          f"{kimi['load_s_per_start']:.0f} s a start, capture {kimi['capture_h']:.1f} h): "
+          f"engine per shard {kimi['per_shard_starts']:.0f} starts, {kimi['per_shard_h']:.1f} h; "
+          f"one server 1 start, {kimi['server_h']:.1f} h")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

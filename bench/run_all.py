@@ -51,7 +51,7 @@ QUICK_ARGS = {
     ],
     "tokenization": ["--samples", "300", "--reasoning-repeat", "1", "4", "--runs", "1"],
     "gpu_check": ["--small"],
-    "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1"],
+    "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1", "--shards", "2"],
     "train": ["--quick"],
     # The small demo, made by Snakemake in the bench's temp dir, and one top-k besides 32.
     "storage": ["--configfile", "config/tests/demo-small.yaml", "--top-k", "32", "8"],

@@ -175,7 +175,10 @@ def get_hidden_verification(ancient_only=False):
 
 
 def get_hidden_states_gpus():
-    """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM."""
+    """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM,
+    none when a capture server (vllm.capture_url) holds them."""
+    if config["hidden"]["backend"] == "vllm" and config["vllm"]["capture_url"]:
+        return 0
     if config["hidden"]["backend"] == "vllm":
         return config["vllm"]["tensor_parallel_size"]
     return 1

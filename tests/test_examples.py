@@ -41,7 +41,8 @@ DATASET = "mlabonne/open-perfectblend"
 EXPECTED = {
     "kimi-k2.5": {
         "shards": 50,
-        "gpus": {"extract_hidden_states": 8, "train_drafter": 8, "evaluate_drafter": 8},
+        # the capture server holds the 8 GPUs; its shard jobs only send requests and pack
+        "gpus": {"extract_hidden_states": 0, "train_drafter": 8, "evaluate_drafter": 8},
         "hidden": {
             "backend": "vllm",
             "dtype": "fp8",
@@ -53,7 +54,11 @@ EXPECTED = {
                 "cpu_workarounds": True,  # a no-op on the node's GPUs
             },
         },
-        "runtime": {"tensor_parallel_size": 8, "max_model_len": 40961},
+        "runtime": {
+            "tensor_parallel_size": 8,
+            "max_model_len": 40961,
+            "capture_url": "http://127.0.0.1:8765",
+        },
         "live": False,
     },
     "qwen3-8b": {
@@ -66,7 +71,7 @@ EXPECTED = {
             "top_k": 1,
             "engine": None,
         },
-        "runtime": {"tensor_parallel_size": 1, "max_model_len": None},
+        "runtime": {"tensor_parallel_size": 1, "max_model_len": None, "capture_url": None},
         "live": True,
     },
 }
@@ -353,6 +358,19 @@ def test_kimi_generation_runs_alone_while_the_server_holds_the_gpus(workdir, off
         "prepare_samples": 50,
     }
     assert gpus_by_rule(result) == {}
+
+
+@pytest.mark.slow
+def test_kimi_capture_runs_through_the_server_and_claims_no_gpus(workdir, offline_env):
+    """README step 2: under `eaglenest serve-capture`, `--until extract_hidden_states` plans the
+    50 capture jobs (and what they need), none of them claiming the GPUs the server holds, and
+    nothing that needs them after it (training, evaluation)."""
+    result = snakemake(
+        workdir, "-n", "--configfile", "config/examples/kimi-k2.5.yaml",
+        "--until", "extract_hidden_states", env=offline_env,
+    )  # fmt: skip
+    assert planned_jobs(result)["extract_hidden_states"] == 50
+    assert gpus_by_rule(result) == {"extract_hidden_states": {0}}
 
 
 # --- without Snakemake -------------------------------------------------------------------------

@@ -20,6 +20,10 @@ SUBCOMMANDS = {
         "send one minimal request to an endpoint and report what it returns",
     ),
     "build-demo-target": ("eaglenest.demo.target", "build and train the tiny demo target model"),
+    "serve-capture": (
+        "eaglenest.stages.hidden_states.capture_server",
+        "one vLLM capture engine for every hidden-state shard of a run (vllm.capture_url)",
+    ),
     "vllm-cpu-flags": (
         "eaglenest.common.vllm_cpu",
         "the flags a vLLM server on CPU needs to compute what it does on GPUs",

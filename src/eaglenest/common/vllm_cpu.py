@@ -72,13 +72,16 @@ def config_uses_mla(config: dict[str, Any]) -> bool:
 
 def server_flags(args: dict[str, Any]) -> list[str]:
     """`vllm serve` / `python -m vllm.entrypoints.openai.api_server` flags for engine arguments:
-    `{"attention_backend": "CPU_MLA"}` -> `--attention-backend CPU_MLA`, dicts as JSON."""
+    `{"attention_backend": "CPU_MLA"}` -> `--attention-backend CPU_MLA`, dicts as JSON, False
+    as `--no-...` (vLLM's boolean options take both forms), None left to vLLM's default."""
     flags = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
-        elif value is not False and value is not None:
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
             text = (
                 json.dumps(value, separators=(",", ":"))
                 if isinstance(value, dict | list)

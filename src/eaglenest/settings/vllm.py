@@ -33,8 +33,14 @@ class VllmRuntime(Settings):
     gpu_memory_utilization: float | None
     cpu_kvcache_space_gb: float
     requests_per_batch: int
+    # The capture server (`eaglenest serve-capture`) shard jobs send their samples to; None: each
+    # job starts an engine of its own. Where the engine runs, not what it computes: the server's
+    # served name says what it computes (capture_client.served_name).
+    capture_url: str | None
+    slots_dir: str | None  # generation.slots_dir: the capture server's cap is held there too
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> VllmRuntime:
         section = config["vllm"]
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__})
+        values = {k: section[k] for k in cls.__dataclass_fields__ if k != "slots_dir"}
+        return cls(**values, slots_dir=config["generation"]["slots_dir"])

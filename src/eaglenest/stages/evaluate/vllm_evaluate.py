@@ -5,6 +5,14 @@ drafter, each in a fresh engine (vllm_decode.py under vLLM's interpreter).
 Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
 outputs equal the plain ones prompt for prompt, which greedy speculative decoding promises.
+
+Why a fresh engine per K and not one long-lived server, as the capture has (capture_server.py):
+vLLM 0.32 fixes the speculative method, the drafter and `num_speculative_tokens` when the engine
+starts (its SpeculativeConfig; SamplingParams has no per-request K), so a server would start the
+same len(ks) + 1 engines. They start once per run, not once per shard: 3 starts for ks [3, 7]
+(40-90 s each here; for Kimi-K2.5, three loads of its weights, against 50+ for an engine per
+capture shard). The capture server cannot decode plainly either: its method writes every
+request's states.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +44,6 @@ from safetensors.torch import load_file
 
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.engine_process import (
-    EngineError,
     engine_messages,
     engine_process,
     engine_python,
@@ -53,6 +53,7 @@ from eaglenest.common.io import sha256_file, write_json
 from eaglenest.formats.hidden_shard import create_hidden_shard, open_hidden_shard
 from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.engine_request import VllmCaptureError, engine_request
 from eaglenest.stages.hidden_states.extract import (
     TOPK_CHUNK_ROWS,
     extract_hidden_states,
@@ -68,10 +69,6 @@ from eaglenest.target.loading import load_text_config
 log = logging.getLogger(__name__)
 
 CAPTURE_MODULE = "eaglenest.stages.hidden_states.vllm_capture"
-
-
-class VllmCaptureError(EngineError):
-    """vLLM failed, or returned states that are not those of the tokens sent."""
 
 
 class FinalSignal:
@@ -125,32 +122,6 @@ def read_request_file(path: str) -> dict[str, torch.Tensor]:
     return states
 
 
-def engine_request(
-    *, target_dir: Path, layer_ids: list[int], settings: HiddenSettings, runtime: VllmRuntime,
-    work_dir: Path, longest: int, trust_remote_code: bool,
-) -> dict[str, Any]:  # fmt: skip
-    engine = settings.engine
-    if runtime.max_model_len is not None and longest + 1 > runtime.max_model_len:
-        raise VllmCaptureError(
-            f"vllm.max_model_len {runtime.max_model_len}: the longest sample has {longest} tokens "
-            "(plus the one token vLLM generates)"
-        )
-    return {
-        "target": str(target_dir),
-        "dtype": settings.model_dtype,
-        "tensor_parallel_size": runtime.tensor_parallel_size,
-        "quantization": engine.quantization if engine else None,
-        "engine_args": engine.engine_args if engine else {},
-        "cpu_workarounds": engine.cpu_workarounds if engine else True,
-        "max_model_len": runtime.max_model_len or longest + 1,
-        "gpu_memory_utilization": runtime.gpu_memory_utilization,
-        "requests_per_batch": runtime.requests_per_batch,
-        "trust_remote_code": trust_remote_code,
-        "layer_ids": layer_ids,
-        "out_dir": str(work_dir),
-    }
-
-
 def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -> None:
     ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])
     returned = states["token_ids"].to(torch.int64)
@@ -173,7 +144,71 @@ def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -
     writer.write_sample(int(offsets[i]), aux, signal(hidden[:, 3, :]), ids, mask)
 
 
-def pack_as_they_come(process, writer, frame, offsets, signal, tokens: Path) -> float:
+class RequestPacker:
+    """Packs one request's state file into the shard and deletes it; callable from several
+    threads at once (the server path reads files as their answers come)."""
+
+    def __init__(self, writer, frame, offsets, signal, tokens: Path):
+        self.writer, self.frame, self.offsets = writer, frame, offsets
+        self.signal, self.tokens = signal, tokens
+        self._lock = threading.Lock()
+
+    def __call__(self, i: int, path: str) -> None:
+        states = read_request_file(path)  # waits on the file's .lock outside our own
+        with self._lock:
+            pack_request(self.writer, self.frame, i, self.offsets, states, self.signal,
+                         self.tokens)  # fmt: skip
+
+
+def capture_offline(request: dict, runtime: VllmRuntime, frame, offsets, pack) -> float:
+    """An engine of this job's own (vllm_capture.py) over the shard, its files in a work folder
+    beside the output that is removed however the job ends."""
+    python = engine_python(runtime.python)
+    work_dir = Path(request["out_dir"])
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    try:
+        ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in frame["input_ids"].to_list()])
+        np.save(work_dir / "ids.npy", ids)
+        np.save(work_dir / "offsets.npy", offsets)
+        (work_dir / "request.json").write_text(json.dumps(request, indent=1))
+        with engine_process(
+            python, CAPTURE_MODULE, [str(work_dir / "request.json")],
+            {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)},
+        ) as process:  # fmt: skip
+            return pack_as_they_come(process, frame, pack)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def capture_through_server(request: dict, runtime: VllmRuntime, frame, out, pack) -> float:
+    """The shard through the run's capture server (`vllm.capture_url`, capture_client.py)."""
+    import asyncio
+
+    from eaglenest.client.credentials import redacted_url
+    from eaglenest.stages.hidden_states.capture_client import (
+        CaptureJob,
+        CaptureServerError,
+        run_capture,
+        shard_key,
+    )
+    from eaglenest.stages.hidden_states.engine_request import served_name
+
+    job = CaptureJob(
+        url=runtime.capture_url, model=served_name(request),
+        prompts=[np.asarray(ids, dtype=np.int64) for ids in frame["input_ids"].to_list()],
+        pack=pack,
+        cap=runtime.requests_per_batch, key=shard_key(out),
+        slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
+    )  # fmt: skip
+    log.info("capturing %d samples through %s (%s)", len(frame), redacted_url(job.url), job.model)
+    try:
+        return asyncio.run(run_capture(job))
+    except CaptureServerError as err:
+        raise VllmCaptureError(f"{pack.tokens}: {err}") from err
+
+
+def pack_as_they_come(process, frame, pack: RequestPacker) -> float:
     """Pack each request's file as the capture announces it, let it go on after each batch;
     returns the seconds vLLM spent generating. Fails, with the end of vLLM's log, unless every
     sample was packed and the capture said it was done."""
@@ -181,11 +216,11 @@ def pack_as_they_come(process, writer, frame, offsets, signal, tokens: Path) -> 
 
     tail: list[str] = []
     packed, generate_s = 0, None
+    tokens = pack.tokens
     with tqdm(total=len(frame), desc=f"hidden {tokens.stem} (vllm)", file=sys.stderr) as bar:
         for message in engine_messages(process, tail):
             if "index" in message:
-                states = read_request_file(message["path"])
-                pack_request(writer, frame, message["index"], offsets, states, signal, tokens)
+                pack(message["index"], message["path"])
                 packed += 1
                 bar.update()
             elif "batch_done" in message:
@@ -228,33 +263,18 @@ def capture_hidden_states_vllm(
         model_dtype=settings.model_dtype,
     )  # fmt: skip
     signal = FinalSignal(target_dir, model_config, settings)
-    python = engine_python(runtime.python)
-    work_dir = Path(out).with_name(f".{Path(out).name}.vllm")
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
-    try:
-        ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in frame["input_ids"].to_list()])
-        np.save(work_dir / "ids.npy", ids)
-        np.save(work_dir / "offsets.npy", offsets)
-        request = engine_request(
-            target_dir=target_dir, layer_ids=[*layer_ids, model_config.num_hidden_layers],
-            settings=settings, runtime=runtime, work_dir=work_dir,
-            longest=int(lengths.max(initial=0)), trust_remote_code=trust_remote_code,
-        )  # fmt: skip
-        (work_dir / "request.json").write_text(json.dumps(request, indent=1))
-        with (
-            create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer,
-            engine_process(
-                python,
-                CAPTURE_MODULE,
-                [str(work_dir / "request.json")],
-                {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)},
-            ) as process,  # fmt: skip
-        ):
-            writer.write("offsets", 0, torch.from_numpy(offsets))
-            generate_s = pack_as_they_come(process, writer, frame, offsets, signal, tokens)
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+    request = engine_request(
+        target_dir=target_dir, layer_ids=[*layer_ids, model_config.num_hidden_layers],
+        settings=settings, runtime=runtime, work_dir=Path(out).with_name(f".{Path(out).name}.vllm"),
+        longest=int(lengths.max(initial=0)), trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    with create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer:
+        writer.write("offsets", 0, torch.from_numpy(offsets))
+        pack = RequestPacker(writer, frame, offsets, signal, tokens)
+        if runtime.capture_url:
+            generate_s = capture_through_server(request, runtime, frame, out, pack)
+        else:
+            generate_s = capture_offline(request, runtime, frame, offsets, pack)
     return shard_summary(
         frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
         hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=generate_s,

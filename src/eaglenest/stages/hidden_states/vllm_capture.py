@@ -30,32 +30,38 @@ CONNECTOR_MODULE = "eaglenest.stages.hidden_states.vllm_connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
 
 
+def capture_arguments(request: dict, out_dir: Path) -> dict:
+    """The engine arguments of a capture, the same for the offline engine and the capture server
+    (vllm_serve.py): `kv_transfer_config` as a dict (vLLM's server takes it as JSON)."""
+    return llm_arguments(
+        request,
+        # Both cut a request's captured states short or leave them incomplete (vLLM's docs of
+        # extract_hidden_states; NVIDIA Model-Optimizer's dump script says the same).
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {
+                "hf_config": {"eagle_aux_hidden_state_layer_ids": request["layer_ids"]}
+            },
+        },
+        kv_transfer_config={
+            "kv_connector": CONNECTOR_CLASS,
+            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(out_dir)},
+        },
+    )
+
+
 def engine(request: dict, out_dir: Path):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    return LLM(
-        **llm_arguments(
-            request,
-            # Both cut a request's captured states short or leave them incomplete (vLLM's docs of
-            # extract_hidden_states; NVIDIA Model-Optimizer's dump script says the same).
-            enable_chunked_prefill=False,
-            enable_prefix_caching=False,
-            speculative_config={
-                "method": "extract_hidden_states",
-                "num_speculative_tokens": 1,
-                "draft_model_config": {
-                    "hf_config": {"eagle_aux_hidden_state_layer_ids": request["layer_ids"]}
-                },
-            },
-            kv_transfer_config=KVTransferConfig(
-                kv_connector=CONNECTOR_CLASS,
-                kv_connector_module_path=CONNECTOR_MODULE,
-                kv_role="kv_producer",
-                kv_connector_extra_config={"shared_storage_path": str(out_dir)},
-            ),
-        )
-    )
+    args = capture_arguments(request, out_dir)
+    args["kv_transfer_config"] = KVTransferConfig(**args["kv_transfer_config"])
+    return LLM(**args)
 
 
 def main(request_path: str) -> None:

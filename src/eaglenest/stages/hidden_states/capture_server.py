@@ -1,0 +1,231 @@
+"""`eaglenest serve-capture`: one vLLM capture engine for every hidden-state shard of a run.
+
+    eaglenest serve-capture --configfile config/examples/kimi-k2.5.yaml -- \\
+        snakemake --cores all --configfile config/examples/kimi-k2.5.yaml
+
+starts vLLM's OpenAI server over the run's target with the `extract_hidden_states` method and
+our connector (vllm_serve.py: the offline capture's engine arguments, CPU fixes included, chunked
+prefill and prefix caching off), at the address of the config's `vllm.capture_url`, waits until
+it answers, runs the command, and stops the server when the command ends, fails or is
+interrupted, so nothing of it outlives the run. Without a command it serves until stopped
+(Ctrl-C, SIGTERM): on a cluster, inside the allocation that runs the capture jobs, with
+`--storage-dir` on a filesystem those jobs see.
+
+The server writes one state file per request into the storage directory (by default a fresh
+temporary one, removed when it stops); each shard job reads and deletes its own
+(capture_client.py). It serves under a name that hashes what shapes the states
+(capture_client.served_name), so a job of a run with another target, dtype, engine arguments or
+aux layers is refused instead of packing the wrong states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.common.engine_process import EngineError, die_with_parent, engine_python
+from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.target import TargetModel
+from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
+from eaglenest.stages.hidden_states.extract import checked_aux_layer_ids
+from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
+from eaglenest.target.loading import load_text_config
+
+log = logging.getLogger(__name__)
+
+SERVE_MODULE = "eaglenest.stages.hidden_states.vllm_serve"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
+STOP_WAIT_S = 30
+
+
+def merged_config(paths: list[str]) -> dict[str, Any]:
+    """The config Snakemake runs with for `--configfile paths...`: each file updates the one
+    before it section by section, then the schema's defaults; the demo's target is built at
+    results/{run}/target (rules/common.smk)."""
+    config: dict[str, Any] = {}
+    for path in paths:
+        update = yaml.safe_load(Path(path).read_text()) or {}
+        for key, value in update.items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = _updated(config[key], value)
+            else:
+                config[key] = value
+    validate_config(config)
+    if config["demo_target"]["enabled"] and not config["target"]["path"]:
+        config["target"]["path"] = f"results/{config['run']}/target"
+    return config
+
+
+def _updated(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _updated(out[key], value) if both else value
+    return out
+
+
+def server_address(config: dict[str, Any], host: str | None, port: int | None) -> tuple[str, int]:
+    """Host and port: given, else those of `vllm.capture_url`, else 127.0.0.1:8765."""
+    url = config["vllm"]["capture_url"]
+    parts = urllib.parse.urlsplit(url) if url else None
+    return (
+        host or (parts.hostname if parts else None) or DEFAULT_HOST,
+        port or (parts.port if parts else None) or DEFAULT_PORT,
+    )
+
+
+def server_request(config: dict[str, Any], storage: Path, host: str, port: int) -> dict:
+    """What vllm_serve.py starts vLLM with: the offline capture's request (vllm_backend), the
+    target's absolute path, the address and the served name the shard jobs expect."""
+    if config["hidden"]["backend"] != "vllm":
+        raise EngineError("serve-capture: hidden.backend is not vllm in this config")
+    settings, runtime = HiddenSettings.from_config(config), VllmRuntime.from_config(config)
+    target = TargetModel.from_config(config)
+    try:
+        target_dir = resolve_target_dir(target.path)
+    except TargetNotFoundError as err:
+        hint = f"; the demo's is built by `snakemake {target.path}`" if config["demo_target"][
+            "enabled"] else ""  # fmt: skip
+        raise EngineError(f"serve-capture: {err}{hint}") from err
+    model_config = load_text_config(target.path, target.trust_remote_code)
+    layer_ids = [*checked_aux_layer_ids(model_config, settings), model_config.num_hidden_layers]
+    request = engine_request(
+        target_dir=target_dir.resolve(), layer_ids=layer_ids, settings=settings,
+        runtime=runtime, work_dir=storage, longest=0,
+        trust_remote_code=target.trust_remote_code,
+    )  # fmt: skip
+    # Samples' lengths are not known yet: vllm.max_model_len, else the target's own limit.
+    request["max_model_len"] = runtime.max_model_len
+    request.update(host=host, port=port, served_name=served_name(request))
+    return request
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (vLLM's engine processes too), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 10)):
+        if process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
+
+
+@contextlib.contextmanager
+def capture_server(
+    config: dict[str, Any], *, host: str | None = None, port: int | None = None,
+    storage_dir: str | None = None, log_path: str | None = None, startup_timeout_s: float = 1800,
+) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """The capture server, running and answering inside the block; stopped when it ends, however
+    it ends. Yields the url, served name, storage directory and seconds to ready."""
+    host, port = server_address(config, host, port)
+    storage = Path(storage_dir or tempfile.mkdtemp(prefix="eaglenest-capture-"))
+    storage.mkdir(parents=True, exist_ok=True)
+    request = server_request(config, storage, host, port)
+    python = engine_python(config["vllm"]["python"])
+    request_path = storage / "server-request.json"
+    request_path.write_text(json.dumps(request, indent=1))
+    url = f"http://{host}:{port}"
+    source_root = str(Path(__file__).resolve().parents[3])
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])),
+        "VLLM_CPU_KVCACHE_SPACE": str(config["vllm"]["cpu_kvcache_space_gb"]),
+    }  # fmt: skip
+    started = time.monotonic()
+    with open(log_path or os.devnull, "ab") as log_stream:
+        process = subprocess.Popen(
+            [python, "-m", SERVE_MODULE, str(request_path)], env=env, stdin=subprocess.DEVNULL,
+            stdout=log_stream, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 (one call looked up before the fork)
+        )  # fmt: skip
+    try:
+        wait_ready(process, url, startup_timeout_s, log_path)
+        ready_s = time.monotonic() - started
+        log.info("capture server ready at %s after %.1f s (%s)", url, ready_s, request_path)
+        yield {"url": url, "served_name": request["served_name"], "storage_dir": str(storage),
+               "ready_s": round(ready_s, 3)}  # fmt: skip
+    finally:
+        stop(process)
+        request_path.unlink(missing_ok=True)
+        if storage_dir is None:
+            shutil.rmtree(storage, ignore_errors=True)
+
+
+def wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not healthy(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            state = f"exited ({process.returncode})" if process.poll() is not None else "timed out"
+            tail = Path(log_path).read_text()[-4000:] if log_path else "(no --log given)"
+            raise EngineError(f"capture server at {url} {state} before it answered:\n{tail}")
+        time.sleep(1)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--configfile", nargs="+", required=True, help="the run's config files")
+    parser.add_argument("--host", help="default: vllm.capture_url's, else 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: vllm.capture_url's, else 8765")
+    parser.add_argument("--storage-dir", help="state files (default: a temp dir, removed)")
+    parser.add_argument("--log", help="vLLM's log (default: discarded)")
+    parser.add_argument("--startup-timeout-s", type=float, default=1800)
+    parser.add_argument("command", nargs="*", help="after --: run it, then stop the server")
+
+
+def run(args: Any) -> int:
+    try:
+        return serve(args)
+    except (EngineError, ConfigError) as err:
+        log.error("%s", err)
+        return 2
+
+
+def serve(args: Any) -> int:
+    config = merged_config(args.configfile)
+    # SIGTERM (a scheduler ending the allocation) stops the server as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    command = None
+    try:
+        with capture_server(
+            config, host=args.host, port=args.port, storage_dir=args.storage_dir,
+            log_path=args.log, startup_timeout_s=args.startup_timeout_s,
+        ) as server:  # fmt: skip
+            print("EAGLENEST " + json.dumps(server), flush=True)
+            if not args.command:
+                while True:
+                    time.sleep(3600)
+            # Dies with this process, as the server does: a killed run leaves nothing behind.
+            command = subprocess.Popen(args.command, preexec_fn=die_with_parent())  # noqa: PLW1509
+            return command.wait()
+    except KeyboardInterrupt:
+        if command is not None and command.poll() is None:
+            command.terminate()
+            command.wait()
+        return 130

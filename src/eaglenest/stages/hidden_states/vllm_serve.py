@@ -1,0 +1,45 @@
+"""The engine side of the capture server (`eaglenest serve-capture`, capture_server.py): vLLM's
+OpenAI server with the `extract_hidden_states` method and our connector, under vLLM's interpreter.
+
+    python -m eaglenest.stages.hidden_states.vllm_serve <request.json>
+
+The request is the offline capture's (vllm_capture.py) plus `host`, `port` and `served_name`; the
+engine arguments come from the same `capture_arguments`, CPU fixes included, so a shard captured
+through the server holds what the offline engine writes. They become the server's flags
+(vllm_cpu.server_flags) and vLLM's own `main` runs in this process.
+
+Imports what vllm_capture.py imports: vLLM, and of ours engine_process and vllm_cpu only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from eaglenest.common.vllm_cpu import server_flags
+from eaglenest.stages.hidden_states.vllm_capture import capture_arguments
+
+
+def server_argv(request: dict) -> list[str]:
+    args = capture_arguments(request, Path(request["out_dir"]))
+    return [
+        "vllm-capture-server",
+        *server_flags(args),
+        "--served-model-name", request["served_name"],
+        "--host", request["host"],
+        "--port", str(request["port"]),
+    ]  # fmt: skip
+
+
+def main(request_path: str) -> None:
+    request = json.loads(Path(request_path).read_text())
+    sys.argv = server_argv(request)
+    print("vLLM capture server:", " ".join(sys.argv[1:]), flush=True)
+    from vllm.entrypoints.launchers.api_server.entry import main as serve
+
+    serve()
+
+
+if __name__ == "__main__":  # vLLM starts its engine processes with spawn
+    main(sys.argv[1])

@@ -1,0 +1,246 @@
+"""One vLLM capture engine for every hidden-state shard (`eaglenest serve-capture`,
+`vllm.capture_url`), against the real vLLM CPU build and through real Snakemake:
+- three shards captured by one engine equal, shard for shard, what the offline backend (an engine
+  per shard job) writes, and the run starts one engine instead of three;
+- a changed tokens shard recaptures only that shard, and a new capture URL recaptures nothing;
+- a shard job killed mid-capture, then rerun, writes a complete, correct file, and no state file
+  is left in the server's storage or beside the output.
+
+Skipped without .venv-vllm (as tests/test_vllm.py). Four engines start here (three offline
+shard jobs, then the server, then a second server for the kill), 40-90 s each on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from test_vllm import EXACT, VLLM_PYTHON, free_port, healthy, require_vllm_venv
+from workflow_helpers import (
+    DEMO_CONFIGFILE,
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    merged,
+    planned_jobs,
+    snakemake,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+SHARDS = ("00000", "00001", "00002")
+# vLLM logs this once per engine it starts (EngineCore's init), offline or served.
+ENGINE_START_LINE = "Initializing a V1 LLM engine"
+
+
+def run_config(capture_url: str | None, **vllm) -> dict:
+    return merged(SMALL_DEMO, {
+        "prompts": {"max_samples": 45, "shard_size": 15},
+        "hidden": {**EXACT, "backend": "vllm"},
+        "vllm": {"python": VLLM_PYTHON, "capture_url": capture_url, **vllm},
+    })  # fmt: skip
+
+
+def hidden_targets() -> list[str]:
+    return [f"results/{SMALL_RUN}/hidden/{shard}.safetensors" for shard in SHARDS]
+
+
+def engine_starts(*logs: Path) -> int:
+    return sum(path.read_text(errors="replace").count(ENGINE_START_LINE) for path in logs)
+
+
+def serve_capture(workdir: Path, config: dict, *command: str, storage: Path, log: Path):
+    """`eaglenest serve-capture` for the run's config (the file snakemake gets too), started."""
+    path = workdir / "override.yaml"
+    path.write_text(json.dumps(config))
+    args = [sys.executable, "-m", "eaglenest.cli", "serve-capture",
+            "--configfile", DEMO_CONFIGFILE, str(path), "--storage-dir", str(storage),
+            "--log", str(log), "--startup-timeout-s", "600"]  # fmt: skip
+    if command:
+        args += ["--", *command]
+    return subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def snakemake_command(workdir: Path, *targets: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--cores", "2", *targets,
+            "--configfile", DEMO_CONFIGFILE, str(workdir / "override.yaml")]  # fmt: skip
+
+
+def assert_shards_equal(found: Path, reference: Path) -> None:
+    from eaglenest.formats.hidden_shard import open_hidden_shard
+
+    a, b = open_hidden_shard(found), open_hidden_shard(reference)
+    assert a.sample_ids == b.sample_ids and len(a) == len(b) > 0
+    for i in range(len(b)):
+        x, y = a.sample(i), b.sample(i)
+        assert torch.equal(x["input_ids"], y["input_ids"])
+        assert torch.equal(x["loss_mask"], y["loss_mask"])
+        for name in ("aux", "final_hidden"):
+            torch.testing.assert_close(x[name], y[name], rtol=1e-5, atol=1e-6)
+
+
+def state_files(*directories: Path) -> list[Path]:
+    found = []
+    for directory in directories:
+        found += [p for p in directory.glob("*") if p.name != "server-request.json"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The tokens of three shards, and their hidden states by the offline backend (an engine per
+    shard job, as before a server existed), kept aside as the reference; timed for the bench."""
+    require_vllm_venv()
+    workdir = copy_workflow(tmp_path_factory.mktemp("capture-server"))
+    config = run_config(None)
+    tokens = [f"results/{SMALL_RUN}/tokens/{shard}.parquet" for shard in SHARDS]
+    result = snakemake(workdir, *tokens, config=config, timeout_s=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    started = time.monotonic()
+    result = snakemake(workdir, *hidden_targets(), config=config, timeout_s=1800)
+    offline_s = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    reference = tmp_path_factory.mktemp("offline-reference")
+    for shard in SHARDS:
+        shutil.move(hidden / f"{shard}.safetensors", reference / f"{shard}.safetensors")
+        (hidden / f"{shard}.json").unlink()
+    logs = sorted((workdir / "logs").rglob("*.log"))
+    starts = engine_starts(*logs)
+    for path in logs:
+        path.unlink()
+    return {"workdir": workdir, "reference": reference, "offline_s": offline_s,
+            "offline_starts": starts}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served_run(offline_run: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same three shards through one capture server: `eaglenest serve-capture ... --
+    snakemake ...`, the server stopped when snakemake ends."""
+    workdir = offline_run["workdir"]
+    storage = tmp_path_factory.mktemp("capture-storage")
+    server_log = tmp_path_factory.mktemp("capture-log") / "server.log"
+    config = run_config(f"http://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    process = serve_capture(workdir, config, *snakemake_command(workdir, *hidden_targets()),
+                            storage=storage, log=server_log)  # fmt: skip
+    stdout, stderr = process.communicate(timeout=1800)
+    served_s = time.monotonic() - started
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(workdir)
+    announced = json.loads(next(line for line in stdout.splitlines()
+                                if line.startswith("EAGLENEST "))[len("EAGLENEST "):])  # fmt: skip
+    return {**offline_run, "config": config, "storage": storage, "server_log": server_log,
+            "served_s": served_s, "announced": announced}  # fmt: skip
+
+
+def test_one_capture_server_captures_every_shard_as_an_engine_per_shard_does(served_run):
+    workdir, hidden = (
+        served_run["workdir"],
+        served_run["workdir"] / "results" / SMALL_RUN / "hidden",
+    )
+    job_log_files = sorted((workdir / "logs").rglob("*.log"))
+    assert engine_starts(served_run["server_log"], *job_log_files) == 1
+    assert served_run["offline_starts"] == len(SHARDS)
+    for shard in SHARDS:
+        summary = json.loads((hidden / f"{shard}.json").read_text())
+        assert summary["backend"] == "vllm" and summary["samples"] > 0
+        assert_shards_equal(
+            hidden / f"{shard}.safetensors", served_run["reference"] / f"{shard}.safetensors"
+        )
+    assert "through http://127.0.0.1" in job_logs(workdir)
+    assert not state_files(served_run["storage"]), "state files were left in the server's storage"
+    assert not list(hidden.glob(".*")), "temporary files were left beside the outputs"
+    assert not healthy(served_run["announced"]["url"]), "the server outlived the run"
+    tokens = sum(json.loads((hidden / f"{s}.json").read_text())["tokens"] for s in SHARDS)
+    print(
+        f"capture of {len(SHARDS)} shards, {tokens} tokens, engine start included: offline "
+        f"{served_run['offline_s']:.1f} s ({tokens / served_run['offline_s']:.0f} tokens/s, "
+        f"{served_run['offline_starts']} engine starts), one server "
+        f"{served_run['served_s']:.1f} s ({tokens / served_run['served_s']:.0f} tokens/s, 1 start; "
+        f"ready after {served_run['announced']['ready_s']:.1f} s)"
+    )
+
+
+def test_a_changed_tokens_shard_recaptures_only_that_shard(served_run):
+    workdir, config = served_run["workdir"], served_run["config"]
+    shard = "00001"
+    dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
+    assert planned_jobs(dry) == {}, dry.stdout[-2000:]
+    elsewhere = {**config, "vllm": {**config["vllm"], "capture_url": "http://127.0.0.1:9"}}
+    assert planned_jobs(snakemake(workdir, *hidden_targets(), "-n", config=elsewhere)) == {}
+    tokens = workdir / "results" / SMALL_RUN / "tokens" / f"{shard}.parquet"
+    frame = pl.read_parquet(tokens)
+    frame.head(frame.height - 1).write_parquet(tokens)  # a regenerated shard: other contents
+    dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
+    assert planned_jobs(dry) == {"extract_hidden_states": 1}, dry.stdout[-2000:]
+    outputs = [line for line in dry.stdout.splitlines() if line.strip().startswith("output:")]
+    assert len(outputs) == 1 and f"hidden/{shard}.safetensors" in outputs[0], outputs
+
+
+def finished_requests(url: str) -> int:
+    """Requests the server has answered, from its Prometheus metrics (vLLM's own counter)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total")))  # fmt: skip
+
+
+def wait_for_requests(url: str, count: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (done := finished_requests(url)) < count and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return done
+
+
+def test_a_shard_job_killed_mid_capture_then_rerun_writes_a_complete_file(served_run, tmp_path):
+    workdir = served_run["workdir"]
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    shard = "00002"
+    for name in (f"{shard}.safetensors", f"{shard}.json"):
+        (hidden / name).unlink()
+    # One request at a time, so that the capture lasts long enough to be killed in its middle.
+    config = run_config(served_run["config"]["vllm"]["capture_url"], requests_per_batch=1)
+    storage, server_log = tmp_path / "storage", tmp_path / "server.log"
+    server = serve_capture(workdir, config, storage=storage, log=server_log)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()  # the EAGLENEST line, once the server answers
+        assert line.startswith("EAGLENEST "), line + server.stderr.read()[-3000:]
+        target = f"results/{SMALL_RUN}/hidden/{shard}.safetensors"
+        job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+        url = json.loads(line[len("EAGLENEST ") :])["url"]
+        done = wait_for_requests(url, 2, timeout_s=600)  # the job's log is written in bursts
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        assert 2 <= done < 15, f"the kill came after {done} of 15 requests"
+        assert not (hidden / f"{shard}.safetensors").exists(), "the kill came after the capture"
+        assert snakemake(workdir, "--unlock", config=config).returncode == 0
+        rerun = snakemake(workdir, target, "--rerun-incomplete", config=config, timeout_s=900)
+        assert rerun.returncode == 0, (
+            rerun.stdout[-3000:] + rerun.stderr[-3000:] + job_logs(workdir)
+        )
+        assert_shards_equal(
+            hidden / f"{shard}.safetensors", served_run["reference"] / f"{shard}.safetensors"
+        )
+        assert not state_files(storage), state_files(storage)
+        assert not list(hidden.glob(".*")), list(hidden.glob(".*"))
+        assert engine_starts(server_log) == 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(120)
+    assert server.returncode == 130 and not healthy(json.loads(line[len("EAGLENEST ") :])["url"])
