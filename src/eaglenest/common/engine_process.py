@@ -125,15 +125,21 @@ def engine_process(
     try:
         yield process
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            if process.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(wait_s)
+        stop_process_group(process)
+
+
+def stop_process_group(process: subprocess.Popen, term_wait_s: float = 30) -> None:
+    """SIGTERM to a child's process group (the engine's own processes too), SIGKILL if it
+    lingers, then SIGKILL to whatever of the group is left behind."""
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 10)):
+        if process.poll() is not None:
+            break
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
 
 
 def engine_messages(process: subprocess.Popen, tail: list[str]) -> Iterator[dict[str, Any]]:

@@ -39,7 +39,12 @@ from typing import Any
 import yaml
 
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.common.engine_process import EngineError, die_with_parent, engine_python
+from eaglenest.common.engine_process import (
+    EngineError,
+    die_with_parent,
+    engine_python,
+    stop_process_group,
+)
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
@@ -125,19 +130,6 @@ def healthy(url: str) -> bool:
         return False
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group (vLLM's engine processes too), then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 10)):
-        if process.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
-
-
 @contextlib.contextmanager
 def capture_server(
     config: dict[str, Any], *, host: str | None = None, port: int | None = None,
@@ -173,7 +165,7 @@ def capture_server(
         yield {"url": url, "served_name": request["served_name"], "storage_dir": str(storage),
                "ready_s": round(ready_s, 3)}  # fmt: skip
     finally:
-        stop(process)
+        stop_process_group(process, STOP_WAIT_S)
         request_path.unlink(missing_ok=True)
         if storage_dir is None:
             shutil.rmtree(storage, ignore_errors=True)
