@@ -1,4 +1,5 @@
 # Shared by every stage: config validation, paths of the run, code versions, params as JSON.
+import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ onstart:
     resume_full_collections(_GC_THRESHOLDS)
 
 
-from eaglenest.common.code_version import stage_code_version as _stage_code_version
+from eaglenest.common.code_version import script_code_version as _script_code_version
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.stages.prompts import (
     PromptOptions,
@@ -32,10 +33,14 @@ from eaglenest.stages.prompts import (
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+from eaglenest.settings.hidden import (
+    HiddenSettings,
+    HiddenVerifySettings,
+    TargetHeadSettings,
+)
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.settings.target import TargetModel
+from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -61,39 +66,10 @@ wildcard_constraints:
 if DEMO and not config["target"]["path"]:
     config["target"]["path"] = f"results/{RUN}/target"
 
-# Library modules each stage's script calls (scripts/*.py). A stage's code version hashes these,
-# every eaglenest module they import (lazily or not) and the package files those read: a new
-# import needs no edit here (see eaglenest.common.code_version). Logging (logs.py) and GPU claims
-# (gpus.py), which the scripts also call, shape no output and rerun nothing.
-STAGE_ENTRIES = {
-    "prompts": ["stages.prompts"],
-    "demo_target": ["demo.target", "settings.demo_target"],
-    "generate": ["stages.generate", "stages.prompts"],
-    # validate then tokenize, one job per shard (rules/samples.smk)
-    "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
-    "vocab": ["stages.vocab", "settings.vocab"],
-    # the vLLM backend's engine side (vllm_capture) names its connector module by string
-    "hidden": [
-        "stages.hidden_states.extract",
-        "stages.hidden_states.vllm_backend",
-        "stages.hidden_states.vllm_connector",
-        "settings.target",
-    ],
-    "hidden_verify": ["stages.hidden_states.vllm_backend", "settings.target"],
-    "target_head": ["formats.target_head", "settings.target"],
-    "train": ["stages.train.train", "settings.target"],
-    "evaluate": [
-        "stages.evaluate.evaluate",
-        "stages.evaluate.vllm_decode",
-        "settings.target",
-    ],
-    "report": ["stages.report.report", "stages.report.inputs"],
-    "probe": ["stages.probe"],
-}
-# The embedded demo server shapes the data only where it is the endpoint: in the stages that send
+# The embedded demo server shapes the data only where it is the endpoint: in the scripts that send
 # requests, when server.enabled. Elsewhere the import that starts it (endpoints.py imports
 # server_process inside a function) is cut, and with it the server, its engine and its faults.
-ENDPOINT_STAGES = ("generate", "probe")
+ENDPOINT_SCRIPTS = ("generate", "probe")
 EMBEDDED_SERVER_ENTRY = "demo.server_process"
 _CODE_VERSIONS = {}
 
@@ -109,14 +85,17 @@ def get_log(rule, per_shard=False):
     return f"logs/{RUN}/{rule}/{{shard}}.log" if per_shard else f"logs/{RUN}/{rule}.log"
 
 
-def code_version(stage):
-    """The stage's code version, computed once per parse (rules share stages)."""
-    if stage not in _CODE_VERSIONS:
-        server_shapes_data = config["server"]["enabled"] and stage in ENDPOINT_STAGES
+def code_version(script):
+    """The code version of the rule that runs scripts/<script>.py: that script and the library
+    modules it imports, transitively (eaglenest.common.code_version.script_code_version). The
+    rule names its own script's stem (a test holds each rule to it)."""
+    if script not in _CODE_VERSIONS:
+        server_shapes_data = config["server"]["enabled"] and script in ENDPOINT_SCRIPTS
         exclude = [] if server_shapes_data else [EMBEDDED_SERVER_ENTRY]
+        path = Path(workflow.basedir) / "scripts" / f"{script}.py"
         # Hashes the package that scripts will import, wherever it is installed.
-        _CODE_VERSIONS[stage] = _stage_code_version(STAGE_ENTRIES[stage], exclude)
-    return _CODE_VERSIONS[stage]
+        _CODE_VERSIONS[script] = _script_code_version(path, exclude)
+    return _CODE_VERSIONS[script]
 
 
 def settings_json(settings_class):
@@ -124,6 +103,12 @@ def settings_json(settings_class):
     its script hands to the library, so the values a job runs with are the values Snakemake
     compares to decide a rerun, and key order never reruns anything."""
     return settings_class.from_config(config).to_json()
+
+
+def target_json(*fields):
+    """The target fields a rule's code reads, as its `target` param: a change of one of them
+    reruns the rule, of another field nothing (see eaglenest.settings.target)."""
+    return json.dumps(TargetSettings.from_config(config).tracked(fields), sort_keys=True)
 
 
 def untracked(value):

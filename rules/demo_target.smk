@@ -12,6 +12,6 @@ rule build_demo_target:
     threads: os.cpu_count() or 1
     params:
         settings=settings_json(DemoTargetSettings),
-        code_version=code_version("demo_target"),
+        code_version=code_version("build_demo_target"),
     script:
         "../scripts/build_demo_target.py"

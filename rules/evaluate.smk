@@ -20,8 +20,7 @@ rule evaluate_drafter:
         gpu=get_evaluate_gpus(),
     params:
         settings=settings_json(EvaluateSettings),
-        target=settings_json(TargetModel),
         runtime=untracked(settings_json(VllmRuntime)),
-        code_version=code_version("evaluate"),
+        code_version=code_version("evaluate_drafter"),
     script:
         "../scripts/evaluate_drafter.py"

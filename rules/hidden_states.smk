@@ -17,11 +17,10 @@ rule extract_hidden_states:
         gpu=get_hidden_states_gpus(),
     params:
         settings=settings_json(HiddenSettings),
-        target=settings_json(TargetModel),
         # where vLLM runs (hidden.backend vllm): its interpreter, GPUs and memory, not what it
         # computes
         runtime=untracked(settings_json(VllmRuntime)),
-        code_version=code_version("hidden"),
+        code_version=code_version("hidden_states"),
     script:
         "../scripts/hidden_states.py"
 
@@ -44,9 +43,8 @@ rule verify_hidden_states:
     params:
         settings=settings_json(HiddenSettings),
         verify=settings_json(HiddenVerifySettings),
-        target=settings_json(TargetModel),
         runtime=untracked(settings_json(VllmRuntime)),
-        code_version=code_version("hidden_verify"),
+        code_version=code_version("verify_hidden_states"),
     script:
         "../scripts/verify_hidden_states.py"
 
@@ -62,8 +60,7 @@ rule save_target_head:
         "../envs/eaglenest.yaml"
     threads: 1
     params:
-        settings=settings_json(HiddenSettings),
-        target=settings_json(TargetModel),
-        code_version=code_version("target_head"),
+        settings=settings_json(TargetHeadSettings),
+        code_version=code_version("save_target_head"),
     script:
         "../scripts/save_target_head.py"

@@ -15,6 +15,6 @@ rule prepare_prompts:
         listing=prepared_params_json(PROMPT_OPTIONS),
         # The options the library reads, max_samples included (a list too short for it fails).
         prompts=untracked(PROMPT_OPTIONS.to_json()),
-        code_version=code_version("prompts"),
+        code_version=code_version("prepare_prompts"),
     script:
         "../scripts/prepare_prompts.py"

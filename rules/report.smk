@@ -60,6 +60,6 @@ rule build_report:
         # Optional too: how busy the endpoints were (generate's activity logs).
         generate_activity=[get_activity_log(shard) for shard in SHARDS],
         run=RUN,  # the run's name, the report's title
-        code_version=code_version("report"),
+        code_version=code_version("build_report"),
     script:
         "../scripts/build_report.py"

@@ -26,7 +26,7 @@ rule prepare_samples:
         # Validation's and tokenize's settings; tokenize.draft_vocab_size is not among them:
         # changing it rebuilds only the vocabulary.
         settings=settings_json(SamplesSettings),
-        code_version=code_version("samples"),
+        code_version=code_version("prepare_samples"),
     script:
         "../scripts/prepare_samples.py"
 
@@ -44,6 +44,6 @@ rule build_draft_vocab:
     threads: 1
     params:
         settings=settings_json(VocabSettings),
-        code_version=code_version("vocab"),
+        code_version=code_version("build_draft_vocab"),
     script:
         "../scripts/build_draft_vocab.py"

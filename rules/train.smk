@@ -21,9 +21,8 @@ rule train_drafter:
         gpu=config["train"]["gpus"],
     params:
         settings=settings_json(TrainSettings),
-        target=settings_json(TargetModel),
         # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.
         journal=run_path("journal/train"),
-        code_version=code_version("train"),
+        code_version=code_version("train_drafter"),
     script:
         "../scripts/train_drafter.py"

@@ -6,8 +6,5 @@ from eaglenest.stages.vocab import build_draft_vocab
 settings = VocabSettings.from_json(snakemake.params.settings)
 with log_to(snakemake.log[0]):
     build_draft_vocab(
-        counts_paths=snakemake.input.counts,
-        out=snakemake.output.vocab,
-        summary_out=snakemake.output.summary,
-        draft_vocab_size=settings.draft_vocab_size,
+        snakemake.input.counts, snakemake.output.vocab, snakemake.output.summary, settings
     )

@@ -4,12 +4,10 @@ import torch
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.evaluate import EvaluateSettings
-from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 
 settings = EvaluateSettings.from_json(snakemake.params.settings)
-target = TargetModel.from_json(snakemake.params.target)
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
@@ -20,9 +18,7 @@ with log_to(snakemake.log[0]):
         heldout_tokens=list(snakemake.input.tokens),
         target_head=snakemake.input.head,
         draft_vocab=snakemake.input.vocab,
-        target_path=target.path,
         out=snakemake.output.metrics,
         settings=settings,
-        trust_remote_code=target.trust_remote_code,
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
     )

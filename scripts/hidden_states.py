@@ -5,13 +5,12 @@ import torch
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm
 
 settings = HiddenSettings.from_json(snakemake.params.settings)
-target = TargetModel.from_json(snakemake.params.target)
+target = settings.target
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends (vLLM's
     # processes, started by this one, see the same CUDA_VISIBLE_DEVICES).

@@ -4,12 +4,11 @@ import torch
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
-from eaglenest.settings.target import TargetModel
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.train import run_under_torchrun, train_drafter
 
 settings = TrainSettings.from_json(snakemake.params.settings)
-target = TargetModel.from_json(snakemake.params.target)
+target = settings.target
 arguments = {
     "train_shards": list(snakemake.input.train),
     "eval_shards": list(snakemake.input.heldout),

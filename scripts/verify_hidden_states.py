@@ -5,19 +5,19 @@ import torch
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
-from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.vllm_backend import verify_backends
 
-target = TargetModel.from_json(snakemake.params.target)
 with log_to(snakemake.log[0]):
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
+    settings = HiddenSettings.from_json(snakemake.params.settings)
+    target = settings.target
     verify_backends(
         tokens=snakemake.input.tokens,
         target_path=target.path,
         out=snakemake.output.verify,
-        settings=HiddenSettings.from_json(snakemake.params.settings),
+        settings=settings,
         verify=HiddenVerifySettings.from_json(snakemake.params.verify),
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
         target_name=target.model,

@@ -11,7 +11,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from eaglenest.common.code_version import code_version, module_closure, stage_code_version
+from eaglenest.common.code_version import (
+    code_version,
+    module_closure,
+    script_code_version,
+    script_entries,
+    stage_code_version,
+)
 
 
 def write(dir_: Path, name: str, text: str) -> None:
@@ -193,55 +199,65 @@ def test_an_unknown_entry_module_is_an_error(tmp_path):
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "eaglenest"
-# What scripts call that shapes no output (logging, GPU claims): no stage hashes it.
-SHAPES_NO_OUTPUT = {"common.logs", "common.gpus"}
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 
 
 def stage_entries() -> dict[str, list[str]]:
-    """STAGE_ENTRIES as rules/common.smk defines it (a literal dict)."""
-    text = (REPO / "rules" / "common.smk").read_text()
-    match = re.search(r"^STAGE_ENTRIES = (\{.*?^\})$", text, re.MULTILINE | re.DOTALL)
-    assert match, "rules/common.smk defines STAGE_ENTRIES as a literal dict"
-    return ast.literal_eval(match.group(1))
+    """Per script (its stem), the entry modules its code version starts from."""
+    return {script.stem: script_entries(script) for script in SCRIPTS}
 
 
-def script_imports(script: Path) -> set[str]:
-    """The eaglenest modules a script imports, relative to the package."""
-    names = set()
-    for node in ast.walk(ast.parse(script.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eaglenest."):
-            names.add(node.module.removeprefix("eaglenest."))
-        elif isinstance(node, ast.Import):
-            names.update(
-                a.name.removeprefix("eaglenest.")
-                for a in node.names
-                if a.name.startswith("eaglenest.")
-            )
-    return names
-
-
-def test_every_rule_with_a_script_hashes_what_the_script_imports():
-    entries = stage_entries()
+def test_every_rule_with_a_script_hashes_its_own_script():
+    """A rule's code version is derived from the script it runs: code_version("<its stem>")."""
     rules = 0
     for smk in sorted((REPO / "rules").glob("*.smk")):
         for block in re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)[1:]:
             name = block.split(":", 1)[0]
-            script = re.search(r'script:\s*"\.\./(scripts/[\w.]+)"', block)
+            script = re.search(r'script:\s*"\.\./scripts/(\w+)\.py"', block)
             if not script:
                 continue
             rules += 1
-            stage = re.search(r'code_version=code_version\("(\w+)"\)', block)
-            assert stage, f"rule {name} ({smk.name}) has no code_version param"
-            hashed = {
-                f.removesuffix(".py").replace("/", ".")
-                for f in module_closure(entries[stage.group(1)])
-            }
-            missing = script_imports(REPO / script.group(1)) - hashed - SHAPES_NO_OUTPUT
-            assert not missing, (
-                f"rule {name}: {script.group(1)} imports {sorted(missing)}, which stage "
-                f"{stage.group(1)!r} does not hash: add them to STAGE_ENTRIES in rules/common.smk"
+            version = re.search(r'code_version=code_version\("(\w+)"\)', block)
+            assert version, f"rule {name} ({smk.name}) has no code_version param"
+            assert version.group(1) == script.group(1), (
+                f"rule {name} ({smk.name}) runs scripts/{script.group(1)}.py but hashes "
+                f"scripts/{version.group(1)}.py"
             )
     assert rules >= 10
+
+
+def test_a_script_entries_are_its_package_imports_less_logging(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import torch\nfrom eaglenest.common.logs import log_to\nimport eaglenest.formats.raw\n"
+        "from eaglenest.stages.probe import probe_run\nif x:\n    from eaglenest.demo import target\n"
+    )
+    entries = script_entries(script)
+    assert {"demo.target", "formats.raw", "stages.probe"} <= set(entries)  # lazy ones too
+    assert "common.logs" not in entries
+
+
+def test_a_script_edit_and_an_import_change_the_version(tmp_path):
+    pkg = package(tmp_path, {"a.py": "X = 1\n", "b.py": "Y = 2\n"})
+    script = tmp_path / "s.py"
+    script.write_text("from pkg.a import X\nprint(X)\n")
+    before = script_code_version(script, package_dir=pkg)
+    script.write_text("from pkg.a import X\n# why\nprint(X)\n")
+    assert script_code_version(script, package_dir=pkg) == before
+    script.write_text("from pkg.a import X\nprint(X + 1)\n")
+    assert script_code_version(script, package_dir=pkg) != before
+    script.write_text("from pkg.a import X\nfrom pkg.b import Y\nprint(X + 1)\n")
+    after_import = script_code_version(script, package_dir=pkg)
+    (pkg / "b.py").write_text("Y = 3\n")
+    assert script_code_version(script, package_dir=pkg) != after_import
+
+
+def test_a_module_named_by_a_string_counts(tmp_path):
+    pkg = package(
+        tmp_path,
+        {"entry.py": 'WORKER = "pkg.worker"\n', "worker.py": "import pkg.deep\n", "deep.py": ""},
+    )
+    assert module_closure(["entry"], package_dir=pkg) == ["deep.py", "entry.py", "worker.py"]
 
 
 # Run in a fresh interpreter: imports every module of the package once (so the third-party
@@ -280,6 +296,7 @@ LAZY = re.compile(
 
 def lazy_imports(module):
     text = open(module.__file__).read()
+    yield from re.findall(r"[\"'](eaglenest\.[\w.]+)[\"']", text)  # modules run by name
     for match in LAZY.finditer(text):
         if match.group(1):
             base = importlib.util.resolve_name(match.group(1), module.__package__)
@@ -346,7 +363,7 @@ def observed_imports() -> dict[str, set[str]]:
     return {stage: set(files) for stage, files in json.loads(result.stdout).items()}
 
 
-@pytest.mark.parametrize("stage", sorted(stage_entries()))
+@pytest.mark.parametrize("stage", [script.stem for script in SCRIPTS])
 def test_a_stage_hashes_every_module_it_imports(observed_imports, stage):
     closure = set(module_closure(stage_entries()[stage], package_dir=PACKAGE))
     # Every import runs the package's __init__; it counts only where imported by name.

@@ -31,7 +31,7 @@ from eaglenest.formats.hidden_shard import (
 )
 from eaglenest.formats.target_head import save_target_head
 from eaglenest.formats.tokens import loss_mask
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.target.loading import default_aux_layer_ids, load_target
 
@@ -316,7 +316,7 @@ def test_target_head(demo_target_dir, target, tmp_path):
     """Read from the checkpoint (tests/test_target_files.py compares it byte for byte)."""
     out = tmp_path / "target_head.safetensors"
     save_target_head(
-        target_path=demo_target_dir, out=out, settings=settings_from_sections(HiddenSettings)
+        out, settings_from_sections(TargetHeadSettings, target={"path": str(demo_target_dir)})
     )
     with safe_open(str(out), framework="pt") as f:
         meta = f.metadata()

@@ -19,9 +19,10 @@ from eaglenest.common.io import write_json
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead, save_target_head
 from eaglenest.formats.token_counts import read_token_counts
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.hidden_states.extract import plan_hidden_shard
 from eaglenest.stages.tokenize import tokenize_shard
 from eaglenest.stages.train.train import build_drafter
@@ -85,14 +86,15 @@ def test_kimi_shaped_target_through_the_stages_that_read_it(kimi_dir, tmp_path):
 
     tokens, counts = tokenized_shard(target, config, tmp_path)
     assert read_token_counts(counts).target_vocab_size == vocab_size
-    summary = build_draft_vocab([counts], tmp_path / "vocab.safetensors", tmp_path / "v.json", 16)
+    summary = build_draft_vocab(
+        [counts], tmp_path / "vocab.safetensors", tmp_path / "v.json", VocabSettings(16)
+    )
     assert summary["target_vocab_size"] == vocab_size
     vocab = DraftVocab.load(tmp_path / "vocab.safetensors")
     assert vocab.t2d.shape == (vocab_size,)
 
-    settings = HiddenSettings.from_config(config)
     metadata = save_target_head(
-        target_path=target, out=tmp_path / "head.safetensors", settings=settings
+        tmp_path / "head.safetensors", TargetHeadSettings.from_config(config)
     )
     assert (metadata["hidden_size"], metadata["vocab_size"]) == ("64", str(vocab_size))
     assert metadata["aux_layer_ids"] == "[2, 4, 5]"  # (2, N//2, N-3) of text_config's 8 layers
@@ -108,6 +110,7 @@ def test_kimi_shaped_target_through_the_stages_that_read_it(kimi_dir, tmp_path):
     assert (drafter.config.target_hidden_size, drafter.config.vocab_size) == (64, vocab_size)
     assert tuple(drafter.config.aux_layer_ids) == (2, 4, 5)
 
+    settings = HiddenSettings.from_config(config)
     plan = plan_hidden_shard(tokens, load_text_config(target), settings)
     assert (plan.layer_ids, plan.hidden_size) == ((2, 4, 5), 64)
     assert {name: shape for name, _, shape in plan.specs}["aux"] == [plan.n_tokens, 3 * 64]

@@ -23,6 +23,7 @@ from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
 from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.formats.tokens import TokensSchema
+from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.report.data import endpoint_utilisation
 from eaglenest.stages.report.inputs import ReportInputError, RunFiles, load_run
 from eaglenest.stages.report.report import PLOT_NAMES, build_report
@@ -110,7 +111,10 @@ def write_draft_vocab(run: Path) -> dict:
     vocab = run / "vocab"
     vocab.mkdir(parents=True, exist_ok=True)
     return build_draft_vocab(
-        paths, vocab / "draft_vocab.safetensors", vocab / "draft_vocab.json", DRAFT_VOCAB_SIZE
+        paths,
+        vocab / "draft_vocab.safetensors",
+        vocab / "draft_vocab.json",
+        VocabSettings(DRAFT_VOCAB_SIZE),
     )
 
 

@@ -19,7 +19,7 @@ import eaglenest.stages.hidden_states.extract as hs
 from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import sha256_file
 from eaglenest.formats.target_head import TargetHeadError, save_target_head
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden import TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.evaluate.evaluate import eos_token_ids
 from eaglenest.stages.tokenize import TargetTokens, resolve_target_tokens
@@ -179,7 +179,7 @@ def no_model(monkeypatch):
 
 def saved_head(target_path: str | Path, out: Path) -> tuple[dict[str, torch.Tensor], dict]:
     save_target_head(
-        target_path=target_path, out=out, settings=settings_from_sections(HiddenSettings)
+        out, settings_from_sections(TargetHeadSettings, target={"path": str(target_path)})
     )
     with safe_open(str(out), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}, f.metadata()  # noqa: SIM118

@@ -27,6 +27,7 @@ from eaglenest.formats.token_counts import (
     read_token_counts,
     write_token_counts,
 )
+from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.vocab import (
     VocabError,
     build_draft_vocab,
@@ -102,7 +103,7 @@ def test_counts_round_trip_merge_and_build(tmp_path):
     assert merged.counts.tolist() == [0, 6, 1, 4, 0, 0, 0, 0, 0, 0, 2, 2]
 
     summary = build_draft_vocab(
-        paths, tmp_path / "v.safetensors", tmp_path / "v.json", draft_vocab_size=4
+        paths, tmp_path / "v.safetensors", tmp_path / "v.json", VocabSettings(draft_vocab_size=4)
     )
     tensors = load_file(tmp_path / "v.safetensors")
     assert tensors["draft_to_target"].tolist() == [1, 3, 10, 11]

@@ -1,11 +1,12 @@
-"""Code versions: a hash of the library source a stage runs, passed to its rule as a param.
+"""Code versions: a hash of the code a rule runs, passed to the rule as a param.
 
-Snakemake does not rerun jobs when imported library code changes, so each rule carries this hash.
-A stage names only its entry modules (what its script calls); the files hashed are derived from
-them: every module of the package they import, directly or through each other, at the top of a
-module or lazily inside a function, plus the package's data files those modules name (e.g.
-demo/target.py reads "chat_template.jinja"). Python modules are hashed by their syntax tree
-without docstrings, so a comment or docstring edit reruns nothing; other files by bytes.
+Snakemake does not rerun jobs when imported library code changes, so each rule carries this hash,
+derived from the rule's own script (scripts/<name>.py) alone: the script, the package modules it
+imports (its entry modules), every module of the package those import, directly or through each
+other, at the top of a module or lazily inside a function, plus the package's data files those
+modules name (e.g. demo/target.py reads "chat_template.jinja"). Nothing lists a stage's modules by
+hand: a new import counts where it is written. Python is hashed by its syntax tree without
+docstrings, so a comment or docstring edit reruns nothing; other files by bytes.
 
 What counts, read from the syntax tree (nothing is imported):
 - `import pkg.x`, `from pkg import x`, `from pkg.x import y`, relative imports, wherever they are
@@ -16,7 +17,11 @@ What counts, read from the syntax tree (nothing is imported):
   version string, which only what records it (hidden-state metadata) should rerun for.
 - A data file counts where a module holds a string constant that is its path relative to the
   package or to the module's directory (not a name built at run time).
-Not followed: modules run by name at run time (`importlib.import_module(name)`, `python -m`).
+- A module counts where a module holds its dotted name as a string constant: what runs a module
+  by name (`python -m`, a vLLM connector or worker named by its module) writes it that way.
+Not followed: names built at run time.
+- What a script calls that shapes no output (`SHAPES_NO_OUTPUT`: logging, GPU claims) is not one of
+  its entry modules: changing how a job logs reruns nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+SHAPES_NO_OUTPUT = ("common.logs", "common.gpus")
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -212,6 +218,9 @@ def module_closure(
         for module, names in parsed.imports:
             pending += package.imported_files(module, names) - excluded - closure
         closure |= package.data_files(relative, parsed.strings)
+        for text in parsed.strings:  # modules run by name (see the module docstring)
+            if text.startswith(package.name + ".") and package.module_file(text):
+                pending += package.imported_files(text, ()) - excluded - closure
     return sorted(closure)
 
 
@@ -220,3 +229,27 @@ def stage_code_version(
 ) -> str:
     """code_version of a stage's module closure (see module_closure)."""
     return code_version(module_closure(entries, exclude, package_dir), package_dir)
+
+
+def script_entries(script: Path, package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """The package modules a script imports (relative to the package, e.g. "stages.probe"),
+    anywhere in it, less what shapes no output (SHAPES_NO_OUTPUT)."""
+    package = _Package(package_dir)
+    parsed = _parse(script, PurePosixPath(script.name), "__script__")
+    files = set()
+    for module, names in parsed.imports:
+        files |= package.imported_files(module, names)
+    modules = {PurePosixPath(f).with_suffix("").as_posix().replace("/", ".") for f in files}
+    modules = {m.removesuffix(".__init__") for m in modules if m != "__init__"}
+    return sorted(modules - set(SHAPES_NO_OUTPUT))
+
+
+def script_code_version(
+    script: Path, exclude: Iterable[str] = (), package_dir: Path = PACKAGE_DIR
+) -> str:
+    """A rule's code version: its script's syntax tree and the module closure of the package
+    modules the script imports (script_entries, module_closure)."""
+    entries = script_entries(script, package_dir)
+    digest = hashlib.sha256(source_fingerprint(script) + b"\0")
+    digest.update(code_version(module_closure(entries, exclude, package_dir), package_dir).encode())
+    return digest.hexdigest()[:16]

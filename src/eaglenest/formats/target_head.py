@@ -24,24 +24,19 @@ from eaglenest.target.loading import (
 )
 
 if TYPE_CHECKING:
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden import TargetHeadSettings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TargetHead", "TargetHeadError", "save_target_head"]
 
 
-def save_target_head(
-    *,
-    target_path: str | Path,
-    out: str | Path,
-    settings: HiddenSettings,
-    trust_remote_code: bool = False,
-) -> dict[str, str]:
+def save_target_head(out: str | Path, settings: TargetHeadSettings) -> dict[str, str]:
     """Input embedding, LM head (unless tied to the embedding) and final norm of the target, read
     from its checkpoint files without loading the model (Kimi-K2.5 is hundreds of GB)."""
     from safetensors.torch import save_file
 
+    target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
     target_dir = resolve_target_dir(target_path)
     config = load_text_config(target_path, trust_remote_code)  # Kimi-K2.5: its text_config
     tensors, tied = checkpoint_head_tensors(

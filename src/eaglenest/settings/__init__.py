@@ -9,6 +9,10 @@ object the library runs with is the object Snakemake compares to decide a rerun.
 but what shapes none of its outputs (how to reach the endpoints, how hard to try) is a second
 object, passed as a param that Snakemake does not record (`untracked` in rules/common.smk).
 
+The target (settings/target.py) is one object that every stage's settings hold as their `target`
+field, each as a view of the fields its code reads (`TargetSettings.view`): the others are
+`NotTracked`, left out of the JSON, and fail when used.
+
 One module per stage, each light to import: the Snakefile builds every rule's params from them
 while it parses, and a stage's code version then hashes its own settings, not every stage's.
 """
@@ -20,14 +24,54 @@ import json
 import types
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 
+class NotTracked:
+    """A field a settings object leaves out (a view's other fields, see TargetSettings.view): any
+    use of it is an error naming the field. One instance per name, so views compare equal."""
+
+    _instances: typing.ClassVar[dict[str, NotTracked]] = {}
+
+    def __new__(cls, name: str) -> Self:
+        if name not in cls._instances:
+            instance = super().__new__(cls)
+            instance.name = name  # type: ignore[attr-defined]
+            cls._instances[name] = instance
+        return cls._instances[name]  # type: ignore[return-value]
+
+    def __getnewargs__(self) -> tuple[str]:
+        return (self.name,)
+
+    def _fail(self, *_: Any, **__: Any) -> NoReturn:
+        raise AttributeError(
+            f"target.{self.name} is not among the target fields this stage's settings track: add "
+            "it to its TargetSettings.view(...) in src/eaglenest/settings/ (a change of it must "
+            "rerun the stage)"
+        )
+
+    __bool__ = __str__ = __fspath__ = __iter__ = __len__ = __getitem__ = __eq__ = _fail
+    __hash__ = __getattr__ = _fail  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"NotTracked({self.name!r})"
+
+    def __deepcopy__(self, memo: dict) -> NotTracked:
+        return self
+
+
+def _tracked_items(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {k: v for k, v in items if not isinstance(v, NotTracked)}
+
+
 class Settings:
     """Base of the stages' settings dataclasses: construction from config, JSON both ways."""
+
+    # Whether from_dict may leave fields out (a view): they become NotTracked.
+    PARTIAL = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Self:
@@ -35,7 +79,7 @@ class Settings:
         raise NotImplementedError
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self, dict_factory=_tracked_items), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Self:
@@ -47,12 +91,14 @@ class Settings:
         tuples (lists in JSON) come back as they were."""
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        if cls.PARTIAL:
+            values = {f.name: NotTracked(f.name) for f in fields} | dict(values)
         return cls(**{f.name: _revived(hints[f.name], values[f.name]) for f in fields})
 
 
 def _revived(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
+    if value is None or isinstance(value, NotTracked):
+        return value
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     for option in typing.get_args(hint) if union else (hint,):
         if isinstance(option, type) and issubclass(option, Settings) and isinstance(value, dict):

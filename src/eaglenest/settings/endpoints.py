@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
+
+# The target fields the embedded server reads.
+SERVED = ("model", "path", "tokenizer", "trust_remote_code")
 
 
 @dataclass(frozen=True)
@@ -17,17 +21,16 @@ class EndpointSettings(Settings):
     endpoints: tuple[dict[str, Any], ...]  # the `endpoints` section: url, api_key_env, ...
     server: dict[str, Any]  # the `server` section: the embedded server, when enabled
     # What the embedded server serves: the target's model name, path, tokenizer and loading.
-    target: dict[str, Any]
+    target: TargetSettings
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EndpointSettings:
-        target = config["target"]
         return cls(
             endpoints=tuple(dict(e) for e in config["endpoints"]),
             server=dict(config["server"]),
-            target={k: target[k] for k in ("model", "path", "tokenizer", "trust_remote_code")},
+            target=TargetSettings.view(config, *SERVED),
         )
 
     def embedded_server_config(self) -> dict[str, Any]:
         """The `target` and `server` sections, as `embedded_server` reads them."""
-        return {"target": self.target, "server": self.server}
+        return {"target": {k: getattr(self.target, k) for k in SERVED}, "server": self.server}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.vllm import VllmEngine
 
 
@@ -23,14 +24,16 @@ class EvaluateSettings(Settings):
     seed: int  # train.seed
     engine: str | None  # "vllm": also decode in the serving engine
     vllm: VllmEngine | None  # with engine "vllm" only: a vllm section change reruns only then
+    target: TargetSettings  # path and trust_remote_code
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EvaluateSettings:
         section = config["evaluate"]
-        names = [f for f in cls.__dataclass_fields__ if f not in ("ks", "seed", "vllm")]
+        names = [f for f in cls.__dataclass_fields__ if f not in ("ks", "seed", "vllm", "target")]
         return cls(
             ks=tuple(section["ks"]),
             seed=config["train"]["seed"],
             vllm=VllmEngine.from_config(config) if section["engine"] == "vllm" else None,
+            target=TargetSettings.view(config, "path", "trust_remote_code"),
             **{k: section[k] for k in names},
         )

@@ -11,12 +11,12 @@ from typing import Any
 
 from eaglenest.settings import Settings
 from eaglenest.settings.endpoints import EndpointSettings
+from eaglenest.settings.target import TargetSettings
 
 
 @dataclass(frozen=True)
 class RequestSettings(Settings):
-    model: str
-    chat_template_kwargs: dict[str, Any]
+    target: TargetSettings  # model (the served name) and chat_template_kwargs
     seed: int  # the run seed; each request's seed derives from it and the sample id
     temperature: float
     top_p: float
@@ -27,8 +27,7 @@ class RequestSettings(Settings):
     def from_config(cls, config: Mapping[str, Any]) -> RequestSettings:
         generation = config["generation"]
         return cls(
-            model=config["target"]["model"],
-            chat_template_kwargs=config["target"]["chat_template_kwargs"],
+            target=TargetSettings.view(config, "model", "chat_template_kwargs"),
             seed=config["seed"],
             **{k: generation[k] for k in ("temperature", "top_p", "max_tokens", "extra_body")},
         )

@@ -1,5 +1,5 @@
-"""Settings of the hidden-state stage (and of the target head, which shares the aux layer ids
-and how the target is loaded): the `hidden` section."""
+"""Settings of the hidden-state stage (the `hidden` section and the target it loads), of its
+backend check and of the target head (which shares the aux layer ids)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.vllm import VllmEngine
 
 
@@ -22,12 +23,14 @@ class HiddenSettings(Settings):
     device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
     backend: str  # "transformers" or "vllm"
     engine: VllmEngine | None  # with the vllm backend only: a vllm section change reruns only it
+    target: TargetSettings  # path and trust_remote_code to load it, model to name it
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> HiddenSettings:
         section = config["hidden"]
-        values = {k: section[k] for k in cls.__dataclass_fields__ if k != "engine"}
+        values = {k: section[k] for k in cls.__dataclass_fields__ if k not in ("engine", "target")}
         values["engine"] = VllmEngine.from_config(config) if section["backend"] == "vllm" else None
+        values["target"] = TargetSettings.view(config, "model", "path", "trust_remote_code")
         if values["aux_layer_ids"] is not None:
             values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
         return cls(**values)
@@ -46,3 +49,21 @@ class HiddenVerifySettings(Settings):
     def from_config(cls, config: Mapping[str, Any]) -> HiddenVerifySettings:
         section = config["hidden"]
         return cls(samples=section["verify_samples"], tolerance=section["verify_tolerance"])
+
+
+@dataclass(frozen=True)
+class TargetHeadSettings(Settings):
+    """The target head's: which aux layers the head file records (hidden.aux_layer_ids) and where
+    the target is; apart from HiddenSettings, so that a change of how hidden states are captured
+    (batch, storage dtype, backend, device) does not read the checkpoint again."""
+
+    aux_layer_ids: tuple[int, ...] | None
+    target: TargetSettings  # path and trust_remote_code
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TargetHeadSettings:
+        layer_ids = config["hidden"]["aux_layer_ids"]
+        return cls(
+            aux_layer_ids=tuple(layer_ids) if layer_ids is not None else None,
+            target=TargetSettings.view(config, "path", "trust_remote_code"),
+        )

@@ -16,17 +16,16 @@ from typing import Any
 
 from eaglenest.settings import Settings
 from eaglenest.settings.endpoints import EndpointSettings
+from eaglenest.settings.target import TargetSettings
 
 
 @dataclass(frozen=True)
 class ProbeSettings(Settings):
-    model: str
-    chat_template_kwargs: dict[str, Any]
+    # All of it: the probe asks as the run will (model, chat_template_kwargs) and resolves the
+    # think token ids (tokenizer, else path; think_tokens) that every later stage reads from
+    # probe.json.
+    target: TargetSettings
     extra_body: dict[str, Any]  # generation.extra_body: the probe asks as the run will
-    # The think token ids go into probe.json, where every later stage reads them.
-    tokenizer: str | None  # target.tokenizer, else target.path
-    trust_remote_code: bool
-    think_tokens: dict[str, Any]  # start, end, start_id, end_id
     prompts: int
     prompt: str | None
     max_tokens: int
@@ -36,14 +35,10 @@ class ProbeSettings(Settings):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ProbeSettings:
-        target, probe = config["target"], config["probe"]
+        probe = config["probe"]
         return cls(
-            model=target["model"],
-            chat_template_kwargs=target["chat_template_kwargs"],
+            target=TargetSettings.from_config(config),
             extra_body=config["generation"]["extra_body"],
-            tokenizer=target["tokenizer"] or target["path"],
-            trust_remote_code=target["trust_remote_code"],
-            think_tokens=dict(target["think_tokens"]),
             embedded_server=_answer_settings(config["server"]),
             **{
                 k: probe[k]

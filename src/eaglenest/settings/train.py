@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
 
 # The EAGLE-3 variants (booleans of train.drafter and of the exported config.json), as vLLM's
 # model_executor/models/llama_eagle3.py reads them.
@@ -46,8 +47,10 @@ class TrainSettings(Settings):
     export_dtype: str
     activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
     drafter: dict[str, Any]  # overrides of the drafter's sizes, and its EAGLE-3 variant
+    target: TargetSettings  # path and trust_remote_code: the drafter's sizes from its config
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:
-        values = {k: config["train"][k] for k in cls.__dataclass_fields__}
-        return cls(**{**values, "adam_betas": tuple(values["adam_betas"])})
+        values = {k: config["train"][k] for k in cls.__dataclass_fields__ if k != "target"}
+        target = TargetSettings.view(config, "path", "trust_remote_code")
+        return cls(**{**values, "adam_betas": tuple(values["adam_betas"]), "target": target})

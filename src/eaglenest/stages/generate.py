@@ -98,15 +98,15 @@ def sample_seed(run_seed: int, sample_id: str) -> int:
 
 def request_body(sample_id: str, messages: list[dict], settings: GenerationSettings) -> dict:
     body: dict[str, Any] = {
-        "model": settings.request.model,
+        "model": settings.request.target.model,
         "messages": messages,
         "temperature": settings.request.temperature,
         "top_p": settings.request.top_p,
         "max_tokens": settings.request.max_tokens,
         "seed": sample_seed(settings.request.seed, sample_id),
     }
-    if settings.request.chat_template_kwargs:
-        body["chat_template_kwargs"] = settings.request.chat_template_kwargs
+    if settings.request.target.chat_template_kwargs:
+        body["chat_template_kwargs"] = settings.request.target.chat_template_kwargs
     if settings.return_token_ids:
         body["return_token_ids"] = True
     body.update(settings.request.extra_body)

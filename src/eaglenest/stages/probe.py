@@ -351,8 +351,11 @@ def probe_prompts(
 def probe_think_ids(settings: ProbeSettings) -> dict[str, Any]:
     """The think token ids probe.json records, which every later stage reads from there:
     target.think_tokens' ids where given, else the target tokenizer's (one token each)."""
+    target = settings.target
     return think_token_ids(
-        settings.tokenizer, trust_remote_code=settings.trust_remote_code, **settings.think_tokens
+        target.tokenizer or target.path,
+        trust_remote_code=target.trust_remote_code,
+        **target.think_tokens,
     )
 
 
@@ -370,11 +373,11 @@ def probe_endpoints(
     for endpoint in endpoints:
         result = probe_endpoint(
             endpoint,
-            settings.model,
+            settings.target.model,
             prompts=prompts,
             max_tokens=settings.max_tokens,
             timeout_s=timeout_s,
-            chat_template_kwargs=settings.chat_template_kwargs,
+            chat_template_kwargs=settings.target.chat_template_kwargs,
             extra_body=settings.extra_body,
             require_token_ids=settings.require_token_ids,
             require_reasoning=settings.require_reasoning,

@@ -17,12 +17,15 @@ import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from eaglenest.common.io import atomic_path, write_json
 from eaglenest.formats.token_counts import TokenCounts, VocabError, merge_token_counts
+
+if TYPE_CHECKING:
+    from eaglenest.settings.vocab import VocabSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,12 @@ def build_draft_vocab(
     counts_paths: Iterable[str | Path],
     out: str | Path,
     summary_out: str | Path,
-    draft_vocab_size: int,
+    settings: VocabSettings,
 ) -> dict[str, Any]:
     """The vocab stage: merge the shards' counts, choose the draft vocabulary, write it."""
     from safetensors.numpy import save_file
 
+    draft_vocab_size = settings.draft_vocab_size
     counts_paths = list(counts_paths)
     counts = merge_token_counts(counts_paths)
     draft_to_target = select_draft_vocab(counts, draft_vocab_size)

@@ -292,12 +292,13 @@ def evaluate_drafter(
     heldout_tokens: list[str | Path],
     target_head: str | Path,
     draft_vocab: str | Path,
-    target_path: str | Path,
     out: str | Path,
     settings: EvaluateSettings,
-    trust_remote_code: bool = False,
     runtime: VllmRuntime | None = None,
 ) -> dict[str, Any]:
+    """The evaluate stage: simulated acceptance on the held-out shards, then (evaluate.live) the
+    drafter decoding beside the target, then (evaluate.engine vllm) in vLLM; to `out`."""
+    target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
     device = resolve_device(settings.device)
     started = time.perf_counter()
     head = TargetHead.load(target_head)

@@ -46,7 +46,6 @@ from eaglenest.common.engine_process import (
     stop_process_group,
 )
 from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
 from eaglenest.stages.hidden_states.extract import checked_aux_layer_ids
@@ -102,7 +101,7 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
     if config["hidden"]["backend"] != "vllm":
         raise EngineError("serve-capture: hidden.backend is not vllm in this config")
     settings, runtime = HiddenSettings.from_config(config), VllmRuntime.from_config(config)
-    target = TargetModel.from_config(config)
+    target = settings.target
     try:
         target_dir = resolve_target_dir(target.path)
     except TargetNotFoundError as err:
