@@ -112,5 +112,5 @@ def test_a_tiny_schema_renders_one_section_per_top_level_object_or_list():
     assert headings == ["## Top level", "## `server`", "## `endpoints`"]
     assert "a tiny config" in text and "the server" in text
     assert "| `server.faults.hang` | number (>= 0, <= 1) | `0` |  |" in text
-    assert "| `run` | string | `\"demo\"` | name of the run |" in text
+    assert '| `run` | string | `"demo"` | name of the run |' in text
     assert REGENERATE in text
