@@ -3,7 +3,7 @@ the Snakefile does not read config/config.yaml (the embedded demo), so an exampl
 config over the schema's defaults, and no demo value reaches its jobs. Each example is dry-run
 with real Snakemake (no model, no dataset, no server: an empty offline Hugging Face cache) for its
 plan, and its jobs' params (the settings each script gets) are read from the same parse. The
-Kimi-K2.5 disk figures of the README are checked against the hidden-state stage's own arithmetic,
+Kimi-K2.5 disk figures of docs/real-targets.md are checked against the hidden-state stage's own arithmetic,
 and rows shaped as mlabonne/open-perfectblend's go through the prompts stage with the examples'
 settings."""
 
@@ -37,7 +37,7 @@ EXAMPLES = REPO / "config" / "examples"
 DEMO_CONFIG = REPO / "config" / "config.yaml"
 DATASET = "mlabonne/open-perfectblend"
 
-# What each example is for (README "Kimi-K2.5 on a vLLM node" for the first).
+# What each example is for (docs/real-targets.md, "Kimi-K2.5 on a vLLM node", for the first).
 EXPECTED = {
     "kimi-k2.5": {
         "shards": 50,
@@ -340,7 +340,7 @@ def test_kimi_requests_carry_its_templates_thinking_switch(plans):
 
 @pytest.mark.slow
 def test_kimi_generation_runs_alone_while_the_server_holds_the_gpus(workdir, offline_env):
-    """README step 1: with `--until prepare_samples` only the CPU jobs up to tokenization run,
+    """docs/real-targets.md, Kimi-K2.5 step 1: with `--until prepare_samples` only the CPU jobs up to tokenization run,
     so the vLLM server can keep the node's GPUs until they are done."""
     result = snakemake(
         workdir,
@@ -362,7 +362,7 @@ def test_kimi_generation_runs_alone_while_the_server_holds_the_gpus(workdir, off
 
 @pytest.mark.slow
 def test_kimi_capture_runs_through_the_server_and_claims_no_gpus(workdir, offline_env):
-    """README step 2: under `eaglenest serve-capture`, `--until extract_hidden_states` plans the
+    """docs/real-targets.md, Kimi-K2.5 step 2: under `eaglenest serve-capture`, `--until extract_hidden_states` plans the
     50 capture jobs (and what they need), none of them claiming the GPUs the server holds, and
     nothing that needs them after it (training, evaluation)."""
     result = snakemake(
@@ -377,12 +377,12 @@ def test_kimi_capture_runs_through_the_server_and_claims_no_gpus(workdir, offlin
 
 
 def test_kimi_hidden_state_disk_is_what_the_readme_says(tmp_path, caplog):
-    """README: with the example's fp8 aux and top-1 signal, B = 3 aux x 7168 x 1 (fp8) + 3 x 4
+    """docs/real-targets.md, Disk: with the example's fp8 aux and top-1 signal, B = 3 aux x 7168 x 1 (fp8) + 3 x 4
     (their scales) + 4 + 4 (top-1 id and value) + 8 (input_ids) + 1 (loss_mask) bytes a token,
     against the anchors' 4 x 7168 x 2 and bf16's 57,353, for 10,000 samples of 16,384 tokens.
     The hidden stage's own size line, planned from a config.json of Kimi-K2.5's nesting and
     sizes (text_config: 61 layers, so aux layers (2, 30, 58)), must say the same."""
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "real-targets.md").read_text()
     settings = HiddenSettings.from_config(example_config("kimi-k2.5"))
     target = write_kimi_config(tmp_path / "kimi-k2.5", KIMI_K25_TEXT)
     tokens = write_tokens(tmp_path / "tokens.parquet", [16_384, 100])

@@ -542,7 +542,7 @@ DEEPSEEK_RUN = DEEPSEEK["run"]
 
 
 def test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly():
-    """The bug eaglenest.common.vllm_cpu works around, in its smallest form (the README's known
+    """The bug eaglenest.common.vllm_cpu works around, in its smallest form (docs/vllm-cpu.md, known
     issues): vLLM's CPU rotary custom op on [tokens, heads, 64] inputs, as MLA hands it q_pe and
     k_pe, against vLLM's own PyTorch rotary; flattened to 2-D it agrees. When this fails, vLLM
     has fixed it and the workaround can go."""
@@ -612,7 +612,7 @@ def test_the_deepseek_v3_demo_runs_through_vllm(deepseek_run):
         assert vllm["identical_to_plain"] and live["identical_to_greedy"]
         assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
         # K=3: 129 rounds against our 130 here. K=7: 119 against 111, one a prompt, with vLLM's
-        # first drafts accepted less often than at K=3 while ours are not (README, known
+        # first drafts accepted less often than at K=3 while ours are not (docs/vllm-cpu.md, known
         # issues): twice that is the bound, so another CPU's near-ties do not fail the run.
         assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"] * (1 if k == "3" else 2)
     page = (run / "report" / "index.html").read_text()

@@ -1,5 +1,5 @@
 """The CPU fixes of every vLLM the pipeline starts (eaglenest.common.vllm_cpu), without vLLM: what
-they add to an engine's arguments, what they refuse, and the server flags the README shows."""
+they add to an engine's arguments, what they refuse, and the server flags docs/vllm-cpu.md shows."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_mla_is_read_from_the_config_or_its_text_config():
 
 def test_server_flags_and_the_readme_command_are_the_engines_own():
     """`eaglenest vllm-cpu-flags --mla` prints what the pipeline's engines get, in a form a shell
-    takes; the README's CPU serving command carries exactly that."""
+    takes; the CPU serving command of docs/vllm-cpu.md carries exactly that."""
     flags = server_flags(cpu_engine_args({"enforce_eager": True}, target_uses_mla=True))
     assert flags == ["--enforce-eager", "--compilation-config",
                      '{"custom_ops":["-rotary_embedding"]}', "--attention-backend", "CPU_MLA"]  # fmt: skip
@@ -68,5 +68,5 @@ def test_server_flags_and_the_readme_command_are_the_engines_own():
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert shlex.split(printed) == flags[1:]
-    assert printed in (REPO / "README.md").read_text()
+    assert printed in (REPO / "docs" / "vllm-cpu.md").read_text()
     assert json.loads(shlex.split(printed)[1]) == {"custom_ops": ["-rotary_embedding"]}

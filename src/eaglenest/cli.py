@@ -28,6 +28,10 @@ SUBCOMMANDS = {
         "eaglenest.common.vllm_cpu",
         "the flags a vLLM server on CPU needs to compute what it does on GPUs",
     ),
+    "config-docs": (
+        "eaglenest.common.config_docs",
+        "print config/README.md, the reference of every config key, from config/schema.yaml",
+    ),
 }
 
 
