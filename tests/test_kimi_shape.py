@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from kimi_shape import TINY_DEEPSEEK_V3, build_kimi_shaped_target
-from test_tokenize import THINK_END, THINK_START, make_tokenizer, sample, samples_frame
+from support.frames import sample, samples_frame
+from support.kimi_shape import TINY_DEEPSEEK_V3, build_kimi_shaped_target
+from support.tiny_tokenizer import THINK_END, THINK_START, make_tokenizer
 
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json
