@@ -16,19 +16,20 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from support import vllm
+
+from support.vllm import VLLM_PYTHON, VLLM_STAMP, VLLM_VENV, require_vllm_venv
 
 CHECK_LANE = "not snakemake and not vllm and not slow"
 TESTS_DIR = Path(__file__).resolve().parents[1]
 SNAKEMAKE = "snakemake"  # the module `python -m` runs, a string constant of the code that starts it
-VLLM_OBJECTS = tuple(
-    getattr(vllm, name) for name in ("VLLM_VENV", "VLLM_STAMP", "VLLM_PYTHON", "require_vllm_venv")
-)
+VLLM_OBJECTS = (VLLM_VENV, VLLM_STAMP, VLLM_PYTHON, require_vllm_venv)
 
 
-def _in_tests(function: Callable) -> bool:
+def _defined_under(function: object, roots: tuple[Path, ...]) -> bool:
     code = getattr(function, "__code__", None)
-    return code is not None and Path(code.co_filename).resolve().is_relative_to(TESTS_DIR)
+    return code is not None and any(
+        Path(code.co_filename).resolve().is_relative_to(r) for r in roots
+    )
 
 
 def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -39,12 +40,14 @@ def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _code_objects(const)
 
 
-def reached(functions: Iterable[Callable]) -> tuple[set[str], list[object]]:
+def reached(
+    functions: Iterable[Callable], roots: tuple[Path, ...] = (TESTS_DIR,)
+) -> tuple[set[str], list[object]]:
     """The string constants and the global objects named by these functions' code and by every
-    function of tests/ it names, transitively."""
+    function defined under `roots` (tests/) it names, transitively."""
     strings: set[str] = set()
     objects: list[object] = []
-    todo = [inspect.unwrap(f) for f in functions if _in_tests(inspect.unwrap(f))]
+    todo = [f for f in map(inspect.unwrap, functions) if _defined_under(f, roots)]
     seen: set[types.CodeType] = set()
     while todo:
         function = todo.pop()
@@ -58,7 +61,7 @@ def reached(functions: Iterable[Callable]) -> tuple[set[str], list[object]]:
                     continue  # an attribute's name, or a builtin
                 target = function.__globals__[name]
                 objects.append(target)
-                if inspect.isfunction(target) and _in_tests(target):
+                if inspect.isfunction(target) and _defined_under(target, roots):
                     todo.append(target)
     return strings, objects
 
@@ -75,12 +78,12 @@ def _fixture_functions(item: pytest.Function) -> list[Callable]:
     ]
 
 
-def assign_lanes(items: list[pytest.Item]) -> None:
+def assign_lanes(items: list[pytest.Item], roots: tuple[Path, ...] = (TESTS_DIR,)) -> None:
     """Marks each test that starts Snakemake `snakemake` and each that starts vLLM `vllm`."""
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
-        strings, objects = reached([item.function, *_fixture_functions(item)])
+        strings, objects = reached([item.function, *_fixture_functions(item)], roots)
         if SNAKEMAKE in strings and any(_starts_processes(o) for o in objects):
             item.add_marker(pytest.mark.snakemake)
         if any(o is v for o in objects for v in VLLM_OBJECTS):
