@@ -136,7 +136,8 @@ KILL_SCRIPT = textwrap.dedent(
     import asyncio, sys, polars as pl
     from eaglenest.client.endpoints import Endpoint
     from eaglenest.common.config import validate_config
-        from eaglenest.stages.generate import GenerationSettings, generate_records
+    from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+    from eaglenest.stages.generate import GenerationSettings, generate_records
     prompts = pl.read_parquet(sys.argv[1]).to_dicts()
     config = validate_config({"target": {"model": "echo-model"}, "generation": {"concurrency": 4}})
     settings = GenerationSettings.from_parts(
