@@ -61,7 +61,7 @@ run: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)
 
-# The quick lane of development: lint, then the tests that start no Snakemake and no vLLM (tests/support/lanes.py).
+# The quick lane of development: lint, then the tests that start no Snakemake and no vLLM.
 check: lint
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "not snakemake and not vllm and not slow" $(PYTEST_ARGS)
 
