@@ -22,7 +22,7 @@ ifneq ($(shell cat $(VLLM_STAMP) 2>/dev/null),$(VLLM_TORCH_SPEC) $(VLLM_SPEC))
 .PHONY: $(VLLM_STAMP)
 endif
 
-.PHONY: run test lint fmt bench clean install vllm
+.PHONY: run test check lint fmt bench clean install vllm
 
 install: $(STAMP)
 
@@ -61,6 +61,10 @@ run: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)
 
+# The quick lane of development: lint, then the tests that start no Snakemake and no vLLM.
+check: lint
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "not snakemake and not vllm and not slow" $(PYTEST_ARGS)
+
 # Every bench/*.py, each in its own process, merged into bench/results.json with the machine's
 # facts; exits non-zero when any bench failed. BENCH_ARGS=--quick for CI sizes, or e.g.
 # BENCH_ARGS="--only generate tokenization".
@@ -70,11 +74,11 @@ bench: $(STAMP)
 lint: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules/
-	$(BIN)/ruff check src scripts tests bench
+	$(BIN)/ruff check src scripts tests bench experiments
 
 fmt: $(STAMP)
 	$(BIN)/snakefmt Snakefile rules/
-	$(BIN)/ruff format src scripts tests bench
+	$(BIN)/ruff format src scripts tests bench experiments
 
 clean:
 	rm -rf results logs benchmarks .snakemake

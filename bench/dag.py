@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The same copy of the workflow the workflow tests make (one list of files to keep in sync).
+# The same copy of the workflow the workflow tests make (tests/support/workflow.py).
 sys.path.insert(0, str(REPO / "tests"))
-from workflow_helpers import copy_workflow
+from support.workflow import copy_workflow
 
 GOAL_S_AT_5000 = 30.0
 

@@ -46,6 +46,9 @@ import numpy as np
 import polars as pl
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.servers import free_port
+
 from eaglenest.common.batching import pack_batches
 from eaglenest.common.config import settings_from_sections
 from eaglenest.settings.hidden import HiddenSettings
@@ -188,14 +191,6 @@ def kimi_projection(args) -> dict:
             **{f"{way}_starts": starts for way, starts in ways.items()},
             **{f"{way}_h": (starts * args.kimi_load_s + capture_s) / 3600
                for way, starts in ways.items()}}  # fmt: skip
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

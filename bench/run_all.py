@@ -53,19 +53,6 @@ QUICK_ARGS = {
     "gpu_check": ["--small"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1", "--shards", "2"],
     "train": ["--quick"],
-    # The small demo, made by Snakemake in the bench's temp dir, and one top-k besides 32.
-    "storage": ["--configfile", "config/tests/demo-small.yaml", "--top-k", "32", "8"],
-    # The small demo again: the default recipe and one change (simulated acceptance only).
-    "recipe": [
-        "--configfile",
-        "config/tests/demo-small.yaml",
-        "--engine",
-        "none",
-        "--variants",
-        "baseline",
-        "norm_before_residual_off",
-        "--no-combined",
-    ],
 }
 # Benches that test CUDA paths only: skipped where nvidia-smi lists no GPU.
 NEEDS_GPU = {"gpu_check"}

@@ -1,11 +1,13 @@
-"""Shared fixtures. Expensive ones are session-scoped: each is built once per test run."""
+"""Shared fixtures (expensive ones session-scoped: each is built once per test run), and the
+lanes: tests that start Snakemake or vLLM are marked here (support/lanes.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from workflow_helpers import SMALL_DEMO
+from support.lanes import assign_lanes
+from support.workflow import SMALL_DEMO, copy_workflow, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
 # the workflow tests'): built in well under a minute on two cores, and answering held-out prompts
@@ -27,13 +29,15 @@ def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workdir where the whole pipeline ran on `SMALL_DEMO` (workflow_helpers), built once per
+    """A workdir where the whole pipeline ran on `SMALL_DEMO` (support/workflow.py), built once per
     session; its files are under results/{SMALL_RUN}/. Tests only dry-run in it, or restore what
     they change before they return."""
-    from workflow_helpers import copy_workflow, job_logs, snakemake
-
     workdir = copy_workflow(tmp_path_factory.mktemp("workflow"))
     # Training and live evaluation included: about 15 minutes on two busy cores.
     result = snakemake(workdir, config=SMALL_DEMO, timeout_s=2400)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + job_logs(workdir)
     return workdir
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    assign_lanes(items)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import copy_workflow
+from support.workflow import copy_workflow
 
 pytestmark = pytest.mark.slow
 

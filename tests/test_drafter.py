@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from support.drafter_sizes import CONFIG
 
 import eaglenest.drafter as drafter_module
 from eaglenest.drafter import (
@@ -22,19 +23,6 @@ from eaglenest.drafter import (
 )
 from eaglenest.formats.feature_batches import Batch
 from eaglenest.stages.train.train import ttt_loss
-
-CONFIG = DrafterConfig(
-    hidden_size=32,
-    target_hidden_size=24,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    vocab_size=50,
-    draft_vocab_size=20,
-    aux_layer_ids=(2, 4, 5),
-)
-
 
 VARIANTS = {
     "plain": {},

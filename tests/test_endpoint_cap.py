@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pytest
-from workflow_helpers import (
+from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
     SMALL_RUN,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from workflow_helpers import SMALL_RUN
+from support.workflow import SMALL_RUN
 
 from eaglenest.formats.drafter_export import load_drafter
 from eaglenest.formats.target_head import TargetHead

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from kimi_shape import KIMI_K25_TEXT, write_kimi_config, write_tokens
-from workflow_helpers import REPO, copy_workflow, planned_jobs, snakemake
+from support.kimi_shape import KIMI_K25_TEXT, write_kimi_config, write_tokens
+from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
 
 from eaglenest.common.config import validate_config
 from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs

@@ -4,7 +4,6 @@ not the model): faults, kills, dialects, secrets."""
 import asyncio
 import dataclasses
 import email.utils
-import hashlib
 import json
 import os
 import signal
@@ -16,64 +15,22 @@ import time
 import httpx
 import polars as pl
 import pytest
+from support.frames import prompt_frame
+from support.generation import MODEL, fast_settings, shard_settings
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json
 from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RAW_SCHEMA, RawSchema, write_raw
-from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.stages.generate import (
     GenerationError,
-    GenerationSettings,
     generate_records,
     generate_shard,
     read_journal,
     record_from_response,
     sample_seed,
 )
-
-MODEL = "echo-model"
-
-
-def prompt_frame(n: int, tag: str = "p") -> pl.DataFrame:
-    rows = []
-    for i in range(n):
-        messages = [{"role": "user", "content": f"{tag} question {i}"}]
-        rows.append(
-            {
-                "id": hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:16],
-                "messages": messages,
-                "source": "test",
-                "source_index": i,
-            }
-        )
-    return pl.DataFrame(rows)
-
-
-def shard_settings(config: dict) -> tuple[RequestSettings, GenerationClientSettings]:
-    """generate_shard's two settings objects from a validated config, as the rule makes them."""
-    return RequestSettings.from_config(config), GenerationClientSettings.from_config(config)
-
-
-def generation_settings(model: str = MODEL, **generation) -> GenerationSettings:
-    """The settings of a config that sets the target's model and `generation` only."""
-    config = validate_config({"target": {"model": model}, "generation": generation})
-    return GenerationSettings.from_parts(*shard_settings(config), return_token_ids=True)
-
-
-def fast_settings(**overrides) -> GenerationSettings:
-    values = {
-        "concurrency": 32,
-        "timeout_s": 1.0,
-        "idle_timeout_s": 1.0,
-        "max_attempts": 8,
-        "backoff_base_s": 0.02,
-        "backoff_max_s": 0.2,
-        "bench_s": 0.2,
-    }
-    values.update(overrides)
-    return generation_settings(**values)
 
 
 def server_stats(url: str) -> dict:

@@ -25,7 +25,8 @@ import polars as pl
 import pytest
 import torch
 from aiohttp import web
-from test_generate import MODEL, fast_settings, prompt_frame, shard_settings
+from support.frames import prompt_frame
+from support.generation import MODEL, fast_settings, shard_settings
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.common.config import ConfigError, validate_config

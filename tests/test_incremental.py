@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workflow_helpers import SMALL_DEMO, merged, planned_jobs, snakemake
+from support.workflow import SMALL_DEMO, merged, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ import json
 from dataclasses import replace
 
 import httpx
-from test_generate import MODEL, fast_settings, prompt_frame
+from support.frames import prompt_frame
+from support.generation import MODEL, fast_settings
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.demo.server_process import running_server

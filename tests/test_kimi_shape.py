@@ -1,8 +1,8 @@
-"""A target with Kimi-K2.5's shape (tests/kimi_shape.py: the language model's config nested as
-`text_config` of a KimiK25ForConditionalGeneration config, its tensors under `language_model.`
-beside a vision tower) through every stage that reads the target's config or checkpoint without
-running it: validation's vocabulary bound, tokenize, the draft vocabulary, the target head, the
-drafter's sizes, and the hidden stage's planning. tests/test_examples.py plans Kimi-K2.5's own
+"""A target with Kimi-K2.5's shape (tests/support/kimi_shape.py: the language model's config
+nested as `text_config` of a KimiK25ForConditionalGeneration config, its tensors under
+`language_model.` beside a vision tower) through every stage that reads the target's config or
+checkpoint without running it: validation's vocabulary bound, tokenize, the draft vocabulary, the
+target head, the drafter's sizes, and the hidden stage's planning. tests/test_examples.py plans Kimi-K2.5's own
 sizes (61 layers: aux (2, 30, 58), H = 7168) from such a config.json."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from kimi_shape import TINY_DEEPSEEK_V3, build_kimi_shaped_target
-from test_tokenize import THINK_END, THINK_START, make_tokenizer, sample, samples_frame
+from support.frames import sample, samples_frame
+from support.kimi_shape import TINY_DEEPSEEK_V3, build_kimi_shaped_target
+from support.tiny_tokenizer import THINK_END, THINK_START, make_tokenizer
 
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json

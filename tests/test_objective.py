@@ -158,7 +158,7 @@ def test_the_target_signal_is_full_vocabulary_log_probabilities():
 
 def test_the_hard_loss_reads_only_the_argmax_so_every_top_k_trains_alike():
     """With hard_cross_entropy the stored top-k (any k >= 1) gives the loss of the full final
-    hidden state: why bench/storage.py measures the same drafter for top-32, 16 and 8."""
+    hidden state: why experiments/storage.py measures the same drafter for top-32, 16 and 8."""
     from types import SimpleNamespace
 
     from eaglenest.formats.feature_batches import TargetSignal

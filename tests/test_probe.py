@@ -2,12 +2,12 @@
 seconds, with a message that says what to fix, on the failures that cost real runs days."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from support.servers import free_port
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.demo.server_process import running_server
@@ -67,9 +67,7 @@ def test_probe_fails_on_a_wrong_model_name_listing_served_ones():
 
 
 def test_probe_fails_fast_on_a_closed_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(ProbeError, match="unreachable"):
         probe_endpoint(Endpoint(url=f"http://127.0.0.1:{port}"), MODEL)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from workflow_helpers import SMALL_RUN
+from support.workflow import SMALL_RUN
 
 from eaglenest.formats.lengths import read_shard_lengths, write_shard_lengths
 from eaglenest.formats.prompts import MESSAGE_DTYPE

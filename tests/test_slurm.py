@@ -18,7 +18,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from workflow_helpers import (
+from support.servers import free_port
+from support.workflow import (
     SMALL_DEMO,
     SMALL_RUN,
     copy_workflow,
@@ -71,12 +72,6 @@ def ensure_slurm_installed() -> None:
     assert result.returncode == 0, "apt-get install slurm-wlm munge failed:\n" + result.stderr
     missing = [name for name in DAEMONS + CLIENTS if not _binary(name)]
     assert not missing, f"installed {PACKAGES} but still missing {missing}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def node_line() -> str:

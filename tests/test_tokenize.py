@@ -8,17 +8,23 @@ real demo target behind the real server and tokenizes what it generated.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from support.frames import sample, sample_id, samples_frame
+from support.tiny_tokenizer import (
+    END_OF_TURN,
+    QWEN3_TEMPLATE,
+    THINK_END,
+    THINK_START,
+    make_tokenizer,
+)
 
 from eaglenest.common.config import settings_from_sections, validate_config
 from eaglenest.common.io import read_json, write_json
-from eaglenest.formats.samples import SAMPLE_SCHEMA, SamplesSchema
 from eaglenest.formats.token_counts import read_token_counts
 from eaglenest.formats.tokens import TokensSchema, loss_mask
 from eaglenest.settings.probe import ProbeSettings
@@ -32,18 +38,6 @@ from eaglenest.stages.tokenize import (
 )
 from eaglenest.target.remote_code import RemoteCodeError
 
-THINK_START, THINK_END, END_OF_TURN = "<think>", "</think>", "<|im_end|>"
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
-
-# Qwen3's shape: history turns, then the assistant header; the model writes <think> itself.
-QWEN3_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
-)
 # Qwen3-Thinking-2507 and DeepSeek-R1 (0528) end the prompt with "<think>\n", Kimi-K2.5 with
 # "<think>": the model's output starts inside the think block.
 THINKING_TEMPLATE = QWEN3_TEMPLATE.replace(
@@ -63,111 +57,11 @@ R1_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-CORPUS = [
-    "What is 2 + 2? Think step by step.",
-    "\nFirst add the units: 2 + 2 = 4.\nSo the answer is 4.\n",
-    "\n\nThe answer is **4**.",
-    " 2 + 2 = **4**",
-    "Count the letters in banana, then sort them.",
-    "user\nassistant\nsystem\n",
-] * 20
-
-
-def make_tokenizer(
-    out_dir: Path,
-    chat_template: str = QWEN3_TEMPLATE,
-    think_tokens: bool = True,
-    nfc: bool = False,
-) -> Path:
-    """A byte-level BPE tokenizer with Qwen-like added tokens, saved in Hugging Face layout."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    if nfc:  # as Qwen's tokenizers: text is NFC-normalised before it is split
-        tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
-    if think_tokens:
-        tokenizer.add_tokens(
-            [AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)]
-        )
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token=END_OF_TURN,
-        pad_token="<|endoftext|>",
-        clean_up_tokenization_spaces=False,
-        chat_template=chat_template,
-    ).save_pretrained(out_dir)
-    return out_dir
-
 
 def load(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
-
-
-def sample_id(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def sample(
-    prompt: str,
-    reasoning: str,
-    content: str,
-    *,
-    history: list[dict] | None = None,
-    kwargs: dict | None = None,
-    prompt_token_ids: list[int] | None = None,
-    completion_token_ids: list[int] | None = None,
-) -> dict:
-    messages = [*(history or []), {"role": "user", "content": prompt}]
-    request = {"messages": messages, "model": "m"}
-    if kwargs is not None:
-        request["chat_template_kwargs"] = kwargs
-    return {
-        "id": sample_id(json.dumps(messages) + reasoning + content),
-        "messages": messages,
-        "reasoning": reasoning,
-        "content": content,
-        "reasoning_field": "reasoning",
-        "finish_reason": "stop",
-        "prompt_token_ids": prompt_token_ids,
-        "completion_token_ids": completion_token_ids,
-        "token_layout": "vllm" if completion_token_ids is not None else None,
-        "request": json.dumps(request, sort_keys=True),
-        "endpoint": "http://127.0.0.1:1",
-        "prompt_tokens": None,
-        "completion_tokens": None,
-        "latency_s": 0.1,
-    }
-
-
-def samples_frame(rows: list[dict]) -> pl.DataFrame:
-    frame = pl.DataFrame(
-        rows,
-        schema=SAMPLE_SCHEMA,
-    )
-    return SamplesSchema.validate(frame)  # the tests feed what the validate stage writes
 
 
 def config_for(tokenizer_dir: Path, **tokenize) -> dict:
@@ -537,7 +431,7 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
     """The real demo target behind the real server (vLLM dialect): the ids rebuilt from the text
     equal the server's ids, sample for sample, and the server's ids are what is written."""
     import torch
-    from test_generate import shard_settings
+    from support.generation import shard_settings
 
     from eaglenest.common.io import write_json
     from eaglenest.demo.server_process import running_server

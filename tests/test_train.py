@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from support.workflow import SMALL_RUN
 from transformers import AutoConfig
-from workflow_helpers import SMALL_RUN
 
 from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import ttt_forward

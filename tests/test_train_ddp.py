@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_drafter import CONFIG  # the drafter's test sizes
+from support.drafter_sizes import CONFIG
 
 from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import Eagle3Drafter

@@ -7,7 +7,8 @@ import httpx
 import pandera.errors
 import polars as pl
 import pytest
-from test_generate import MODEL, prompt_frame, shard_settings
+from support.frames import prompt_frame, raw_row
+from support.generation import MODEL, shard_settings
 
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import read_json, write_json
@@ -22,29 +23,6 @@ SETTINGS = ValidationSettings(
     max_empty_reasoning_fraction=0.0, max_truncated_fraction=0.1, max_bad_token_ids_fraction=0.0
 )
 PROBE = {"reasoning_field": "reasoning", "token_ids": {"supported": True}}
-
-
-def raw_row(sample_id: str, **overrides) -> dict:
-    row = dict.fromkeys(RAW_SCHEMA)
-    row.update(
-        id=sample_id,
-        endpoint="http://127.0.0.1:1",
-        request="{}",
-        response="{}",
-        reasoning="\nthink\n",
-        content="\n\n42",
-        reasoning_field="reasoning",
-        finish_reason="stop",
-        prompt_token_ids=[1, 2],
-        completion_token_ids=[3, 4],
-        token_layout="vllm",
-        prompt_tokens=2,
-        completion_tokens=2,
-        latency_s=0.1,
-        attempts=1,
-    )
-    row.update(overrides)
-    return row
 
 
 def frames(n: int, changes: dict[int, dict]) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -21,18 +21,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 import pytest
 import torch
-from workflow_helpers import (
+from support.servers import free_port, wait_healthy
+from support.vllm import EXACT, VLLM_PYTHON, VLLM_VENV, require_vllm_venv
+from support.workflow import (
     REPO,
     SMALL_DEMO,
     SMALL_RUN,
@@ -46,8 +45,6 @@ from workflow_helpers import (
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-VLLM_VENV = REPO / ".venv-vllm"
-VLLM_STAMP = VLLM_VENV / ".installed"  # written by `make vllm` once the install is complete
 SERVED_NAME = "demo-vllm"
 # vLLM's start on two busy cores: about 90 s alone, a few minutes beside other work.
 STARTUP_TIMEOUT_S = 420
@@ -59,20 +56,6 @@ SMALL_TARGET = {key: value for key, value in SMALL_DEMO["demo_target"].items() i
 # which starts in ~15 s instead of ~50 s (no compilation). Engines whose figures are compared with
 # our own (capture, acceptance) keep vLLM's default, the figures of earlier rounds.
 EAGER = {"enforce_eager": True}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
@@ -124,19 +107,6 @@ def start_vllm_server(
         )
 
 
-def wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not healthy(url):
-        if process.poll() is not None:
-            state = f"exited with code {process.returncode}"
-        elif time.monotonic() > deadline:
-            state = f"not healthy after {STARTUP_TIMEOUT_S} s"
-        else:
-            time.sleep(1)
-            continue
-        pytest.fail(f"vLLM {state} at start; end of its log:\n{log_path.read_text()[-4000:]}")
-
-
 @contextlib.contextmanager
 def vllm_server(
     model_dir: Path, log_path: Path, served_name: str = SERVED_NAME, engine_args: dict | None = None
@@ -146,18 +116,10 @@ def vllm_server(
     url = f"http://127.0.0.1:{port}"
     process = start_vllm_server(model_dir, log_path, port, served_name, engine_args)
     try:
-        wait_healthy(process, url, log_path)
+        wait_healthy(process, url, log_path, STARTUP_TIMEOUT_S, "vLLM")
         yield url
     finally:
         stop_process_group(process)
-
-
-def require_vllm_venv() -> None:
-    if not VLLM_STAMP.exists():
-        reason = f"{VLLM_VENV.name} is absent: `make vllm` installs a real vLLM (CPU build)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; in CI `make test` must have created it")
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +263,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
 
     first = start_vllm_server(vllm_target_dir, log_path, port, engine_args=EAGER)
     try:
-        wait_healthy(first, url, log_path)
+        wait_healthy(first, url, log_path, STARTUP_TIMEOUT_S, "vLLM")
         generation = threading.Thread(target=run, daemon=True)
         generation.start()
         deadline = time.monotonic() + 300
@@ -315,7 +277,7 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
     assert 3 <= answered_at_kill < len(prompts), "the kill landed mid-run"
     second = start_vllm_server(vllm_target_dir, log_path, port, engine_args=EAGER)
     try:
-        wait_healthy(second, url, log_path)
+        wait_healthy(second, url, log_path, STARTUP_TIMEOUT_S, "vLLM")
         generation.join(600)
     finally:
         stop_process_group(second)
@@ -333,10 +295,6 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
 
 
 # --- hidden states and evaluation in vLLM -----------------------------------------------------
-
-VLLM_PYTHON = str(VLLM_VENV / "bin" / "python")  # not resolved: the venv's python is a link
-# Exact storage and the target in float32 in both backends: differences are vLLM's kernels only.
-EXACT = {"dtype": "fp32", "model_dtype": "float32", "device": "cpu"}
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -24,8 +24,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-from test_vllm import EXACT, VLLM_PYTHON, free_port, healthy, require_vllm_venv
-from workflow_helpers import (
+from support.servers import free_port, healthy
+from support.vllm import EXACT, VLLM_PYTHON, require_vllm_venv
+from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
     SMALL_RUN,

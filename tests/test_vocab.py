@@ -14,10 +14,9 @@ import polars as pl
 import pytest
 import yaml
 from safetensors.numpy import load_file
-from test_generate import prompt_frame
-from test_tokenize import make_tokenizer
-from test_validate import raw_row
-from test_workflow import planned_jobs
+from support.frames import prompt_frame, raw_row
+from support.tiny_tokenizer import make_tokenizer
+from support.workflow import planned_jobs
 
 from eaglenest.common.io import read_json, write_json
 from eaglenest.formats.raw import RAW_SCHEMA

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 # Shared with other workflow tests; `finished_run` is a session fixture in conftest.py.
-from workflow_helpers import (
+from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
     SMALL_RUN,

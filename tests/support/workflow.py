@@ -1,6 +1,10 @@
-"""Helpers of the workflow tests: the test configs of config/tests/, a copy of the workflow in a
-temp dir, real Snakemake runs in it and the job counts of a dry run. The finished run itself is a
-session fixture in conftest.py (`finished_run`), built once for every module that needs it."""
+"""The workflow in a temp dir, for tests, benches and experiments: the test configs of
+config/tests/, a copy of the workflow, real Snakemake runs in it, the job counts of a dry run and
+configs merged over the demo. The finished run itself is a session fixture in tests/conftest.py
+(`finished_run`), built once for every module that needs it.
+
+Tests import it as `support.workflow` (tests/ is on pytest's path); benches and experiments put
+tests/ on sys.path first."""
 
 from __future__ import annotations
 
@@ -9,11 +13,12 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # src/ goes along: rules/common.smk puts the workdir's src/ first on sys.path, so code versions are
 # hashed from this snapshot (edits elsewhere in the tree during a test session change nothing).
 WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
@@ -47,6 +52,15 @@ def copy_workflow(workdir: Path) -> Path:
     return workdir
 
 
+def snakemake_command(*args: str, cores: int = 2, configfiles: Sequence[Path] = ()) -> list[str]:
+    """`python -m snakemake --cores N ARGS`, with `configfiles` over the demo's config when given
+    (after the targets: --configfile takes every file name after it)."""
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
+    if configfiles:  # variants of the demo
+        command += ["--configfile", DEMO_CONFIGFILE, *[str(p) for p in configfiles]]
+    return command
+
+
 def snakemake(
     workdir: Path,
     *args: str,
@@ -55,13 +69,15 @@ def snakemake(
     env: dict[str, str] | None = None,
     timeout_s: float = 900,
 ) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
+    """`snakemake --cores N ARGS` in `workdir`, output captured; `config` (a variant of the demo)
+    is written to workdir/override.yaml and given over the demo's config."""
+    configfiles = []
     if config is not None:
         path = workdir / "override.yaml"
         path.write_text(yaml.safe_dump(config))
-        command += ["--configfile", DEMO_CONFIGFILE, str(path)]  # a variant of the demo
+        configfiles.append(path)
     return subprocess.run(
-        command,
+        snakemake_command(*args, cores=cores, configfiles=configfiles),
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -95,6 +111,7 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
 
 
 def merged(base: dict, change: dict) -> dict:
+    """A copy of the config `base` with each section of `change` updated over its own."""
     out = json.loads(json.dumps(base))
     for section, values in change.items():
         out.setdefault(section, {}).update(values)

@@ -22,9 +22,9 @@ One line per variant, acceptance length (1 + accepted per round) at each `evalua
 Goal (#18): fp8 and top-k within 1% of bf16's acceptance at every K (a ratio >= 0.99); the last
 line names the smallest k of `--top-k` that meets it.
 
-Usage: python bench/storage.py [--run-dir results/demo] [--configfile FILE ...]
-                               [--top-k 32 8 2] [--threads N] [--engine vllm] [--prompts N]
-                               [--json out.json]
+Usage: python experiments/storage.py [--run-dir results/demo] [--configfile FILE ...]
+                                     [--top-k 32 8 2] [--threads N] [--engine vllm] [--prompts N]
+                                     [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,9 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
+from run_data import make_run, run_config, split_shards
 
-from eaglenest.common.config import validate_config
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.train import TrainSettings
@@ -53,8 +50,6 @@ from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.train.train import train_drafter
 
-REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "profiles", "envs", "src")
 GOAL_RATIO = 0.99  # within 1% of bf16's acceptance
 
 
@@ -67,62 +62,6 @@ def storage_variants(top_ks: list[int]) -> dict[str, dict[str, Any]]:
     for k in top_ks:
         variants[f"fp8_topk{k}"] = {"dtype": "fp8", "target_signal": "topk", "top_k": k}
     return variants
-
-
-def deep_update(base: dict, change: dict) -> dict:
-    for key, value in change.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_update(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def run_config(configfiles: list[Path]) -> dict[str, Any]:
-    """config/config.yaml with each file over it (as Snakemake merges --configfile), validated."""
-    config: dict[str, Any] = {}
-    for path in [REPO / "config" / "config.yaml", *configfiles]:
-        deep_update(config, yaml.safe_load(Path(path).read_text()) or {})
-    return validate_config(config)
-
-
-def make_run(
-    configfiles: list[Path], workdir: Path, run: str, cores: int, hidden: bool = False
-) -> Path:
-    """Snakemake in a copy of the workflow, up to what training reads: the target, the tokens
-    shards, the draft vocabulary and the target head (and with `hidden` the hidden-state shards,
-    as the pipeline extracts them). Returns results/{run}."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    for name in WORKFLOW_FILES:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, workdir / name)
-    # The default target cut after these rules: no shard ids needed, and only what training reads.
-    until = [
-        "build_draft_vocab",
-        "save_target_head",
-        *(["extract_hidden_states"] if hidden else []),
-    ]
-    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--until", *until]
-    if configfiles:  # variants of the demo, over it as run_config reads them
-        command += ["--configfile", "config/config.yaml", *[str(p.resolve()) for p in configfiles]]
-    print(f"making the run's data: {' '.join(command[2:])}", flush=True)
-    # The copy's own src first: the jobs run the code this bench was started with.
-    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
-    subprocess.run(command, cwd=workdir, env=env, check=True)
-    return workdir / "results" / run
-
-
-def split_shards(run_dir: Path, eval_shards: int | list[str]) -> tuple[list[str], list[str]]:
-    """(training, held-out) shard ids of the run, as rules/common.smk splits them."""
-    shards = sorted(p.stem for p in (run_dir / "tokens").glob("[0-9][0-9][0-9][0-9][0-9].parquet"))
-    if isinstance(eval_shards, int):
-        heldout = shards[len(shards) - eval_shards :] if eval_shards else []
-    else:
-        heldout = [s for s in shards if s in eval_shards]
-    return [s for s in shards if s not in heldout], heldout
 
 
 def extract(

@@ -1,6 +1,6 @@
-"""The peer of bench/recipe.py's comparison: an EAGLE-3 drafter trained by vllm-project/speculators
+"""The peer of experiments/recipe.py's comparison: an EAGLE-3 drafter trained by vllm-project/speculators
 0.9.0 on a run's hidden shards, saved as speculators saves it (vLLM loads it; decode it with
-`bench/recipe.py --external speculators=OUT/drafter`).
+`experiments/recipe.py --external speculators=OUT/drafter`).
 
 Runs speculators' own `speculators.train.cli.main(TrainConfig)` (model, Trainer, AdamW, cosine
 schedule, TTT forward, loss, checkpoints) with these adapters patched in, nothing else:
@@ -18,7 +18,7 @@ Set-up (its own venv over make's .venv-vllm, whose torch and transformers it acc
         > /tmp/spec/lib/python3.11/site-packages/vllm.pth
     /tmp/spec/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 datasets==5.1.0 \
         multiprocess xxhash pandas pyarrow python-dateutil pytz tzdata six
-    /tmp/spec/bin/python bench/peer/speculators_train.py --run-dir results/demo256 --out /tmp/specA \
+    /tmp/spec/bin/python experiments/peer/speculators_train.py --run-dir results/demo256 --out /tmp/specA \
         --attn sdpa [--norm-before-fc false --norm-output false]
 The drafter is OUT/checkpoints/<last epoch>, copied to OUT/drafter.
 """

@@ -1,11 +1,11 @@
 """The two trainers on one batch: speculators 0.9.0's Eagle3DraftModel (built exactly as
-bench/peer/speculators_train.py builds it) and eaglenest's Eagle3Drafter with the same weights,
+experiments/peer/speculators_train.py builds it) and eaglenest's Eagle3Drafter with the same weights,
 the same samples and the same objective (forward KL to the renormalised draft-vocabulary
 distribution, decay 0.8, 7 TTT steps). Prints the losses (total and per TTT step), per step how
 many positions' argmax agree, and per parameter the relative gradient difference.
 Measured on demo256: losses equal to 5 digits, every argmax equal, gradients within 2e-7.
 
-    PYTHONPATH=src /tmp/spec/venv/bin/python bench/peer/differential.py --run-dir results/demo256
+    PYTHONPATH=src /tmp/spec/venv/bin/python experiments/peer/differential.py --run-dir results/demo256
 """
 
 import argparse

@@ -17,12 +17,12 @@ the Ks; simulated when `--engine none`):
         train_s=S s_per_epoch=E epoch_time_ratio=Q changes={...}
     recipe best=NAME ...
 
-Usage: python bench/recipe.py [--run-dir results/demo] [--configfile FILE ...]
+Usage: python experiments/recipe.py [--run-dir results/demo] [--configfile FILE ...]
            [--variants baseline lm_head_target ...] [--prompts 32] [--engine auto|vllm|none]
            [--base JSON] [--threads N] [--json out.json]
 
 The variants change the config's defaults (config/config.yaml over config/schema.yaml, which
-since this bench hold its best recipe); `--base` measures them on top of another starting point,
+since this study hold its best recipe); `--base` measures them on top of another starting point,
 e.g. the recipe before (`--base '{"drafter": {"norm_before_residual": false}}'`).
 
 `--external NAME=DIR` decodes a drafter trained elsewhere (any checkpoint vLLM loads as EAGLE-3,
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from storage import REPO, deep_update, make_run, run_config, split_shards
+from run_data import REPO, deep_update, make_run, run_config, split_shards
 
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
@@ -149,7 +149,7 @@ def combine(results: dict[str, Any], margin: float) -> dict[str, Any]:
     return change
 
 
-class Bench:
+class Study:
     def __init__(self, run_dir: Path, config: dict[str, Any], prompts: int, engine: bool,
                  work: Path):  # fmt: skip
         self.run_dir, self.config, self.engine, self.work = run_dir, config, engine, work
@@ -294,12 +294,12 @@ def main() -> None:
         run_dir = args.run_dir or make_run(
             args.configfile, Path(tmp) / "workflow", config["run"], args.threads, hidden=True
         )
-        bench = Bench(run_dir.resolve(), config, args.prompts, engine == "vllm", Path(tmp))
-        print(f"recipe bench: {len(bench.prompts)} held-out prompts, Ks {list(bench.ks)}, "
+        study = Study(run_dir.resolve(), config, args.prompts, engine == "vllm", Path(tmp))
+        print(f"recipe study: {len(study.prompts)} held-out prompts, Ks {list(study.ks)}, "
               f"engine {engine}", flush=True)  # fmt: skip
 
         def run(name: str, change: dict[str, Any]) -> None:
-            results[name] = bench.measure(name, change)
+            results[name] = study.measure(name, change)
             results[name]["ratio"] = score(results[name], results["baseline"] if results.get(
                 "baseline") else results[name])  # fmt: skip
             print("recipe " + line(name, results[name], results["baseline"]), flush=True)
@@ -318,13 +318,13 @@ def main() -> None:
             run("combined", change)
         if engine == "vllm":
             for name, drafter_dir in (item.split("=", 1) for item in args.external):
-                external = bench.engine_figures(Path(drafter_dir))
+                external = study.engine_figures(Path(drafter_dir))
                 figures = {k: v["acceptance_length"] for k, v in external["per_k"].items()}
                 ratio = score({"vllm": figures}, results["baseline"])
-                first = external["per_k"][str(min(bench.ks))]["per_position_acceptance"][0]
+                first = external["per_k"][str(min(study.ks))]["per_position_acceptance"][0]
                 print(f"recipe external={name} "
                       + " ".join(f"vllm_k{k}={a:.4f}" for k, a in figures.items())
-                      + f" ratio={ratio:.4f} first_position_k{min(bench.ks)}={first:.3f}",
+                      + f" ratio={ratio:.4f} first_position_k{min(study.ks)}={first:.3f}",
                       flush=True)  # fmt: skip
     best = max(results, key=lambda n: results[n]["ratio"])
     print("recipe best=" + line(best, results[best], results["baseline"]), flush=True)
