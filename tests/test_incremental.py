@@ -58,9 +58,17 @@ CONFIG_CHANGES = {
         {"tokenize": {"draft_vocab_size": 200}},
         {"build_draft_vocab": 1},
     ),
-    "hidden-state dtype: hidden states and target head": (
+    # The target head tracks only hidden.aux_layer_ids and where the target is
+    # (TargetHeadSettings): how hidden states are stored does not read the checkpoint again.
+    "hidden-state dtype: hidden states, not the target head": (
         {"hidden": {"dtype": "fp32"}},
-        {"extract_hidden_states": N_SHARDS, "save_target_head": 1},
+        {"extract_hidden_states": N_SHARDS},
+    ),
+    # The served name: what the probe and generation ask for, the name the hidden states record;
+    # not a reason to read the target head again (TargetSettings views).
+    "the served name: the probe and generation onward, not the target head": (
+        {"target": {"model": "another-name"}},
+        {"probe_endpoints": 1, **GENERATE_ONWARD},
     ),
 }
 
