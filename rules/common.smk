@@ -79,7 +79,7 @@ STAGE_ENTRIES = {
         "stages.hidden_states.vllm_connector",
         "settings.target",
     ],
-    "hidden_verify": ["stages.hidden_states.vllm_backend", "settings.target"],
+    "hidden_verify": ["stages.hidden_states.verify", "settings.target"],
     "target_head": ["formats.target_head", "settings.target"],
     "train": ["stages.train.train", "settings.target"],
     "evaluate": [

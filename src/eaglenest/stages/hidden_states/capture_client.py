@@ -33,8 +33,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from eaglenest.client.endpoints import api_base, endpoint_path
 from eaglenest.client.slots import POLL_S, EndpointSlots
+from eaglenest.client.urls import api_base, endpoint_path
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.target import TargetModel
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
-from eaglenest.stages.hidden_states.extract import checked_aux_layer_ids
+from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
 from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target.loading import load_text_config
 
