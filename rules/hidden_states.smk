@@ -26,7 +26,7 @@ rule extract_hidden_states:
 
 
 # hidden.verify_samples: vLLM against transformers on the first samples of the first shard, before
-# any shard is captured (eaglenest.stages.hidden_states.vllm_backend.verify_backends).
+# any shard is captured (eaglenest.stages.hidden_states.verify.verify_backends).
 rule verify_hidden_states:
     input:
         tokens=run_path(f"tokens/{SHARDS[0]}.parquet"),

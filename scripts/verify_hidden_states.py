@@ -1,12 +1,12 @@
 # Snakemake adapter for the hidden-state backend check: see
-# eaglenest.stages.hidden_states.vllm_backend (verify_backends).
+# eaglenest.stages.hidden_states.verify (verify_backends).
 import torch
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.hidden_states.vllm_backend import verify_backends
+from eaglenest.stages.hidden_states.verify import verify_backends
 
 with log_to(snakemake.log[0]):
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))

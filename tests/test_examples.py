@@ -29,7 +29,7 @@ from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
 from eaglenest.common.config import validate_config
 from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
 from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.stages.hidden_states.extract import plan_hidden_shard
+from eaglenest.stages.hidden_states.plan import plan_hidden_shard
 from eaglenest.stages.prompts import PromptOptions, prepare_prompts, read_prompts
 from eaglenest.target.loading import load_text_config
 
@@ -386,7 +386,7 @@ def test_kimi_hidden_state_disk_is_what_the_readme_says(tmp_path, caplog):
     settings = HiddenSettings.from_config(example_config("kimi-k2.5"))
     target = write_kimi_config(tmp_path / "kimi-k2.5", KIMI_K25_TEXT)
     tokens = write_tokens(tmp_path / "tokens.parquet", [16_384, 100])
-    with caplog.at_level(logging.INFO, logger="eaglenest.stages.hidden_states.extract"):
+    with caplog.at_level(logging.INFO, logger="eaglenest.stages.hidden_states.plan"):
         plan = plan_hidden_shard(tokens, load_text_config(target), settings)
     assert (plan.layer_ids, plan.hidden_size) == ((2, 30, 58), 7168)
     per_token = bytes_per_token(plan.specs)

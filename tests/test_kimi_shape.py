@@ -24,7 +24,7 @@ from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
-from eaglenest.stages.hidden_states.extract import plan_hidden_shard
+from eaglenest.stages.hidden_states.plan import plan_hidden_shard
 from eaglenest.stages.tokenize import tokenize_shard
 from eaglenest.stages.train.train import build_drafter
 from eaglenest.stages.vocab import build_draft_vocab

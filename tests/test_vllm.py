@@ -586,7 +586,7 @@ def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
-    from eaglenest.stages.hidden_states.vllm_backend import BackendMismatchError, verify_backends
+    from eaglenest.stages.hidden_states.verify import BackendMismatchError, verify_backends
 
     workdir, config = deepseek_run
     run = workdir / "results" / DEEPSEEK_RUN

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglenest.client.credentials import redacted_url
+from eaglenest.client.urls import api_base
 from eaglenest.settings.endpoints import EndpointSettings
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -25,19 +26,6 @@ class Endpoint:
     def name(self) -> str:
         """The URL as logs, files and the slot lock show it: without its credentials."""
         return redacted_url(self.url)
-
-
-def api_base(url: str) -> str:
-    """Normalise 'http://h:8000/v1/' and 'http://h:8000' to 'http://h:8000' (a query stays)."""
-    parts = urllib.parse.urlsplit(url.strip())
-    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
-    return urllib.parse.urlunsplit(parts._replace(path=path, fragment=""))
-
-
-def endpoint_path(base: str, path: str) -> str:
-    """`base` (an api_base) with `path` appended to its path, before any query it has."""
-    parts = urllib.parse.urlsplit(base)
-    return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
 
 
 def endpoint_identity(url: str) -> str:

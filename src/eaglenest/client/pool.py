@@ -20,8 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from eaglenest.client.endpoints import Endpoint, check_distinct, endpoint_path
+from eaglenest.client.endpoints import Endpoint, check_distinct
 from eaglenest.client.slots import POLL_S, EndpointSlots
+from eaglenest.client.urls import endpoint_path
 
 log = logging.getLogger(__name__)
 

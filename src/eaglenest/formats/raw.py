@@ -19,11 +19,9 @@ from pandera.api.polars.types import PolarsData
 from eaglenest.client.responses import TokenIds, token_ids_problem
 from eaglenest.common.io import atomic_path
 from eaglenest.formats.prompts import PROMPT_ID_PATTERN
+from eaglenest.formats.tokens import IDS_DTYPE
 
 log = logging.getLogger(__name__)
-
-
-IDS_DTYPE = pl.List(pl.Int64)
 
 
 TOKEN_ID_COLUMNS = ("prompt_token_ids", "completion_token_ids")

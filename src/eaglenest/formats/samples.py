@@ -8,7 +8,8 @@ import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from eaglenest.formats.prompts import MESSAGE_DTYPE, PROMPT_ID_PATTERN
-from eaglenest.formats.raw import IDS_DTYPE, RAW_SCHEMA, TOKEN_ID_COLUMNS, bad_token_ids
+from eaglenest.formats.raw import RAW_SCHEMA, TOKEN_ID_COLUMNS, bad_token_ids
+from eaglenest.formats.tokens import IDS_DTYPE
 
 
 class SamplesSchema(pa.DataFrameModel):

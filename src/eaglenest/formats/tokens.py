@@ -15,7 +15,9 @@ import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from eaglenest.formats.prompts import PROMPT_ID_PATTERN
-from eaglenest.formats.raw import IDS_DTYPE
+
+# A list of token ids, in every file that holds them (raw, samples, tokens).
+IDS_DTYPE = pl.List(pl.Int64)
 
 TOKEN_SOURCES = ("server", "rebuilt")
 

@@ -24,7 +24,7 @@ from eaglenest.client.credentials import (
     redacted_url,
     url_secrets,
 )
-from eaglenest.client.endpoints import Endpoint, api_base, endpoint_path, open_endpoints
+from eaglenest.client.endpoints import Endpoint, open_endpoints
 from eaglenest.client.reasoning import (
     NO_FIELD,
     THINK_END,
@@ -32,6 +32,7 @@ from eaglenest.client.reasoning import (
     present_fields,
 )
 from eaglenest.client.responses import describe_token_ids
+from eaglenest.client.urls import api_base, endpoint_path
 from eaglenest.common.io import write_json
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.target.tokenizer import think_token_ids

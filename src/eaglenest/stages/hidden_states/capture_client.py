@@ -33,8 +33,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from eaglenest.client.endpoints import api_base, endpoint_path
 from eaglenest.client.slots import POLL_S, EndpointSlots
+from eaglenest.client.urls import api_base, endpoint_path
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,13 @@ async def check_server(session: aiohttp.ClientSession, url: str, model: str) -> 
 
 async def post_sample(session: aiohttp.ClientSession, job: CaptureJob, i: int) -> dict:
     body = {
-        "model": job.model, "prompt": job.prompts[i].tolist(), "max_tokens": 1, "temperature": 0.0,
-        "return_token_ids": True, "request_id": f"eaglenest-{job.key}-{job.attempt}-{i}",
-    }  # fmt: skip
+        "model": job.model,
+        "prompt": job.prompts[i].tolist(),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        "request_id": f"eaglenest-{job.key}-{job.attempt}-{i}",
+    }
     for attempt in range(1, ATTEMPTS + 1):
         try:
             async with session.post(endpoint_path(job.url, "/v1/completions"), json=body) as r:

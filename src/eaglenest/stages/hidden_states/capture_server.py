@@ -48,7 +48,7 @@ from eaglenest.common.engine_process import (
 from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
-from eaglenest.stages.hidden_states.extract import checked_aux_layer_ids
+from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
 from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target.loading import load_text_config
 
@@ -105,16 +105,20 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
     try:
         target_dir = resolve_target_dir(target.path)
     except TargetNotFoundError as err:
-        hint = f"; the demo's is built by `snakemake {target.path}`" if config["demo_target"][
-            "enabled"] else ""  # fmt: skip
+        demo = config["demo_target"]["enabled"]
+        hint = f"; the demo's is built by `snakemake {target.path}`" if demo else ""
         raise EngineError(f"serve-capture: {err}{hint}") from err
     model_config = load_text_config(target.path, target.trust_remote_code)
     layer_ids = [*checked_aux_layer_ids(model_config, settings), model_config.num_hidden_layers]
     request = engine_request(
-        target_dir=target_dir.resolve(), layer_ids=layer_ids, settings=settings,
-        runtime=runtime, work_dir=storage, longest=0,
+        target_dir=target_dir.resolve(),
+        layer_ids=layer_ids,
+        settings=settings,
+        runtime=runtime,
+        work_dir=storage,
+        longest=0,
         trust_remote_code=target.trust_remote_code,
-    )  # fmt: skip
+    )
     # Samples' lengths are not known yet: vllm.max_model_len, else the target's own limit.
     request["max_model_len"] = runtime.max_model_len
     request.update(host=host, port=port, served_name=served_name(request))
@@ -131,9 +135,14 @@ def healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def capture_server(
-    config: dict[str, Any], *, host: str | None = None, port: int | None = None,
-    storage_dir: str | None = None, log_path: str | None = None, startup_timeout_s: float = 1800,
-) -> Iterator[dict[str, Any]]:  # fmt: skip
+    config: dict[str, Any],
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    storage_dir: str | None = None,
+    log_path: str | None = None,
+    startup_timeout_s: float = 1800,
+) -> Iterator[dict[str, Any]]:
     """The capture server, running and answering inside the block; stopped when it ends, however
     it ends. Yields the url, served name, storage directory and seconds to ready."""
     host, port = server_address(config, host, port)
@@ -146,23 +155,32 @@ def capture_server(
     url = f"http://{host}:{port}"
     source_root = str(Path(__file__).resolve().parents[3])
     env = {
-        **os.environ, "PYTHONUNBUFFERED": "1",
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])),
         "VLLM_CPU_KVCACHE_SPACE": str(config["vllm"]["cpu_kvcache_space_gb"]),
-    }  # fmt: skip
+    }
     started = time.monotonic()
     with open(log_path or os.devnull, "ab") as log_stream:
         process = subprocess.Popen(
-            [python, "-m", SERVE_MODULE, str(request_path)], env=env, stdin=subprocess.DEVNULL,
-            stdout=log_stream, stderr=subprocess.STDOUT, start_new_session=True,
+            [python, "-m", SERVE_MODULE, str(request_path)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_stream,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=die_with_parent(),  # noqa: PLW1509 (one call looked up before the fork)
-        )  # fmt: skip
+        )
     try:
         wait_ready(process, url, startup_timeout_s, log_path)
         ready_s = time.monotonic() - started
         log.info("capture server ready at %s after %.1f s (%s)", url, ready_s, request_path)
-        yield {"url": url, "served_name": request["served_name"], "storage_dir": str(storage),
-               "ready_s": round(ready_s, 3)}  # fmt: skip
+        yield {
+            "url": url,
+            "served_name": request["served_name"],
+            "storage_dir": str(storage),
+            "ready_s": round(ready_s, 3),
+        }
     finally:
         stop_process_group(process, STOP_WAIT_S)
         request_path.unlink(missing_ok=True)
@@ -205,9 +223,13 @@ def serve(args: Any) -> int:
     command = None
     try:
         with capture_server(
-            config, host=args.host, port=args.port, storage_dir=args.storage_dir,
-            log_path=args.log, startup_timeout_s=args.startup_timeout_s,
-        ) as server:  # fmt: skip
+            config,
+            host=args.host,
+            port=args.port,
+            storage_dir=args.storage_dir,
+            log_path=args.log,
+            startup_timeout_s=args.startup_timeout_s,
+        ) as server:
             print("EAGLENEST " + json.dumps(server), flush=True)
             if not args.command:
                 while True:

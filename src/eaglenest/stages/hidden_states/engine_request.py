@@ -19,9 +19,15 @@ class VllmCaptureError(EngineError):
 
 
 def engine_request(
-    *, target_dir: Path, layer_ids: list[int], settings: HiddenSettings, runtime: VllmRuntime,
-    work_dir: Path, longest: int, trust_remote_code: bool,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    target_dir: Path,
+    layer_ids: list[int],
+    settings: HiddenSettings,
+    runtime: VllmRuntime,
+    work_dir: Path,
+    longest: int,
+    trust_remote_code: bool,
+) -> dict[str, Any]:
     engine = settings.engine
     if runtime.max_model_len is not None and longest + 1 > runtime.max_model_len:
         raise VllmCaptureError(
@@ -48,8 +54,15 @@ def served_name(request: dict[str, Any]) -> str:
     """The model name the capture server serves under: a hash of what shapes its states (target,
     dtype, quantization, engine arguments, CPU fixes, layers). A job checks it before it sends
     anything, so a server started with another config is refused, not used."""
-    keys = ("target", "dtype", "quantization", "engine_args", "cpu_workarounds", "layer_ids",
-            "trust_remote_code")  # fmt: skip
+    keys = (
+        "target",
+        "dtype",
+        "quantization",
+        "engine_args",
+        "cpu_workarounds",
+        "layer_ids",
+        "trust_remote_code",
+    )
     values = {key: request[key] for key in keys}
     if Path(values["target"]).is_dir():  # the same target however the job names its directory
         values["target"] = str(Path(values["target"]).resolve())

@@ -1,4 +1,5 @@
-"""Hidden states of the target, packed per shard and streamed to disk (the `hidden` stage).
+"""The transformers backend of the hidden-state stage (`hidden.backend: transformers`): the target
+runs in transformers in this process, and fills the shard that plan.py lays out.
 
 For every sample of a tokens shard the target runs once and we keep:
 - `aux` [T, 3H]: the INPUT of the decoder layers `aux_layer_ids` (vLLM's
@@ -9,24 +10,13 @@ For every sample of a tokens shard the target runs once and we keep:
 - `input_ids` [T] int64, `loss_mask` [T] uint8 and `offsets` [N+1] int64 (sample i is rows
   offsets[i]:offsets[i+1]), samples in the order of the tokens shard.
 
-Storage dtypes of aux/final_hidden: `bf16`, `fp32` (exact; tests) or `fp8` = float8_e4m3fn with a
-float32 scale per token and per layer block (`aux_scale` [T, 3], `final_hidden_scale` [T]),
-scale = amax / 448, so each layer's row keeps its own range (layers differ in magnitude).
-
-The file is a plain safetensors file laid out before the forward passes (shapes follow from the
-tokens shard), then filled in place with positioned writes as batches come: memory stays bounded
-by one batch whatever the shard size. Positioned writes (os.pwrite) rather than a memmap, because
-a memmap's dirty pages count in the job's resident memory until they are flushed. It is written
-to a temporary file beside the target and renamed at the end, so a killed job leaves nothing that
-passes as complete.
+Samples go through in packed batches (common/batching.py); each batch's rows are written as it
+comes, so memory stays bounded by one batch whatever the shard size.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +24,18 @@ import numpy as np
 import torch
 
 from eaglenest.common.batching import pack_batches
-from eaglenest.common.io import library_versions, sha256_file, write_json
-from eaglenest.formats.hidden_shard import (
-    FORMAT,
-    ShardWriter,
-    bytes_per_token,
-    create_hidden_shard,
-    tensor_specs,
-)
+from eaglenest.formats.hidden_shard import ShardWriter
 from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.target.loading import (
-    decoder_layers,
-    default_aux_layer_ids,
-    load_target,
-    target_config_hash,
-    text_config,
+from eaglenest.stages.hidden_states.plan import (
+    TOPK_CHUNK_ROWS,
+    ShardOutput,
+    ShardPlan,
+    finish_shard,
+    open_shard,
+    plan_hidden_shard,
+    sample_rows,
 )
-
-log = logging.getLogger(__name__)
-
-TOPK_CHUNK_ROWS = 2048  # rows of logits computed at once for top-k
-
+from eaglenest.target.loading import decoder_layers, load_target
 
 # --- capture ----------------------------------------------------------------------------------
 
@@ -123,155 +104,14 @@ def forward_batch(
 # --- the stage --------------------------------------------------------------------------------
 
 
-def shard_metadata(
-    *,
-    model_config,
-    backend: str,
-    target_path: str | Path,
-    target_name: str,
-    layer_ids: tuple[int, ...],
-    settings: HiddenSettings,
-    tokens_sha256: str,
-    sample_ids: list[str],
-    model_dtype: str,
-) -> dict[str, str]:
-    return {
-        "format": FORMAT,
-        "backend": backend,
-        "target_name": target_name,
-        "target_path": str(target_path),
-        "target_config_sha256": target_config_hash(target_path),
-        "aux_layer_ids": json.dumps(list(layer_ids)),
-        "num_hidden_layers": str(model_config.num_hidden_layers),
-        "hidden_size": str(model_config.hidden_size),
-        "vocab_size": str(model_config.vocab_size),
-        "dtype": settings.dtype,
-        "model_dtype": model_dtype.removeprefix("torch."),
-        "target_signal": settings.target_signal,
-        "top_k": str(settings.top_k),
-        "tokens_sha256": tokens_sha256,
-        "versions": json.dumps(library_versions(), sort_keys=True),
-        "sample_ids": json.dumps(sample_ids),
-    }
-
-
-def checked_aux_layer_ids(model_config, settings: HiddenSettings) -> tuple[int, ...]:
-    """The decoder layers whose input is kept: the settings' or the default, checked against the
-    target's config (and top_k against its vocabulary)."""
-    n_layers = model_config.num_hidden_layers
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
-    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
-        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
-    if settings.target_signal == "topk" and settings.top_k > model_config.vocab_size:
-        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model_config.vocab_size}")
-    return tuple(layer_ids)
-
-
-def log_planned_size(tokens: str | Path, n_samples: int, n_tokens: int, specs) -> None:
-    """Before any capture: what the shard will take on disk (bytes per token x tokens)."""
-    per_token = bytes_per_token(specs)
-    log.info(
-        "%s: %d samples, %d tokens; the hidden-state shard will take %.1f MB (%d bytes/token)",
-        tokens, n_samples, n_tokens, per_token * n_tokens / 1e6, per_token,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """What a hidden-state shard will hold, known before any forward pass: from the tokens shard
-    and the target's (text) config."""
-
-    frame: Any  # the tokens frame
-    layer_ids: tuple[int, ...]
-    hidden_size: int
-    lengths: np.ndarray
-    offsets: np.ndarray
-    specs: list
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.offsets[-1])
-
-
-def plan_hidden_shard(tokens: str | Path, model_config, settings: HiddenSettings) -> ShardPlan:
-    """The shard's layout from the target's text config (Kimi-K2.5 nests it as `text_config`):
-    aux layer ids, hidden size, tensor specs; logs the size it will take on disk."""
-    from eaglenest.formats.tokens import read_tokens  # polars: see sample_rows
-
-    config = text_config(model_config)
-    frame = read_tokens(tokens)
-    layer_ids = checked_aux_layer_ids(config, settings)
-    lengths, offsets = sample_offsets(frame)
-    n_tokens = int(offsets[-1])
-    specs = tensor_specs(len(frame), n_tokens, config.hidden_size, len(layer_ids), settings)
-    log_planned_size(tokens, len(frame), n_tokens, specs)
-    return ShardPlan(frame, layer_ids, config.hidden_size, lengths, offsets, specs)
-
-
-def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, offsets) of the tokens frame's samples in the packed shard."""
-    lengths = frame["n_tokens"].to_numpy()
-    offsets = np.zeros(len(frame) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return lengths, offsets
-
-
-def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample's input_ids [n] int64 and loss_mask [n] uint8 rows."""
-    # formats.tokens (polars, pandera) imported here, not at the top: the capture itself
-    # (AuxCapture, forward_batch) runs where only torch and transformers are (bench/gpu_check.py).
-    from eaglenest.formats.tokens import loss_mask
-
-    ids = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # a copy: parquet's is read-only
-    mask = torch.from_numpy(loss_mask(prompt_len, len(ids)).astype(np.uint8))
-    return ids, mask
-
-
-def shard_summary(
-    *, frame, n_tokens: int, out: str | Path, layer_ids, settings: HiddenSettings,
-    hidden_size: int, seconds: float, forward_s: float, backend: str,
-    summary_out: str | Path | None,
-) -> dict[str, Any]:  # fmt: skip
-    size = Path(out).stat().st_size
-    summary = {
-        "backend": backend,
-        "samples": len(frame),
-        "tokens": n_tokens,
-        "bytes": size,
-        "bytes_per_token": size / n_tokens if n_tokens else None,
-        "hidden_size": hidden_size,
-        "aux_layer_ids": list(layer_ids),
-        "dtype": settings.dtype,
-        "target_signal": settings.target_signal,
-        "seconds": round(seconds, 3),
-        "forward_seconds": round(forward_s, 3),
-        "tokens_per_s": round(n_tokens / seconds, 1) if seconds else None,
-        # the target's own time: forward passes, or vLLM's generate calls (its start aside)
-        "forward_tokens_per_s": round(n_tokens / forward_s, 1) if forward_s else None,
-    }
-    log.info(
-        "hidden states (%s): %d samples, %d tokens, %.1f bytes/token (%s, %s), %.1f tokens/s",
-        backend, len(frame), n_tokens, summary["bytes_per_token"] or 0, settings.dtype,
-        settings.target_signal, summary["tokens_per_s"] or 0,
-    )  # fmt: skip
-    if summary_out is not None:
-        write_json(summary_out, summary)
-    return summary
-
-
 def write_samples(
-    writer: ShardWriter,
-    model,
-    capture: AuxCapture,
-    frame,
-    lengths: np.ndarray,
-    offsets: np.ndarray,
-    settings: HiddenSettings,
+    writer: ShardWriter, model, capture: AuxCapture, plan: ShardPlan, settings: HiddenSettings
 ) -> float:
-    """Every sample of the tokens frame through the target, in packed batches, its rows written
-    at offsets[i]; returns the seconds spent in the forward passes."""
-    input_ids = frame["input_ids"].to_list()
-    prompt_lens = frame["prompt_len"].to_list()
+    """Every sample of the plan through the target, in packed batches, its rows written at
+    offsets[i]; returns the seconds spent in the forward passes."""
+    input_ids = plan.frame["input_ids"].to_list()
+    prompt_lens = plan.frame["prompt_len"].to_list()
+    lengths, offsets = plan.lengths, plan.offsets
     forward_s = 0.0
     for batch in pack_batches(lengths, settings.max_batch_tokens):
         batch_ids = [np.asarray(input_ids[i], dtype=np.int64) for i in batch]
@@ -302,28 +142,11 @@ def extract_hidden_states(
     if model is None:
         model = load_target(target_path, settings.device, settings.model_dtype, trust_remote_code)
     plan = plan_hidden_shard(tokens, model.config, settings)
-    frame, layer_ids, lengths, offsets = plan.frame, plan.layer_ids, plan.lengths, plan.offsets
-    hidden_size, n_tokens, specs = plan.hidden_size, plan.n_tokens, plan.specs
-    metadata = shard_metadata(
-        model_config=text_config(model.config),
-        backend="transformers",
-        target_path=target_path,
-        target_name=target_name,
-        layer_ids=layer_ids,
-        settings=settings,
-        tokens_sha256=sha256_file(tokens),
-        sample_ids=frame["id"].to_list(),
-        model_dtype=str(next(model.parameters()).dtype),
-    )
-    capture = AuxCapture(model, layer_ids)
+    output = ShardOutput(out, summary_out, "transformers", target_path, target_name)
+    capture = AuxCapture(model, plan.layer_ids)
     try:
-        with create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer:
-            writer.write("offsets", 0, torch.from_numpy(offsets))
-            forward_s = write_samples(writer, model, capture, frame, lengths, offsets, settings)
+        with open_shard(output, plan, settings, str(next(model.parameters()).dtype)) as writer:
+            forward_s = write_samples(writer, model, capture, plan, settings)
     finally:
         capture.remove()
-    return shard_summary(
-        frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
-        hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=forward_s,
-        backend="transformers", summary_out=summary_out,
-    )  # fmt: skip
+    return finish_shard(output, plan, settings, started, forward_s)

@@ -1,25 +1,18 @@
 """The vLLM backend of the hidden-state stage (`hidden.backend: vllm`): the target runs in vLLM
-itself, as users serve it (tensor parallel, quantized weights), and its states are packed into the
-same `hidden/{shard}.safetensors` as the transformers backend writes.
+itself, as users serve it (tensor parallel, quantized weights), and its states fill the shard that
+plan.py lays out, the same `hidden/{shard}.safetensors` as the transformers backend writes.
 
-vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours), as a
-child process running vllm_capture.py, the only module of ours it imports besides the connector.
-That process writes one file per request, `hidden_states` [T, 4, H] (the three aux layers and
+vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours): either
+as a child process of this job running vllm_capture.py, the only module of ours it imports
+besides the connector, or as the run's capture server (`vllm.capture_url`, capture_client.py).
+Either writes one state file per request, `hidden_states` [T, 4, H] (the three aux layers and
 layer N, the output of the last decoder layer *before* the final norm) and `token_ids` [T]; this
-one packs each file as it comes and deletes it:
+module packs each file as it comes and deletes it:
 - `aux` [T, 3H]: layers 0-2 side by side: vLLM's layer id k is transformers' hidden_states[k],
   the same rows the transformers backend keeps;
 - `final_hidden` [T, H]: the target's final norm (weights read by name from its checkpoint,
   RMSNorm as transformers computes it) applied to layer N; for `topk`, the LM head on that.
 Every file's `token_ids` must equal the ids sent, or the job fails naming the sample.
-
-`verify_backends` (`hidden.verify_samples: N`) checks this backend against the transformers one
-before any shard is captured: the first N samples of the first shard by both, stored exactly
-(fp32, the final hidden state), compared layer by layer. A drafter is served on the engine's
-features; one trained on features that differ (a kernel bug, another rotary layout) loses
-acceptance silently. Per layer: for each token |vLLM - transformers| / |transformers| over the
-hidden size, the largest and the mean over tokens; above `hidden.verify_tolerance` the job
-fails with them, else `hidden/verify.json` keeps them for the report.
 """
 
 from __future__ import annotations
@@ -31,10 +24,8 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +40,18 @@ from eaglenest.common.engine_process import (
     engine_python,
     reply,
 )
-from eaglenest.common.io import sha256_file, write_json
-from eaglenest.formats.hidden_shard import create_hidden_shard, open_hidden_shard
-from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+from eaglenest.formats.hidden_shard import ShardWriter
+from eaglenest.settings.hidden import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.engine_request import VllmCaptureError, engine_request
-from eaglenest.stages.hidden_states.extract import (
+from eaglenest.stages.hidden_states.plan import (
     TOPK_CHUNK_ROWS,
-    extract_hidden_states,
+    ShardOutput,
+    ShardPlan,
+    finish_shard,
+    open_shard,
     plan_hidden_shard,
     sample_rows,
-    shard_metadata,
-    shard_summary,
 )
 from eaglenest.target.checkpoint import checkpoint_head_tensors
 from eaglenest.target.files import resolve_target_dir
@@ -148,19 +139,21 @@ class RequestPacker:
     """Packs one request's state file into the shard and deletes it; callable from several
     threads at once (the server path reads files as their answers come)."""
 
-    def __init__(self, writer, frame, offsets, signal, tokens: Path):
-        self.writer, self.frame, self.offsets = writer, frame, offsets
-        self.signal, self.tokens = signal, tokens
+    def __init__(self, writer: ShardWriter, plan: ShardPlan, signal: FinalSignal):
+        self.writer, self.plan, self.signal = writer, plan, signal
+        self.tokens = plan.tokens
         self._lock = threading.Lock()
 
     def __call__(self, i: int, path: str) -> None:
         states = read_request_file(path)  # waits on the file's .lock outside our own
+        plan = self.plan
         with self._lock:
-            pack_request(self.writer, self.frame, i, self.offsets, states, self.signal,
-                         self.tokens)  # fmt: skip
+            pack_request(self.writer, plan.frame, i, plan.offsets, states, self.signal, self.tokens)
 
 
-def capture_offline(request: dict, runtime: VllmRuntime, frame, offsets, pack) -> float:
+def capture_offline(
+    request: dict, runtime: VllmRuntime, plan: ShardPlan, pack: RequestPacker
+) -> float:
     """An engine of this job's own (vllm_capture.py) over the shard, its files in a work folder
     beside the output that is removed however the job ends."""
     python = engine_python(runtime.python)
@@ -168,20 +161,23 @@ def capture_offline(request: dict, runtime: VllmRuntime, frame, offsets, pack) -
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     try:
-        ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in frame["input_ids"].to_list()])
-        np.save(work_dir / "ids.npy", ids)
-        np.save(work_dir / "offsets.npy", offsets)
+        prompts = plan.frame["input_ids"].to_list()
+        np.save(
+            work_dir / "ids.npy", np.concatenate([np.asarray(x, dtype=np.int64) for x in prompts])
+        )
+        np.save(work_dir / "offsets.npy", plan.offsets)
         (work_dir / "request.json").write_text(json.dumps(request, indent=1))
-        with engine_process(
-            python, CAPTURE_MODULE, [str(work_dir / "request.json")],
-            {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)},
-        ) as process:  # fmt: skip
-            return pack_as_they_come(process, frame, pack)
+        arguments = [str(work_dir / "request.json")]
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)}
+        with engine_process(python, CAPTURE_MODULE, arguments, env) as process:
+            return pack_as_they_come(process, len(plan.frame), pack)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def capture_through_server(request: dict, runtime: VllmRuntime, frame, out, pack) -> float:
+def capture_through_server(
+    request: dict, runtime: VllmRuntime, plan: ShardPlan, out: str | Path, pack: RequestPacker
+) -> float:
     """The shard through the run's capture server (`vllm.capture_url`, capture_client.py)."""
     import asyncio
 
@@ -195,20 +191,23 @@ def capture_through_server(request: dict, runtime: VllmRuntime, frame, out, pack
     from eaglenest.stages.hidden_states.engine_request import served_name
 
     job = CaptureJob(
-        url=runtime.capture_url, model=served_name(request),
-        prompts=[np.asarray(ids, dtype=np.int64) for ids in frame["input_ids"].to_list()],
+        url=runtime.capture_url,
+        model=served_name(request),
+        prompts=[np.asarray(ids, dtype=np.int64) for ids in plan.frame["input_ids"].to_list()],
         pack=pack,
-        cap=runtime.requests_per_batch, key=shard_key(out),
+        cap=runtime.requests_per_batch,
+        key=shard_key(out),
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
-    )  # fmt: skip
-    log.info("capturing %d samples through %s (%s)", len(frame), redacted_url(job.url), job.model)
+    )
+    n = len(plan.frame)
+    log.info("capturing %d samples through %s (%s)", n, redacted_url(job.url), job.model)
     try:
         return asyncio.run(run_capture(job))
     except CaptureServerError as err:
         raise VllmCaptureError(f"{pack.tokens}: {err}") from err
 
 
-def pack_as_they_come(process, frame, pack: RequestPacker) -> float:
+def pack_as_they_come(process, n_samples: int, pack: RequestPacker) -> float:
     """Pack each request's file as the capture announces it, let it go on after each batch;
     returns the seconds vLLM spent generating. Fails, with the end of vLLM's log, unless every
     sample was packed and the capture said it was done."""
@@ -217,7 +216,7 @@ def pack_as_they_come(process, frame, pack: RequestPacker) -> float:
     tail: list[str] = []
     packed, generate_s = 0, None
     tokens = pack.tokens
-    with tqdm(total=len(frame), desc=f"hidden {tokens.stem} (vllm)", file=sys.stderr) as bar:
+    with tqdm(total=n_samples, desc=f"hidden {tokens.stem} (vllm)", file=sys.stderr) as bar:
         for message in engine_messages(process, tail):
             if "index" in message:
                 pack(message["index"], message["path"])
@@ -229,10 +228,10 @@ def pack_as_they_come(process, frame, pack: RequestPacker) -> float:
                 generate_s = message["generate_s"]
             elif "engine_ready_s" in message:
                 log.info("vLLM engine ready after %.1f s", message["engine_ready_s"])
-    if generate_s is None or packed != len(frame):
+    if generate_s is None or packed != n_samples:
         code = process.wait()
         raise VllmCaptureError(
-            f"{tokens}: vLLM capture ended (exit code {code}) with {packed} of {len(frame)} "
+            f"{tokens}: vLLM capture ended (exit code {code}) with {packed} of {n_samples} "
             "samples packed; end of its log:\n" + "\n".join(tail)
         )
     return generate_s
@@ -254,116 +253,21 @@ def capture_hidden_states_vllm(
     tokens, target_dir = Path(tokens), resolve_target_dir(target_path)
     model_config = load_text_config(target_path, trust_remote_code)  # Kimi-K2.5: text_config
     plan = plan_hidden_shard(tokens, model_config, settings)
-    frame, layer_ids, lengths, offsets = plan.frame, plan.layer_ids, plan.lengths, plan.offsets
-    n_tokens, hidden_size, specs = plan.n_tokens, plan.hidden_size, plan.specs
-    metadata = shard_metadata(
-        model_config=model_config, backend="vllm", target_path=target_path,
-        target_name=target_name, layer_ids=layer_ids, settings=settings,
-        tokens_sha256=sha256_file(tokens), sample_ids=frame["id"].to_list(),
-        model_dtype=settings.model_dtype,
-    )  # fmt: skip
+    output = ShardOutput(out, summary_out, "vllm", target_path, target_name)
     signal = FinalSignal(target_dir, model_config, settings)
     request = engine_request(
-        target_dir=target_dir, layer_ids=[*layer_ids, model_config.num_hidden_layers],
-        settings=settings, runtime=runtime, work_dir=Path(out).with_name(f".{Path(out).name}.vllm"),
-        longest=int(lengths.max(initial=0)), trust_remote_code=trust_remote_code,
-    )  # fmt: skip
-    with create_hidden_shard(out, specs, metadata, settings, len(layer_ids)) as writer:
-        writer.write("offsets", 0, torch.from_numpy(offsets))
-        pack = RequestPacker(writer, frame, offsets, signal, tokens)
+        target_dir=target_dir,
+        layer_ids=[*plan.layer_ids, model_config.num_hidden_layers],
+        settings=settings,
+        runtime=runtime,
+        work_dir=Path(out).with_name(f".{Path(out).name}.vllm"),
+        longest=int(plan.lengths.max(initial=0)),
+        trust_remote_code=trust_remote_code,
+    )
+    with open_shard(output, plan, settings, settings.model_dtype) as writer:
+        pack = RequestPacker(writer, plan, signal)
         if runtime.capture_url:
-            generate_s = capture_through_server(request, runtime, frame, out, pack)
+            generate_s = capture_through_server(request, runtime, plan, out, pack)
         else:
-            generate_s = capture_offline(request, runtime, frame, offsets, pack)
-    return shard_summary(
-        frame=frame, n_tokens=n_tokens, out=out, layer_ids=layer_ids, settings=settings,
-        hidden_size=hidden_size, seconds=time.perf_counter() - started, forward_s=generate_s,
-        backend="vllm", summary_out=summary_out,
-    )  # fmt: skip
-
-
-# --- the check against the transformers backend (hidden.verify_samples) ---------------------
-
-
-class BackendMismatchError(RuntimeError):
-    """vLLM's states are not transformers' on the same tokens; the message has the figures."""
-
-
-def layer_agreement(engine, reference) -> dict[str, dict[str, float]]:
-    """Per aux layer (by id) and the final hidden state: the largest and mean per-token
-    relative difference over every sample of two shards of the same tokens."""
-    ids = [str(i) for i in reference.aux_layer_ids]
-    errors: dict[str, list[torch.Tensor]] = {name: [] for name in [*ids, "final"]}
-    for i in range(len(reference)):
-        a, b = engine.sample(i), reference.sample(i)
-        pairs = zip(a["aux"].float().chunk(len(ids), -1), b["aux"].float().chunk(len(ids), -1))
-        for name, (x, y) in zip(ids, pairs, strict=True):
-            errors[name].append((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        x, y = a["final_hidden"].float(), b["final_hidden"].float()
-        errors["final"].append((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-    out = {}
-    for name, parts in errors.items():
-        values = torch.cat(parts)
-        out[name] = {"max_relative": float(values.max()), "mean_relative": float(values.mean())}
-    return out
-
-
-def _first_samples(tokens: Path, n: int, out: Path) -> int:
-    from eaglenest.formats.tokens import read_tokens  # polars: see extract.py
-
-    frame = read_tokens(tokens).head(n)
-    frame.write_parquet(out)
-    return frame.height
-
-
-def verify_backends(
-    *,
-    tokens: str | Path,
-    target_path: str | Path,
-    out: str | Path,
-    settings: HiddenSettings,
-    verify: HiddenVerifySettings,
-    runtime: VllmRuntime,
-    target_name: str = "",
-    trust_remote_code: bool = False,
-) -> dict[str, Any]:
-    """Capture the first `verify.samples` samples of `tokens` with both backends, write the
-    per-layer figures to `out`, and fail above `verify.tolerance` (the figures stay in `out`'s
-    place only when they pass; the error message carries them either way)."""
-    exact = replace(settings, dtype="fp32", target_signal="final_hidden")
-    shared = {"target_path": target_path, "target_name": target_name,
-              "trust_remote_code": trust_remote_code}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="eaglenest-verify-") as work:
-        work_dir = Path(work)
-        subset = work_dir / "tokens.parquet"
-        n = _first_samples(Path(tokens), verify.samples, subset)
-        capture_hidden_states_vllm(
-            tokens=subset, out=work_dir / "vllm.safetensors",
-            settings=replace(exact, backend="vllm"), runtime=runtime, **shared,
-        )  # fmt: skip
-        extract_hidden_states(
-            tokens=subset, out=work_dir / "transformers.safetensors",
-            settings=replace(exact, backend="transformers", engine=None), **shared,
-        )  # fmt: skip
-        agreement = layer_agreement(
-            open_hidden_shard(work_dir / "vllm.safetensors"),
-            open_hidden_shard(work_dir / "transformers.safetensors"),
-        )
-    worst = max(figures["max_relative"] for figures in agreement.values())
-    result = {
-        "tokens": str(tokens), "samples": n, "model_dtype": settings.model_dtype,
-        "tolerance": verify.tolerance, "largest": worst, "passed": worst <= verify.tolerance,
-        "layers": agreement,
-    }  # fmt: skip
-    table = ", ".join(f"{name}: {f['max_relative']:.2e}" for name, f in agreement.items())
-    if not result["passed"]:
-        raise BackendMismatchError(
-            f"{tokens}: on its first {n} samples vLLM's hidden states differ from "
-            f"transformers' by up to {worst:.3g} (relative, per token) above "
-            f"hidden.verify_tolerance {verify.tolerance}; largest per layer: {table}. A drafter "
-            "trained on one backend's features would be served on the other's: find the cause "
-            "(README, known issues) before capturing"
-        )
-    log.info("vLLM and transformers agree on %d samples: %s", n, table)
-    write_json(out, result)
-    return result
+            generate_s = capture_offline(request, runtime, plan, pack)
+    return finish_shard(output, plan, settings, started, generate_s)

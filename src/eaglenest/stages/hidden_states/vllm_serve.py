@@ -23,13 +23,9 @@ from eaglenest.stages.hidden_states.vllm_capture import capture_arguments
 
 def server_argv(request: dict) -> list[str]:
     args = capture_arguments(request, Path(request["out_dir"]))
-    return [
-        "vllm-capture-server",
-        *server_flags(args),
-        "--served-model-name", request["served_name"],
-        "--host", request["host"],
-        "--port", str(request["port"]),
-    ]  # fmt: skip
+    name = ["--served-model-name", request["served_name"]]
+    address = ["--host", request["host"], "--port", str(request["port"])]
+    return ["vllm-capture-server", *server_flags(args), *name, *address]
 
 
 def main(request_path: str) -> None:
