@@ -105,13 +105,18 @@ def bare_forward(model, frame: pl.DataFrame, max_batch_tokens: int) -> float:
 def vllm_backend(args, tmp: Path, target: Path, base: dict, results: dict, stage_forward_s):
     """The vLLM backend once on the same tokens and storage (its engine start is in the job)."""
     settings = settings_from_sections(
-        HiddenSettings, hidden={**base, "dtype": "bf16", "backend": "vllm"}
+        HiddenSettings,
+        hidden={**base, "dtype": "bf16", "backend": "vllm"},
+        target={"path": str(target)},
     )
     runtime = settings_from_sections(VllmRuntime, vllm={"python": args.vllm_python})
     started = time.perf_counter()
-    summary = capture_hidden_states_vllm(tokens=tmp / "tokens.parquet", target_path=target,
-                                         out=tmp / "vllm.safetensors", settings=settings,
-                                         runtime=runtime)  # fmt: skip
+    summary = capture_hidden_states_vllm(
+        tokens=tmp / "tokens.parquet",
+        out=tmp / "vllm.safetensors",
+        settings=settings,
+        runtime=runtime,
+    )
     seconds = time.perf_counter() - started
     n_tokens = results["tokens"]
     return {
@@ -157,9 +162,12 @@ def whole_run_capture(args, tmp: Path, target: Path, base: dict, frame: pl.DataF
             engine_s = [server["ready_s"]] if server else []
             for path in shards:
                 tick = time.perf_counter()
-                summary = capture_hidden_states_vllm(tokens=path, target_path=target,
-                                                     out=path.with_suffix(".safetensors"),
-                                                     settings=settings, runtime=runtime)  # fmt: skip
+                summary = capture_hidden_states_vllm(
+                    tokens=path,
+                    out=path.with_suffix(".safetensors"),
+                    settings=settings,
+                    runtime=runtime,
+                )
                 if not server:  # the job's time beside vLLM's generate calls: its engine's start
                     engine_s.append(time.perf_counter() - tick - summary["forward_seconds"])
         seconds = time.perf_counter() - started
@@ -248,9 +256,12 @@ def main() -> None:
         def stage(**settings) -> tuple[float, dict]:
             out = tmp / "hidden.safetensors"
             started = time.perf_counter()
-            summary = extract_hidden_states(tokens=tmp / "tokens.parquet", target_path=target,
-                                            out=out, settings=settings_from_sections(HiddenSettings, hidden={**base, **settings}),
-                                            model=model)  # fmt: skip
+            hidden = settings_from_sections(
+                HiddenSettings, hidden={**base, **settings}, target={"path": str(target)}
+            )
+            summary = extract_hidden_states(
+                tokens=tmp / "tokens.parquet", out=out, settings=hidden, model=model
+            )
             return time.perf_counter() - started, summary
 
         # warm up both paths once

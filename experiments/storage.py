@@ -73,9 +73,8 @@ def extract(
     for shard in shards:
         path = out_dir / f"{shard}.safetensors"
         tokens = run_dir / "tokens" / f"{shard}.parquet"
-        summary = extract_hidden_states(
-            tokens=tokens, target_path=target, out=path, settings=settings
-        )
+        at_target = replace(settings, target=replace(settings.target, path=target))
+        summary = extract_hidden_states(tokens=tokens, out=path, settings=at_target)
         paths.append(path)
         n_bytes += path.stat().st_size
         n_tokens += summary["tokens"]

@@ -1,5 +1,5 @@
-# Snakemake adapter for the hidden-states stage: see eaglenest.stages.hidden_states (extract.py
-# for the transformers backend, vllm_backend.py for vLLM).
+# Snakemake adapter for the hidden-states stage: see eaglenest.stages.hidden_states (plan.py for
+# what both backends share, extract.py for the transformers backend, vllm_backend.py for vLLM).
 import torch
 
 from eaglenest.common.gpus import claim_gpus
@@ -10,23 +10,16 @@ from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm
 
 settings = HiddenSettings.from_json(snakemake.params.settings)
-target = settings.target
+files = {"tokens": snakemake.input.tokens, "out": snakemake.output.hidden}
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends (vLLM's
     # processes, started by this one, see the same CUDA_VISIBLE_DEVICES).
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
-    shared = {
-        "tokens": snakemake.input.tokens,
-        "target_path": target.path,
-        "out": snakemake.output.hidden,
-        "summary_out": snakemake.output.summary,
-        "settings": settings,
-        "target_name": target.model,
-        "trust_remote_code": target.trust_remote_code,
-    }
     if settings.backend == "vllm":
         runtime = VllmRuntime.from_json(snakemake.params.runtime)
-        capture_hidden_states_vllm(**shared, runtime=runtime)
+        capture_hidden_states_vllm(
+            **files, summary_out=snakemake.output.summary, settings=settings, runtime=runtime
+        )
     else:
-        extract_hidden_states(**shared)
+        extract_hidden_states(**files, summary_out=snakemake.output.summary, settings=settings)

@@ -11,15 +11,10 @@ from eaglenest.stages.hidden_states.verify import verify_backends
 with log_to(snakemake.log[0]):
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
     torch.set_num_threads(snakemake.threads)
-    settings = HiddenSettings.from_json(snakemake.params.settings)
-    target = settings.target
     verify_backends(
         tokens=snakemake.input.tokens,
-        target_path=target.path,
         out=snakemake.output.verify,
-        settings=settings,
+        settings=HiddenSettings.from_json(snakemake.params.settings),
         verify=HiddenVerifySettings.from_json(snakemake.params.verify),
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
-        target_name=target.model,
-        trust_remote_code=target.trust_remote_code,
     )

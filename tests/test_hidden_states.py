@@ -72,14 +72,14 @@ def tokens(tmp_path_factory) -> Path:
 
 def run(tokens, demo_target_dir, target, out, **settings):
     settings = settings_from_sections(
-        HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32", **settings}
+        HiddenSettings,
+        hidden={"device": "cpu", "model_dtype": "float32", **settings},
+        target={"model": "demo", "path": str(demo_target_dir)},
     )
     return extract_hidden_states(
         tokens=tokens,
-        target_path=demo_target_dir,
         out=out,
         settings=settings,
-        target_name="demo",
         summary_out=Path(out).with_suffix(".json"),
         model=target,
     )
@@ -338,10 +338,10 @@ MEMORY_PROBE = textwrap.dedent(
     from eaglenest.stages.hidden_states.extract import extract_hidden_states
     from eaglenest.target.loading import load_target
     settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32",
-                                                    "dtype": "fp32", "max_batch_tokens": 256})
+                                                    "dtype": "fp32", "max_batch_tokens": 256},
+                                      target={"path": sys.argv[1]})
     model = load_target(sys.argv[1], settings.device, settings.model_dtype)
-    extract_hidden_states(tokens=sys.argv[2], target_path=sys.argv[1], out=sys.argv[3],
-                          settings=settings, model=model)
+    extract_hidden_states(tokens=sys.argv[2], out=sys.argv[3], settings=settings, model=model)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     """
 )

@@ -332,9 +332,10 @@ def test_the_vllm_backend_writes_what_transformers_does(finished_run: Path, tmp_
     reference = tmp_path / "transformers.safetensors"
     extract_hidden_states(
         tokens=results / "tokens" / "00001.parquet",
-        target_path=results / "target",
         out=reference,
-        settings=settings_from_sections(HiddenSettings, hidden=EXACT),
+        settings=settings_from_sections(
+            HiddenSettings, hidden=EXACT, target={"path": str(results / "target")}
+        ),
     )
     engine, ours = (
         open_hidden_shard(results / "hidden" / "00001.safetensors"),
@@ -594,12 +595,13 @@ def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run
         "cpu_workarounds": False,
         "engine_args": {"enforce_eager": True, "attention_backend": "CPU_MLA"},
     })  # fmt: skip
-    settings = replace(settings_from_sections(HiddenSettings, hidden=config["hidden"]),
-                       engine=engine)  # fmt: skip
+    settings = settings_from_sections(
+        HiddenSettings, hidden=config["hidden"], target={"path": str(run / "target")}
+    )
+    settings = replace(settings, engine=engine)
     with pytest.raises(BackendMismatchError) as failure:
         verify_backends(
             tokens=run / "tokens" / "00000.parquet",
-            target_path=run / "target",
             out=tmp_path / "verify.json",
             settings=settings,
             verify=settings_from_sections(HiddenVerifySettings, hidden=config["hidden"]),

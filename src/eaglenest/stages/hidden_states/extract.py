@@ -129,20 +129,21 @@ def write_samples(
 def extract_hidden_states(
     *,
     tokens: str | Path,
-    target_path: str | Path,
     out: str | Path,
     settings: HiddenSettings,
-    target_name: str = "",
-    trust_remote_code: bool = False,
     summary_out: str | Path | None = None,
     model=None,
 ) -> dict[str, Any]:
-    """Run the target over a tokens shard and write its hidden-state shard; returns the summary."""
+    """Run the target (settings.target, unless `model` is given loaded) over a tokens shard and
+    write its hidden-state shard; returns the summary."""
     started = time.perf_counter()
+    target = settings.target
     if model is None:
-        model = load_target(target_path, settings.device, settings.model_dtype, trust_remote_code)
+        model = load_target(
+            target.path, settings.device, settings.model_dtype, target.trust_remote_code
+        )
     plan = plan_hidden_shard(tokens, model.config, settings)
-    output = ShardOutput(out, summary_out, "transformers", target_path, target_name)
+    output = ShardOutput(out, summary_out, "transformers", target.path, target.model)
     capture = AuxCapture(model, plan.layer_ids)
     try:
         with open_shard(output, plan, settings, str(next(model.parameters()).dtype)) as writer:

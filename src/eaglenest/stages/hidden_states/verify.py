@@ -63,34 +63,28 @@ def _first_samples(tokens: Path, n: int, out: Path) -> int:
 def verify_backends(
     *,
     tokens: str | Path,
-    target_path: str | Path,
     out: str | Path,
     settings: HiddenSettings,
     verify: HiddenVerifySettings,
     runtime: VllmRuntime,
-    target_name: str = "",
-    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Capture the first `verify.samples` samples of `tokens` with both backends, write the
     per-layer figures to `out`, and fail above `verify.tolerance` (the figures stay in `out`'s
     place only when they pass; the error message carries them either way)."""
+    if settings.backend != "vllm":
+        raise ValueError(
+            f"hidden.verify_samples checks the vllm backend against transformers; hidden.backend "
+            f"is {settings.backend!r}"
+        )
     exact = replace(settings, dtype="fp32", target_signal="final_hidden")
-    shared = {
-        "target_path": target_path,
-        "target_name": target_name,
-        "trust_remote_code": trust_remote_code,
-    }
     with tempfile.TemporaryDirectory(prefix="eaglenest-verify-") as work:
         work_dir = Path(work)
         subset = work_dir / "tokens.parquet"
         n = _first_samples(Path(tokens), verify.samples, subset)
         engine, reference = work_dir / "vllm.safetensors", work_dir / "transformers.safetensors"
-        vllm_exact = replace(exact, backend="vllm")
-        capture_hidden_states_vllm(
-            tokens=subset, out=engine, settings=vllm_exact, runtime=runtime, **shared
-        )
+        capture_hidden_states_vllm(tokens=subset, out=engine, settings=exact, runtime=runtime)
         transformers_exact = replace(exact, backend="transformers", engine=None)
-        extract_hidden_states(tokens=subset, out=reference, settings=transformers_exact, **shared)
+        extract_hidden_states(tokens=subset, out=reference, settings=transformers_exact)
         agreement = layer_agreement(open_hidden_shard(engine), open_hidden_shard(reference))
     worst = max(figures["max_relative"] for figures in agreement.values())
     result = {

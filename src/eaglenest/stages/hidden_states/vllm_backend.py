@@ -240,20 +240,20 @@ def pack_as_they_come(process, n_samples: int, pack: RequestPacker) -> float:
 def capture_hidden_states_vllm(
     *,
     tokens: str | Path,
-    target_path: str | Path,
     out: str | Path,
     settings: HiddenSettings,
     runtime: VllmRuntime,
-    target_name: str = "",
-    trust_remote_code: bool = False,
     summary_out: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run the target in vLLM over a tokens shard and write its hidden-state shard."""
+    """Run the target (settings.target) in vLLM over a tokens shard and write its hidden-state
+    shard; returns the summary."""
     started = time.perf_counter()
-    tokens, target_dir = Path(tokens), resolve_target_dir(target_path)
-    model_config = load_text_config(target_path, trust_remote_code)  # Kimi-K2.5: text_config
+    target = settings.target
+    trust_remote_code = target.trust_remote_code
+    tokens, target_dir = Path(tokens), resolve_target_dir(target.path)
+    model_config = load_text_config(target.path, trust_remote_code)  # Kimi-K2.5: text_config
     plan = plan_hidden_shard(tokens, model_config, settings)
-    output = ShardOutput(out, summary_out, "vllm", target_path, target_name)
+    output = ShardOutput(out, summary_out, "vllm", target.path, target.model)
     signal = FinalSignal(target_dir, model_config, settings)
     request = engine_request(
         target_dir=target_dir,
