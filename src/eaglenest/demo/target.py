@@ -7,6 +7,10 @@ single added tokens, a Qwen3-style chat template, and completions of the form
 tasks of `eaglenest.demo.tasks` for a fixed number of steps (deterministic for a seed), evaluated
 on held-out prompts, and saved in Hugging Face layout so the server, the tokenizer-based stages
 and the hidden-state stage load it like any other checkpoint.
+
+This module runs the build (`build_demo_target`, `eaglenest build-demo-target`); its parts are
+target_tokenizer.py, target_model.py (Qwen3 or DeepSeek-V3), target_training.py and
+target_heldout.py (the check that the trained target reasons).
 """
 
 from __future__ import annotations
