@@ -66,8 +66,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from eaglenest import drafter
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter, causal_logsumexp, ttt_forward
+from eaglenest import drafter_attention
+from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
+from eaglenest.drafter_attention import causal_logsumexp
 from eaglenest.formats.feature_batches import Batch, BatchPlan, TargetSignal, build_batch
 from eaglenest.stages.train.train import Processes, autocast, ttt_loss
 
@@ -336,15 +337,15 @@ def step_ttt(ctx: Context, figures: dict) -> None:
     figures.update(T=s["length"], H=s["hidden"], ttt_steps=s["steps"])
     failures = []
     b, h, t = s["batch"], s["heads"], s["length"]
-    runs = {"fp32": drafter.LSE_CHUNK_SCORES, "fp32_chunked": b * h * t * 16,
-            "bf16": drafter.LSE_CHUNK_SCORES}  # fmt: skip
+    saved = drafter_attention.LSE_CHUNK_SCORES
+    runs = {"fp32": saved, "fp32_chunked": b * h * t * 16, "bf16": saved}
     for name, chunk_scores in runs.items():
         precision = "bf16" if name == "bf16" else "fp32"
-        saved, drafter.LSE_CHUNK_SCORES = drafter.LSE_CHUNK_SCORES, chunk_scores
+        drafter_attention.LSE_CHUNK_SCORES = chunk_scores
         try:
             loss, grads = loss_and_grads(on_device, batch_device, s["steps"], ctx.device, precision)
         finally:
-            drafter.LSE_CHUNK_SCORES = saved
+            drafter_attention.LSE_CHUNK_SCORES = saved
         grad, worst = grad_error(grads, oracle_grads)
         figures[f"worst_grad_{name}"] = worst
         for what, value in (("loss", rel_err(loss, oracle_loss)), ("grad", grad)):
@@ -455,11 +456,12 @@ def step_packed(ctx: Context, figures: dict) -> None:
     for precision in ("fp32", "bf16"):
         ref_loss, ref_grads = loss_and_grads(model, alone, steps, ctx.device, precision)
         dense = loss_and_grads(model, packed, steps, ctx.device, precision, packed.segments)
-        saved, drafter.DENSE_PACKED_SCORES = drafter.DENSE_PACKED_SCORES, 0  # the linear path
+        saved = drafter_attention.DENSE_PACKED_SCORES
+        drafter_attention.DENSE_PACKED_SCORES = 0  # the linear path
         try:
             linear = loss_and_grads(model, packed, steps, ctx.device, precision, packed.segments)
         finally:
-            drafter.DENSE_PACKED_SCORES = saved
+            drafter_attention.DENSE_PACKED_SCORES = saved
         loss_tol = TOL["packed_loss"] if precision == "fp32" else TOL["bf16_loss"]
         grad_tol = TOL["packed_grad"] if precision == "fp32" else TOL["bf16_grad"]
         for path, (loss, grads) in (("dense", dense), ("linear", linear)):

@@ -35,7 +35,7 @@ from pathlib import Path
 import polars as pl
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.demo.target import _tokenizer_corpus, build_demo_tokenizer
+from eaglenest.demo.target_tokenizer import build_demo_tokenizer, tokenizer_corpus
 from eaglenest.demo.tasks import heldout_examples, training_examples
 from eaglenest.formats.samples import SAMPLE_SCHEMA
 from eaglenest.settings.samples import TokenizeSettings
@@ -166,7 +166,7 @@ def main() -> None:
         tokenizer_dir = args.tokenizer
         if tokenizer_dir is None:
             tokenizer_dir = Path(tmp) / "demo-tokenizer"
-            corpus = _tokenizer_corpus(training_examples(0, 4000))
+            corpus = tokenizer_corpus(training_examples(0, 4000))
             build_demo_tokenizer(corpus, vocab_size=1024).save_pretrained(tokenizer_dir)
         results = [bench(tokenizer_dir, args.samples, k, args.runs) for k in args.reasoning_repeat]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.demo.target import METRICS_FILE, build_demo_target, build_demo_tokenizer
+from eaglenest.demo.target import METRICS_FILE, build_demo_target
+from eaglenest.demo.target_tokenizer import build_demo_tokenizer
 from eaglenest.demo.tasks import (
     TASK_FAMILIES,
     DemoExample,
@@ -236,7 +237,7 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 def test_a_demo_target_that_does_not_reason_fails_its_build(tmp_path):
     """Three training steps: the model cannot open a think block yet. The build says so and
     writes nothing, instead of letting the probe stop the run minutes later."""
-    from eaglenest.demo.target import DemoTargetError
+    from eaglenest.demo.target_heldout import DemoTargetError
 
     with pytest.raises(DemoTargetError, match=r"min_reasoning_share 0\.9.*train_steps \(now 3\)"):
         build_demo_target(tmp_path / "t", train_steps=3, threads=1, **TINY_BUILD)

@@ -12,6 +12,7 @@ import torch
 from support.drafter_sizes import CONFIG
 
 import eaglenest.drafter as drafter_module
+import eaglenest.drafter_attention as attention_module
 from eaglenest.drafter import (
     Attention,
     DecodeCache,
@@ -135,7 +136,7 @@ def loss_and_gradients(model, aux, ids, loss_mask, target, steps):
     }
 
 
-@pytest.mark.parametrize("chunk_scores", [drafter_module.LSE_CHUNK_SCORES, 97])
+@pytest.mark.parametrize("chunk_scores", [attention_module.LSE_CHUNK_SCORES, 97])
 def test_the_linear_memory_attention_equals_the_dense_one(model, monkeypatch, chunk_scores):
     """Loss and every gradient of 7 TTT steps equal the [T, T] implementation's in float32, with
     the causal log-sum-exp in one chunk or in many (97 scores: a few rows at a time)."""
@@ -147,7 +148,7 @@ def test_the_linear_memory_attention_equals_the_dense_one(model, monkeypatch, ch
     loss_mask[1, 20:40] = True
     torch.manual_seed(3)
     target = torch.randn(2, 48, CONFIG.draft_vocab_size)
-    monkeypatch.setattr(drafter_module, "LSE_CHUNK_SCORES", chunk_scores)
+    monkeypatch.setattr(attention_module, "LSE_CHUNK_SCORES", chunk_scores)
     loss, grads = loss_and_gradients(model, aux, ids, loss_mask, target, 7)
     monkeypatch.setattr(Attention, "forward", dense_ttt_attention)
     dense_loss, dense_grads = loss_and_gradients(model, aux, ids, loss_mask, target, 7)
@@ -165,8 +166,8 @@ def test_the_causal_logsumexp_and_its_gradients_equal_the_dense_ones(monkeypatch
     q = torch.randn(2, 3, 37, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 3, 37, 8, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(2, 3, 37, dtype=torch.float64)
-    monkeypatch.setattr(drafter_module, "LSE_CHUNK_SCORES", chunk_scores)
-    lse = drafter_module.causal_logsumexp(q, k, 0.3)
+    monkeypatch.setattr(attention_module, "LSE_CHUNK_SCORES", chunk_scores)
+    lse = attention_module.causal_logsumexp(q, k, 0.3)
     grad_q, grad_k = torch.autograd.grad((lse * upstream).sum(), (q, k))
     causal = torch.ones(37, 37, dtype=torch.bool).tril()
     dense = ((q @ k.transpose(-1, -2)) * 0.3).masked_fill(~causal, float("-inf")).logsumexp(-1)
@@ -459,11 +460,9 @@ def test_samples_packed_in_a_row_train_as_they_do_alone(model, checkpointed, pat
     sample, the logits and the gradients they give one to a row: attention stays within a sample
     and rotary positions restart. Both attention paths of packed rows: the dense masked block,
     and the linear-memory one (masked SDPA and log-sum-exp, here in chunks of a few queries)."""
-    from eaglenest import drafter
-
     if path == "linear":
-        monkeypatch.setattr(drafter, "DENSE_PACKED_SCORES", 0)
-        monkeypatch.setattr(drafter, "LSE_CHUNK_SCORES", 64)
+        monkeypatch.setattr(attention_module, "DENSE_PACKED_SCORES", 0)
+        monkeypatch.setattr(attention_module, "LSE_CHUNK_SCORES", 64)
     model.checkpoint_layer = checkpointed
     steps, lengths = 3, (7, 5)
     aux, ids = inputs(batch=2, length=7)
@@ -559,7 +558,7 @@ def test_the_mla_drafter_trains_as_it_decodes_on_every_attention_path(monkeypatc
     aux, ids = inputs(batch=2, length=24)
     loss_mask = torch.ones(2, 24, dtype=torch.bool)
     target = torch.randn(2, 24, CONFIG.draft_vocab_size)
-    monkeypatch.setattr(drafter_module, "LSE_CHUNK_SCORES", 50)
+    monkeypatch.setattr(attention_module, "LSE_CHUNK_SCORES", 50)
     loss, grads = loss_and_gradients(model, aux.float(), ids, loss_mask, target, 4)
     monkeypatch.setattr(Attention, "forward", dense_ttt_attention)
     monkeypatch.setattr(drafter_module.MLAttention, "forward", dense_ttt_attention)

@@ -251,7 +251,8 @@ def test_an_answer_from_another_model_is_a_terminal_failure(tmp_path):
     127.0.0.1 that always says it is `other-model`."""
     from aiohttp import web
 
-    from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
+    from eaglenest.demo.echo_backend import EchoBackend
+    from eaglenest.demo.protocol import build_response, parse_chat_request
 
     async def chat(request):
         completion = await EchoBackend().complete(parse_chat_request(await request.json()))

@@ -31,7 +31,8 @@ from support.generation import MODEL, fast_settings, shard_settings
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.common.io import write_json
-from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
+from eaglenest.demo.echo_backend import EchoBackend
+from eaglenest.demo.protocol import build_response, parse_chat_request
 from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RawSchema, write_raw
 from eaglenest.stages.generate import (

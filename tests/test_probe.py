@@ -225,7 +225,8 @@ def test_a_non_json_model_list_is_a_clear_error():
 def test_an_answer_from_another_model_fails_the_probe():
     from aiohttp import web
 
-    from eaglenest.demo.server import EchoBackend, build_response, parse_chat_request
+    from eaglenest.demo.echo_backend import EchoBackend
+    from eaglenest.demo.protocol import build_response, parse_chat_request
 
     async def handler(request):
         if request.path.endswith("/models"):

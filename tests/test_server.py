@@ -19,14 +19,14 @@ import httpx
 import pytest
 
 from eaglenest.client.reasoning import split_think
-from eaglenest.demo.faults import FAULT_MODES, FaultConfig, expected_faults
-from eaglenest.demo.server import (
+from eaglenest.demo.echo_backend import (
     ECHO_REASONING,
     ECHO_STOP_TOKEN,
-    MALFORMED_TOKEN_IDS,
     echo_decode,
     render_echo_prompt,
 )
+from eaglenest.demo.faults import FAULT_MODES, FaultConfig, expected_faults
+from eaglenest.demo.protocol import MALFORMED_TOKEN_IDS
 from eaglenest.demo.server_process import embedded_server, running_server
 from eaglenest.demo.tasks import heldout_examples
 

@@ -210,7 +210,7 @@ def test_vocab_size_comes_from_the_targets_config(tmp_path):
 
 
 def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
-    from eaglenest.demo.target import build_demo_tokenizer
+    from eaglenest.demo.target_tokenizer import build_demo_tokenizer
 
     tokenizer = build_demo_tokenizer(["one two three", "four five"], vocab_size=300)
     tokenizer.save_pretrained(tmp_path)

@@ -53,9 +53,9 @@ def pooled_batches(
 
 
 # A row that packs several samples needs a [T, T] mask of what each position sees (and small
-# batches attend through a dense [T, T] block, drafter.DENSE_PACKED_SCORES): only batches whose
-# longest sample is at most this long are packed, into rows at most this wide; longer ones go one
-# sample a row, memory linear.
+# batches attend through a dense [T, T] block, drafter_attention.DENSE_PACKED_SCORES): only
+# batches whose longest sample is at most this long are packed, into rows at most this wide;
+# longer ones go one sample a row, memory linear.
 PACK_MAX_LENGTH = 2048
 
 

@@ -7,6 +7,10 @@ single added tokens, a Qwen3-style chat template, and completions of the form
 tasks of `eaglenest.demo.tasks` for a fixed number of steps (deterministic for a seed), evaluated
 on held-out prompts, and saved in Hugging Face layout so the server, the tokenizer-based stages
 and the hidden-state stage load it like any other checkpoint.
+
+This module runs the build (`build_demo_target`, `eaglenest build-demo-target`); its parts are
+target_tokenizer.py, target_model.py (Qwen3 or DeepSeek-V3), target_training.py and
+target_heldout.py (the check that the trained target reasons).
 """
 
 from __future__ import annotations
@@ -14,432 +18,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from importlib import resources
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.client.reasoning import THINK_END, THINK_START, split_think
 from eaglenest.common.io import held_temp_beside, write_json
+from eaglenest.demo.target_heldout import MAX_NEW_TOKENS, check_reasoning_share, evaluate_model
+from eaglenest.demo.target_model import ARCHITECTURES, make_model
+from eaglenest.demo.target_tokenizer import (
+    THINK_TOKENS,
+    TOKENIZER_CORPUS_EXAMPLES,
+    build_demo_tokenizer,
+    tokenizer_corpus,
+)
+from eaglenest.demo.target_training import train_model
 from eaglenest.demo.tasks import (
     END_OF_TURN,
     PAD_TOKEN,
-    TASK_FAMILIES,
     DemoExample,
-    check_answer,
     heldout_examples,
-    is_well_formed,
     training_examples,
 )
 
 logger = logging.getLogger(__name__)
 
-IM_START = "<|im_start|>"
-SPECIAL_TOKENS = (PAD_TOKEN, IM_START, END_OF_TURN)
-THINK_TOKENS = (THINK_START, THINK_END)
-# Qwen2/Qwen3's pre-tokenizer split: single digits (`\p{N}`), so numbers are digit sequences.
-QWEN2_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 METRICS_FILE = "demo_metrics.json"
-MAX_NEW_TOKENS = 128
-TOKENIZER_CORPUS_EXAMPLES = 4000
-ROW_TOKENS = 256  # packed training row length; short rows keep attention cost small
-
-
-def chat_template() -> str:
-    return resources.files("eaglenest.demo").joinpath("chat_template.jinja").read_text()
-
-
-def build_demo_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
-    """Train a byte-level BPE on `texts` with Qwen2's pre-tokenizer; return a fast HF tokenizer.
-
-    `vocab_size` counts the five added tokens too. Like Qwen3, `<|endoftext|>` (pad),
-    `<|im_start|>` and `<|im_end|>` (eos) are special and `<think>`/`</think>` are not, so the
-    think tags survive `decode(..., skip_special_tokens=True)`.
-    """
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    n_added = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - n_added,
-        min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    # Added after training so they take the last ids, as in Qwen's vocabularies.
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token=END_OF_TURN,
-        pad_token=PAD_TOKEN,
-        unk_token=None,
-        bos_token=None,
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
-        padding_side="left",
-        model_max_length=4096,
-        chat_template=chat_template(),
-    )
-
-
-def chat_messages(example: DemoExample, with_answer: bool) -> list[dict[str, str]]:
-    messages = [{"role": "user", "content": example.prompt}]
-    if with_answer:
-        messages.append(
-            {"role": "assistant", "content": example.answer, "reasoning_content": example.reasoning}
-        )
-    return messages
-
-
-def _tokenizer_corpus(examples: list[DemoExample]) -> Iterable[str]:
-    # Raw texts, not rendered chats: the chat markers are added tokens, never BPE-merged.
-    yield "user\nassistant\nsystem\n"
-    for example in examples:
-        yield example.prompt
-        yield example.reasoning
-        # The answer follows "</think>\n\n" in a chat: let BPE learn the double newline too.
-        yield "\n\n" + example.answer
-
-
-def encode_training_batch(
-    tokenizer: Any, examples: list[DemoExample]
-) -> list[tuple[list[int], int]]:
-    """Token ids of each full chat, ending at `<|im_end|>`, and its prompt length in tokens.
-
-    Texts are rendered by the chat template and tokenized in one batch (fast); the prompt must be
-    a prefix of the chat both as text and as tokens, or the loss mask would be wrong.
-    """
-    prompts = [
-        tokenizer.apply_chat_template(
-            chat_messages(e, with_answer=False),
-            add_generation_prompt=True,
-            enable_thinking=True,
-            tokenize=False,
-        )
-        for e in examples
-    ]
-    chats = [
-        tokenizer.apply_chat_template(chat_messages(e, with_answer=True), tokenize=False)
-        for e in examples
-    ]
-    # The template ends a chat with "<|im_end|>\n"; the model is taught to stop at <|im_end|>.
-    chats = [chat[: chat.rindex(END_OF_TURN) + len(END_OF_TURN)] for chat in chats]
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    chat_ids = tokenizer(chats, add_special_tokens=False)["input_ids"]
-    encoded = []
-    for example, prompt, chat, ids, full in zip(examples, prompts, chats, prompt_ids, chat_ids):
-        if not chat.startswith(prompt) or full[: len(ids)] != ids:
-            raise ValueError(f"chat template: prompt is not a prefix of the chat for {example}")
-        encoded.append((full, len(ids)))
-    return encoded
-
-
-# DeepSeek-V3's shape (Kimi-K2, Kimi-K2.5) at the sizes vLLM's CPU kernels take: MLA with a
-# latent of kv_lora_rank 512 + qk_rope_head_dim 64 (CPU MLA's only head size), hidden and expert
-# sizes that are multiples of 32 (its fused MoE), the first layer dense, then routed experts
-# with one shared expert and DeepSeek-V3's sigmoid routing with a correction bias (noaux_tc).
-DEEPSEEK_V3_DEFAULTS = {
-    "kv_lora_rank": 512,
-    "q_lora_rank": 128,
-    "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 64,
-    "v_head_dim": 64,
-    "moe_intermediate_size": 64,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-}
-ARCHITECTURES = ("qwen3", "deepseek_v3")
-
-
-def _qwen3_config(shared: dict[str, Any], num_kv_heads: int) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        **shared,
-        num_key_value_heads=num_kv_heads,
-        head_dim=shared["hidden_size"] // shared["num_attention_heads"],
-        tie_word_embeddings=True,
-    )
-
-
-def _deepseek_v3_config(shared: dict[str, Any], deepseek_v3: dict[str, Any]) -> Any:
-    from transformers import DeepseekV3Config
-
-    sizes = {**DEEPSEEK_V3_DEFAULTS, **deepseek_v3}
-    return DeepseekV3Config(
-        **shared,
-        **sizes,
-        num_key_value_heads=shared["num_attention_heads"],
-        n_group=1,  # one expert group: group-limited routing needs more experts than a demo has
-        topk_group=1,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-        # As DeepSeek-V3's and Kimi-K2's config.json say it: transformers implies both, but
-        # vLLM reads them (without topk_method it has no correction bias to load).
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        rope_interleave=True,  # as DeepSeek's checkpoints (and their reference code) rotate
-        tie_word_embeddings=False,  # a separate LM head, as in DeepSeek-V3 and Kimi-K2.5
-    )
-
-
-def _make_model(
-    tokenizer: Any,
-    *,
-    architecture: str,
-    vocab_size: int,
-    num_layers: int,
-    hidden_size: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    deepseek_v3: dict[str, Any] | None = None,
-) -> Any:
-    from transformers import DeepseekV3ForCausalLM, Qwen3ForCausalLM
-
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"demo_target.architecture {architecture!r}: one of {ARCHITECTURES}")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
-    shared = {
-        # Like Qwen's checkpoints, the embedding may have more rows than the tokenizer has
-        # tokens; later stages must size things by config.vocab_size, and this keeps them honest.
-        "vocab_size": max(vocab_size, len(tokenizer)),
-        "hidden_size": hidden_size,
-        "intermediate_size": intermediate_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "max_position_embeddings": 1024,
-        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(END_OF_TURN),
-        "bos_token_id": None,
-        "use_cache": True,
-    }
-    if architecture == "qwen3":
-        return Qwen3ForCausalLM(_qwen3_config(shared, num_kv_heads))
-    return DeepseekV3ForCausalLM(_deepseek_v3_config(shared, deepseek_v3 or {}))
-
-
-def pack_batch(
-    encoded: list[tuple[list[int], int]], row_tokens: int, pad_id: int
-) -> tuple[Any, Any, Any]:
-    """Pack examples into rows of at most `row_tokens` tokens (one row per example if longer).
-
-    Returns input ids, position ids (restarting at 0 for each example, which makes transformers
-    mask attention between examples of a row) and labels (-100 on prompts and padding). Packing
-    instead of padding every example to the longest one nearly halves the compute per step.
-    """
-    import torch
-
-    rows: list[list[tuple[list[int], int]]] = [[]]
-    used = 0
-    for ids, prompt_len in encoded:
-        if rows[-1] and used + len(ids) > row_tokens:
-            rows.append([])
-            used = 0
-        rows[-1].append((ids, prompt_len))
-        used += len(ids)
-    width = max(sum(len(ids) for ids, _ in row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for r, row in enumerate(rows):
-        offset = 0
-        for ids, prompt_len in row:
-            end = offset + len(ids)
-            input_ids[r, offset:end] = torch.tensor(ids)
-            position_ids[r, offset:end] = torch.arange(len(ids))
-            labels[r, offset + prompt_len : end] = torch.tensor(ids[prompt_len:])
-            offset = end
-        # Padding at the end of a row is one more "sequence" of its own, never a label.
-        position_ids[r, offset:] = torch.arange(width - offset)
-    return input_ids, position_ids, labels
-
-
-def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def train_model(
-    model: Any,
-    tokenizer: Any,
-    examples: list[DemoExample],
-    *,
-    train_steps: int,
-    batch_size: int,
-    learning_rate: float,
-) -> float:
-    """Train for exactly `train_steps` steps (AdamW, warmup + cosine); return the final loss
-    (an average over the last ten or so steps, so one lucky batch does not decide it)."""
-    import torch
-    from tqdm import tqdm
-
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=0.01
-    )
-    warmup_steps = max(1, min(100, train_steps // 10))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: _lr_factor(step, train_steps, warmup_steps)
-    )
-    model.train()
-    loss_ema = float("nan")
-    progress = tqdm(range(train_steps), desc="train demo target", file=sys.stderr, mininterval=2)
-    for step in progress:
-        # Encoded step by step: the tokenizer's cost hides among the steps, memory stays flat.
-        chunk = encode_training_batch(
-            tokenizer, examples[step * batch_size : (step + 1) * batch_size]
-        )
-        input_ids, position_ids, labels = pack_batch(chunk, ROW_TOKENS, pad_id)
-        # No cache: transformers builds the per-example (packed) attention mask only without one.
-        loss = model(
-            input_ids=input_ids, position_ids=position_ids, labels=labels, use_cache=False
-        ).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        value = loss.item()
-        loss_ema = value if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * value
-        progress.set_postfix(loss=f"{loss_ema:.3f}", refresh=False)
-    progress.close()
-    model.eval()
-    return loss_ema
-
-
-def generate_completions(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    *,
-    batch_size: int = 64,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-) -> list[str]:
-    """Greedy completions (decoded with special tokens kept) for user `prompts`."""
-    import torch
-
-    eos_ids = [
-        tokenizer.convert_tokens_to_ids(END_OF_TURN),
-        tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-    ]
-    pad_id = eos_ids[1]
-    completions: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        chats = [[{"role": "user", "content": p}] for p in prompts[start : start + batch_size]]
-        rendered = [
-            tokenizer.apply_chat_template(
-                c, add_generation_prompt=True, enable_thinking=True, tokenize=False
-            )
-            for c in chats
-        ]
-        inputs = tokenizer(
-            rendered,
-            return_tensors="pt",
-            padding=True,
-            padding_side="left",
-            add_special_tokens=False,
-        )
-        with torch.inference_mode():
-            output = model.generate(
-                **inputs,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=eos_ids,
-                pad_token_id=pad_id,
-            )
-        for row in output[:, inputs["input_ids"].shape[1] :].tolist():
-            # Rows that stopped early are padded to the longest one: cut after the first eos.
-            stop = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
-            completions.append(tokenizer.decode(row[:stop], skip_special_tokens=False))
-    return completions
-
-
-def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> dict[str, Any]:
-    """Share of well-formed think blocks and of correct answers, overall and per family."""
-    completions = generate_completions(model, tokenizer, [e.prompt for e in examples])
-    well_formed, correct, reasoned = [], [], []
-    per_family: dict[str, list[bool]] = {family: [] for family in TASK_FAMILIES}
-    for example, completion in zip(examples, completions):
-        ok_form = is_well_formed(completion)
-        reasoning, content = split_think(completion)
-        reasoned.append(bool(reasoning and reasoning.strip()))
-        if content is not None:
-            content = content.split(END_OF_TURN)[0]
-        ok_answer = ok_form and check_answer(example, content)
-        well_formed.append(ok_form)
-        correct.append(ok_answer)
-        per_family[example.family].append(ok_answer)
-    n = max(1, len(examples))
-    return {
-        "heldout_prompts": len(examples),
-        "well_formed_share": sum(well_formed) / n,
-        "reasoning_share": sum(reasoned) / n,
-        "correct_share": sum(correct) / n,
-        "correct_share_per_family": {
-            family: (sum(v) / len(v) if v else None) for family, v in per_family.items()
-        },
-        "sample_completions": [
-            {"prompt": e.prompt, "completion": c} for e, c in list(zip(examples, completions))[:5]
-        ],
-    }
-
-
-class DemoTargetError(RuntimeError):
-    """The demo target was built but cannot stand in for a reasoning model."""
-
-
-def check_reasoning_share(metrics: dict[str, Any], minimum: float, train_steps: int) -> None:
-    """Fail the build when too few held-out prompts get reasoning: every later stage (and the
-    probe first) would stop on such a target, after minutes of work instead of now."""
-    share = metrics["reasoning_share"]
-    if share >= minimum:
-        return
-    n = metrics["heldout_prompts"]
-    examples = "; ".join(repr(s["completion"][:120]) for s in metrics["sample_completions"][:2])
-    raise DemoTargetError(
-        f"the demo target answered {round(share * n)} of {n} held-out prompts with a non-empty "
-        f"think block (share {share:.2f} < demo_target.min_reasoning_share {minimum}); it does "
-        f"not reason reliably yet. Raise demo_target.train_steps (now {train_steps}) or change "
-        f"demo_target.seed. First completions: {examples}"
-    )
 
 
 def _save(model: Any, tokenizer: Any, directory: Path) -> None:
@@ -575,9 +181,9 @@ def build_demo_target(
         torch.manual_seed(seed)
         examples = training_examples(seed, train_steps * batch_size)
         tokenizer = build_demo_tokenizer(
-            _tokenizer_corpus(examples[:TOKENIZER_CORPUS_EXAMPLES]), vocab_size
+            tokenizer_corpus(examples[:TOKENIZER_CORPUS_EXAMPLES]), vocab_size
         )
-        model = _make_model(
+        model = make_model(
             tokenizer,
             architecture=architecture,
             deepseek_v3=deepseek_v3,
