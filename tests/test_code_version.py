@@ -252,12 +252,25 @@ def test_a_script_edit_and_an_import_change_the_version(tmp_path):
     assert script_code_version(script, package_dir=pkg) != after_import
 
 
-def test_a_module_named_by_a_string_counts(tmp_path):
+def test_a_module_run_by_name_counts(tmp_path):
     pkg = package(
         tmp_path,
-        {"entry.py": 'WORKER = "pkg.worker"\n', "worker.py": "import pkg.deep\n", "deep.py": ""},
+        {
+            "entry.py": 'WORKER_MODULE = "pkg.worker"\nCOMMAND = ["-m", "pkg.cli"]\n',
+            "worker.py": "import pkg.deep\n",
+            "deep.py": "",
+            "cli.py": "import pkg.everything\n",
+            "everything.py": "",
+        },
     )
     assert module_closure(["entry"], package_dir=pkg) == ["deep.py", "entry.py", "worker.py"]
+
+
+def test_the_demo_server_module_is_the_one_serve_runs():
+    from eaglenest.cli import SUBCOMMANDS
+    from eaglenest.demo.server_process import SERVER_MODULE
+
+    assert SUBCOMMANDS["serve"][0] == SERVER_MODULE
 
 
 # Run in a fresh interpreter: imports every module of the package once (so the third-party
@@ -296,7 +309,7 @@ LAZY = re.compile(
 
 def lazy_imports(module):
     text = open(module.__file__).read()
-    yield from re.findall(r"[\"'](eaglenest\.[\w.]+)[\"']", text)  # modules run by name
+    yield from re.findall(r"^\w+_MODULE = [\"'](eaglenest\.[\w.]+)[\"']", text, re.M)  # run by name
     for match in LAZY.finditer(text):
         if match.group(1):
             base = importlib.util.resolve_name(match.group(1), module.__package__)

@@ -4,8 +4,8 @@ Snakemake does not rerun jobs when imported library code changes, so each rule c
 derived from the rule's own script (scripts/<name>.py) alone: the script, the package modules it
 imports (its entry modules), every module of the package those import, directly or through each
 other, at the top of a module or lazily inside a function, plus the package's data files those
-modules name (e.g. demo/target.py reads "chat_template.jinja"). Nothing lists a stage's modules by
-hand: a new import counts where it is written. Python is hashed by its syntax tree without
+modules name (e.g. demo/target_tokenizer.py reads "chat_template.jinja"). Nothing lists a
+stage's modules by hand: a new import counts where it is written. Python is hashed by its syntax tree without
 docstrings, so a comment or docstring edit reruns nothing; other files by bytes.
 
 What counts, read from the syntax tree (nothing is imported):
@@ -17,9 +17,10 @@ What counts, read from the syntax tree (nothing is imported):
   version string, which only what records it (hidden-state metadata) should rerun for.
 - A data file counts where a module holds a string constant that is its path relative to the
   package or to the module's directory (not a name built at run time).
-- A module counts where a module holds its dotted name as a string constant: what runs a module
-  by name (`python -m`, a vLLM connector or worker named by its module) writes it that way.
-Not followed: names built at run time.
+- A module counts where a module names it in a module-level constant `<NAME>_MODULE = "pkg.x"`:
+  what runs a module by name (`python -m`, a vLLM connector or worker named by its module) names
+  it that way. Not followed: other strings (a `-m pkg.cli` command would pull in every
+  subcommand) and names built at run time.
 - What a script calls that shapes no output (`SHAPES_NO_OUTPUT`: logging, GPU claims) is not one of
   its entry modules: changing how a job logs reruns nothing.
 """
@@ -60,6 +61,7 @@ class _PythonSource:
     # `from a import b, c` -> ("a", ("b", "c")); relative imports already made absolute.
     imports: tuple[tuple[str, tuple[str, ...]], ...]
     strings: frozenset[str]  # string constants outside docstrings: candidate data file names
+    run_by_name: tuple[str, ...]  # modules named by `<NAME>_MODULE = "..."` constants
 
 
 # (path, its name in the package, package, content) -> parsed module: a parse of the workflow
@@ -86,6 +88,21 @@ def _absolute(node: ast.ImportFrom, own_package: str) -> str | None:
     return f"{base}.{node.module}" if node.module else base
 
 
+def _modules_run_by_name(tree: ast.Module) -> tuple[str, ...]:
+    names = []
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.endswith("_MODULE")
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            names.append(node.value.value)
+    return tuple(names)
+
+
 def _parse(path: Path, relative: PurePosixPath, package: str) -> _PythonSource:
     content = path.read_bytes()
     key = (str(path), relative.as_posix(), package, content)
@@ -104,7 +121,9 @@ def _parse(path: Path, relative: PurePosixPath, package: str) -> _PythonSource:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 strings.add(node.value)
         fingerprint = ast.dump(tree, include_attributes=False).encode()
-        _PARSED[key] = _PythonSource(fingerprint, tuple(imports), frozenset(strings))
+        _PARSED[key] = _PythonSource(
+            fingerprint, tuple(imports), frozenset(strings), _modules_run_by_name(tree)
+        )
     return _PARSED[key]
 
 
@@ -218,9 +237,8 @@ def module_closure(
         for module, names in parsed.imports:
             pending += package.imported_files(module, names) - excluded - closure
         closure |= package.data_files(relative, parsed.strings)
-        for text in parsed.strings:  # modules run by name (see the module docstring)
-            if text.startswith(package.name + ".") and package.module_file(text):
-                pending += package.imported_files(text, ()) - excluded - closure
+        for name in parsed.run_by_name:  # see the module docstring
+            pending += package.imported_files(name, ()) - excluded - closure
     return sorted(closure)
 
 

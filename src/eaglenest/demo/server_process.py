@@ -20,16 +20,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eaglenest.demo.faults import FAULT_MODES
 
-if TYPE_CHECKING:
-    # The server this module starts runs in the child (`eaglenest serve`, by name), so nothing
-    # imports it here; this line makes code versions hash it with the stages it answers
-    # (eaglenest.common.code_version reads these blocks, the import graph does not count them).
-    from eaglenest.demo import server  # noqa: F401
-
+# The module `eaglenest serve` runs in the child (eaglenest.cli's SUBCOMMANDS), so nothing here
+# imports it; named so that code versions hash it with the stages it answers.
+SERVER_MODULE = "eaglenest.demo.server"
 LISTENING_PREFIX = "eaglenest serve: listening on "  # the server prints it with its URL
 LOG_TAIL_CHARS = 4000
 TERMINATE_TIMEOUT_S = 10.0
