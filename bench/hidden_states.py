@@ -81,8 +81,10 @@ def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, see
 
 def demo_target(directory: Path) -> Path:
     from eaglenest.demo.target import build_demo_target
+    from eaglenest.settings.demo_target import DemoTargetSettings
 
-    build_demo_target(directory, train_steps=0, heldout_prompts=1, min_reasoning_share=0.0)
+    untrained = {"train_steps": 0, "heldout_prompts": 1, "min_reasoning_share": 0.0}
+    build_demo_target(directory, settings_from_sections(DemoTargetSettings, demo_target=untrained))
     return directory
 
 

@@ -8,4 +8,4 @@ from eaglenest.settings.demo_target import DemoTargetSettings
 settings = DemoTargetSettings.from_json(snakemake.params.settings)
 with log_to(snakemake.log[0]):
     torch.set_num_threads(max(1, snakemake.threads))
-    build_demo_target(snakemake.output.target, **settings.as_kwargs())
+    build_demo_target(snakemake.output.target, settings)

@@ -20,10 +20,13 @@ DEMO_TARGET_TEST_SETTINGS = {
 @pytest.fixture(scope="session")
 def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained demo target in Hugging Face layout (with `demo_metrics.json`)."""
+    from eaglenest.common.config import settings_from_sections
     from eaglenest.demo.target import build_demo_target
+    from eaglenest.settings.demo_target import DemoTargetSettings
 
     out_dir = tmp_path_factory.mktemp("demo-target") / "target"
-    build_demo_target(out_dir, **DEMO_TARGET_TEST_SETTINGS)
+    settings = settings_from_sections(DemoTargetSettings, demo_target=DEMO_TARGET_TEST_SETTINGS)
+    build_demo_target(out_dir, settings)
     return out_dir
 
 

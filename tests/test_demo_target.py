@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.demo.target import METRICS_FILE, build_demo_target
 from eaglenest.demo.target_tokenizer import build_demo_tokenizer
 from eaglenest.demo.tasks import (
@@ -21,9 +22,16 @@ from eaglenest.demo.tasks import (
     make_example,
     training_examples,
 )
+from eaglenest.settings.demo_target import DemoTargetSettings
+
+
+def demo_settings(**values) -> DemoTargetSettings:
+    """The demo target's settings: these values over the `demo_target` section's defaults."""
+    return settings_from_sections(DemoTargetSettings, demo_target=values)
+
 
 TINY_BUILD = {
-    "num_layers": 2,
+    "num_layers": 4,  # the schema's least: three aux layers and the last
     "hidden_size": 32,
     "num_heads": 2,
     "num_kv_heads": 1,
@@ -216,9 +224,9 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 
     threads_before = torch.get_num_threads()
     # One thread: tiny models gain nothing from more, and the numbers are then reproducible.
-    untrained = {"train_steps": 3, "threads": 1, "min_reasoning_share": 0.0, **TINY_BUILD}
-    first = build_demo_target(tmp_path / "a", **untrained)
-    second = build_demo_target(tmp_path / "b", **untrained)
+    untrained = demo_settings(train_steps=3, min_reasoning_share=0.0, **TINY_BUILD)
+    first = build_demo_target(tmp_path / "a", untrained, threads=1)
+    second = build_demo_target(tmp_path / "b", untrained, threads=1)
     assert first["threads"] == 1 and torch.get_num_threads() == threads_before  # restored
     assert first["final_loss"] == second["final_loss"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
@@ -230,7 +238,7 @@ def test_build_is_deterministic_and_failed_build_leaves_nothing(tmp_path, monkey
 
     monkeypatch.setattr(demo_target, "_save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        build_demo_target(tmp_path / "c", **untrained)
+        build_demo_target(tmp_path / "c", untrained, threads=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
@@ -240,7 +248,7 @@ def test_a_demo_target_that_does_not_reason_fails_its_build(tmp_path):
     from eaglenest.demo.target_heldout import DemoTargetError
 
     with pytest.raises(DemoTargetError, match=r"min_reasoning_share 0\.9.*train_steps \(now 3\)"):
-        build_demo_target(tmp_path / "t", train_steps=3, threads=1, **TINY_BUILD)
+        build_demo_target(tmp_path / "t", demo_settings(train_steps=3, **TINY_BUILD), threads=1)
     assert not (tmp_path / "t").exists()
 
 

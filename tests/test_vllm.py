@@ -126,13 +126,16 @@ def vllm_server(
 def vllm_target_dir(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     """The small demo target of the other tests (tests/conftest.py) where vLLM can serve it on
     the CPU; else the same with 2 attention heads (hidden 64 over 4 heads is a head size of 16)."""
+    from eaglenest.common.config import settings_from_sections
     from eaglenest.demo.target import build_demo_target
+    from eaglenest.settings.demo_target import DemoTargetSettings
 
     require_vllm_venv()
     if SMALL_TARGET["hidden_size"] // SMALL_TARGET["num_heads"] in CPU_HEAD_SIZES:
         return request.getfixturevalue("demo_target_dir")
     out_dir = tmp_path_factory.mktemp("vllm-target") / "target"
-    build_demo_target(out_dir, **{**SMALL_TARGET, "num_heads": 2, "num_kv_heads": 1})
+    sizes = {**SMALL_TARGET, "num_heads": 2, "num_kv_heads": 1}
+    build_demo_target(out_dir, settings_from_sections(DemoTargetSettings, demo_target=sizes))
     return out_dir
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import held_temp_beside, write_json
 from eaglenest.demo.target_heldout import MAX_NEW_TOKENS, check_reasoning_share, evaluate_model
 from eaglenest.demo.target_model import ARCHITECTURES, make_model
@@ -42,6 +43,7 @@ from eaglenest.demo.tasks import (
     heldout_examples,
     training_examples,
 )
+from eaglenest.settings.demo_target import DemoTargetSettings
 
 logger = logging.getLogger(__name__)
 
@@ -146,37 +148,25 @@ def _train_and_evaluate(
 
 def build_demo_target(
     out_dir: str | Path,
-    *,
-    seed: int = 0,
-    architecture: str = "qwen3",
-    num_layers: int = 8,
-    hidden_size: int = 128,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 384,
-    vocab_size: int = 1024,
-    train_steps: int = 600,
-    batch_size: int = 16,
-    learning_rate: float = 3e-3,
-    heldout_prompts: int = 60,
-    min_reasoning_share: float = 0.9,
-    deepseek_v3: dict[str, Any] | None = None,
+    settings: DemoTargetSettings,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Build, train, evaluate and save the demo target to `out_dir`; return its metrics.
 
-    The defaults train on 9,600 examples: about 2 minutes on two idle cores (~85 examples/s),
-    after which held-out completions are well-formed think blocks. The directory appears only
-    when complete, and replaces an existing one. `threads`: see `torch_threads`; in a pipeline
-    job the adapter has already set the rule's threads. `architecture`: qwen3 (dense) or
-    deepseek_v3 (MLA + MoE, sized by `deepseek_v3` over DEEPSEEK_V3_DEFAULTS; `num_kv_heads`
-    unused).
+    The schema's defaults (the `demo_target` section) train on 9,600 examples: about 2 minutes on
+    two idle cores (~85 examples/s), after which held-out completions are well-formed think
+    blocks. The directory appears only when complete, and replaces an existing one. `threads`:
+    see `torch_threads`; in a pipeline job the adapter has already set the rule's threads.
+    `architecture`: qwen3 (dense) or deepseek_v3 (MLA + MoE, sized by `deepseek_v3` over
+    DEEPSEEK_V3_DEFAULTS; `num_kv_heads` unused).
     """
     import torch
 
     say = log or logger.info
     started = time.perf_counter()
+    seed, train_steps, batch_size = settings.seed, settings.train_steps, settings.batch_size
+    architecture, vocab_size = settings.architecture, settings.vocab_size
     with torch_threads(threads) as threads_used:
         torch.manual_seed(seed)
         examples = training_examples(seed, train_steps * batch_size)
@@ -186,13 +176,13 @@ def build_demo_target(
         model = make_model(
             tokenizer,
             architecture=architecture,
-            deepseek_v3=deepseek_v3,
+            deepseek_v3=settings.deepseek_v3,
             vocab_size=vocab_size,
-            num_layers=num_layers,
-            hidden_size=hidden_size,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            intermediate_size=intermediate_size,
+            num_layers=settings.num_layers,
+            hidden_size=settings.hidden_size,
+            num_heads=settings.num_heads,
+            num_kv_heads=settings.num_kv_heads,
+            intermediate_size=settings.intermediate_size,
         )
         say(
             f"demo target ({architecture}): {len(tokenizer)} tokens, "
@@ -206,8 +196,8 @@ def build_demo_target(
             seed=seed,
             train_steps=train_steps,
             batch_size=batch_size,
-            learning_rate=learning_rate,
-            heldout_prompts=heldout_prompts,
+            learning_rate=settings.learning_rate,
+            heldout_prompts=settings.heldout_prompts,
             threads=threads_used,
         )
     say(
@@ -215,7 +205,7 @@ def build_demo_target(
         f"reasoning {metrics['reasoning_share']:.2f}, "
         f"correct {metrics['correct_share']:.2f}, final loss {metrics['final_loss']:.3f}"
     )
-    check_reasoning_share(metrics, min_reasoning_share, train_steps)
+    check_reasoning_share(metrics, settings.min_reasoning_share, train_steps)
     with atomic_directory(Path(out_dir)) as tmp_dir:
         _save(model, tokenizer, tmp_dir)
         metrics["total_seconds"] = time.perf_counter() - started
@@ -224,24 +214,30 @@ def build_demo_target(
     return metrics
 
 
+INT_OPTIONS = (
+    "seed",
+    "train-steps",
+    "batch-size",
+    "num-layers",
+    "hidden-size",
+    "num-heads",
+    "num-kv-heads",
+    "intermediate-size",
+    "vocab-size",
+    "heldout-prompts",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory (Hugging Face layout)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--architecture", choices=ARCHITECTURES, default="qwen3")
-    parser.add_argument("--train-steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--num-layers", type=int, default=8)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--num-kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate-size", type=int, default=384)
-    parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--heldout-prompts", type=int, default=60)
+    # Unset options take the `demo_target` section's defaults (config/schema.yaml).
+    for name in INT_OPTIONS:
+        parser.add_argument(f"--{name}", type=int)
+    parser.add_argument("--learning-rate", type=float)
+    parser.add_argument("--architecture", choices=ARCHITECTURES)
     parser.add_argument(
         "--min-reasoning-share",
         type=float,
-        default=0.9,
         help="fail when fewer held-out answers than this reason (0 turns the check off)",
     )
     parser.add_argument(
@@ -253,21 +249,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    build_demo_target(
-        args.out,
-        seed=args.seed,
-        architecture=args.architecture,
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-        vocab_size=args.vocab_size,
-        train_steps=args.train_steps,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        heldout_prompts=args.heldout_prompts,
-        min_reasoning_share=args.min_reasoning_share,
-        threads=args.threads,
-    )
+    fields = [f for f in DemoTargetSettings.__dataclass_fields__ if f != "deepseek_v3"]
+    given = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
+    settings = settings_from_sections(DemoTargetSettings, demo_target=given)
+    build_demo_target(args.out, settings, threads=args.threads)
     return 0

@@ -30,7 +30,3 @@ class DemoTargetSettings(Settings):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DemoTargetSettings:
         return cls(**{k: config["demo_target"][k] for k in cls.__dataclass_fields__})
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of `eaglenest.demo.target.build_demo_target`."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
