@@ -22,18 +22,18 @@ onstart:
 
 from eaglenest.common.code_version import stage_code_version as _stage_code_version
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.stages.prompts import (
-    PromptOptions,
-    local_source_files,
+from eaglenest.stages.prompts.shards import (
     prepared_params_json,
     shard_ids,
     shard_params_json,
 )
+from eaglenest.stages.prompts.sources import local_source_files
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
+from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.target import TargetModel
 from eaglenest.settings.train import TrainSettings
@@ -66,9 +66,9 @@ if DEMO and not config["target"]["path"]:
 # import needs no edit here (see eaglenest.common.code_version). Logging (logs.py) and GPU claims
 # (gpus.py), which the scripts also call, shape no output and rerun nothing.
 STAGE_ENTRIES = {
-    "prompts": ["stages.prompts"],
+    "prompts": ["stages.prompts.prompts"],
     "demo_target": ["demo.target", "settings.demo_target"],
-    "generate": ["stages.generate", "stages.prompts"],
+    "generate": ["stages.generate", "stages.prompts.prompts"],
     # validate then tokenize, one job per shard (rules/samples.smk)
     "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
     "vocab": ["stages.vocab", "settings.vocab"],
