@@ -70,7 +70,7 @@ STAGE_ENTRIES = {
     "demo_target": ["demo.target", "settings.demo_target"],
     "generate": ["stages.generate", "stages.prompts.prompts"],
     # validate then tokenize, one job per shard (rules/samples.smk)
-    "samples": ["stages.validate", "stages.tokenize", "formats.lengths"],
+    "samples": ["stages.validate", "stages.tokenize.tokenize", "formats.lengths"],
     "vocab": ["stages.vocab", "settings.vocab"],
     # the vLLM backend's engine side (vllm_capture) names its connector module by string
     "hidden": [
