@@ -44,55 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-def _no_usable_prompt(source: PromptSource, tally: SkipTally) -> PromptSourceError:
-    hint = ""
-    if tally.skipped.get("unknown_schema"):
-        hint = "; set prompts.format or prompts.columns to the source's columns"
-    return PromptSourceError(
-        f"prompts source {source.label!r} has no usable prompt: {tally.rows_read} rows read, "
-        f"{tally.summary()}{hint}"
-    )
-
-
-def _too_few(options: PromptOptions, label: str, n_prompts: int, why: str) -> str:
-    return (
-        f"prompts source {label!r} has {n_prompts} usable prompts but prompts.max_samples is "
-        f"{options.max_samples} ({why}); lower prompts.max_samples to {n_prompts} or set "
-        "prompts.allow_short: true"
-    )
-
-
-def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    import polars as pl
-
-    from eaglenest.formats.prompts import empty_prompts_frame
-
-    if not rows:
-        return empty_prompts_frame()
-    return pl.DataFrame(rows, schema=empty_prompts_frame().schema)
-
-
-def validate_prompts(frame: pl.DataFrame, path: str | Path) -> pl.DataFrame:
-    """Check `frame` against PromptsSchema; the error names the file and the failing rows."""
-    import pandera.errors
-
-    from eaglenest.formats.prompts import PromptsSchema
-
-    try:
-        return PromptsSchema.validate(frame, lazy=True)
-    except (pandera.errors.SchemaError, pandera.errors.SchemaErrors) as err:
-        raise ValueError(f"{path}: prompts do not match PromptsSchema: {err}") from err
-
-
-def read_prompts(path: str | Path) -> pl.DataFrame:
-    """A prompts file (a shard or all.parquet), validated."""
-    import polars as pl
-
-    return validate_prompts(pl.read_parquet(path), path)
-
-
-_PREPARED_KEY = "eaglenest.stages.prompts"  # parquet metadata key of what all.parquet was made from
+# Parquet metadata key of what all.parquet was made from: the package name, as when the stage was
+# one module, so prepared lists keep their bytes.
+_PREPARED_KEY = "eaglenest.stages.prompts"
 
 
 def prepare_prompts(
@@ -140,29 +94,6 @@ def prepare_prompts(
     if report is not None:
         write_json(report, summary)
     return summary
-
-
-def _check_prepared(path: str | Path, options: PromptOptions) -> str:
-    """The source label of a prepared list; fails when it was made with other list settings."""
-    import pyarrow.parquet as pq
-
-    metadata = pq.read_schema(path).metadata or {}
-    raw = metadata.get(_PREPARED_KEY.encode())
-    if raw is None:
-        raise PromptSourceError(f"{path}: not a prepared prompt list (no {_PREPARED_KEY} metadata)")
-    stamp = json.loads(raw)
-    expected = json.loads(json.dumps(options.list_settings()))  # tuples -> lists, like the stamp
-    if stamp["settings"] != expected:
-        changed = sorted(
-            key
-            for key in set(stamp["settings"]) | set(expected)
-            if stamp["settings"].get(key) != expected.get(key)
-        )
-        raise PromptSourceError(
-            f"{path} was prepared with other prompts settings ({', '.join(changed)} differ); "
-            "prepare it again (its rule's params should be prepared_params_json(config))"
-        )
-    return stamp["source"]
 
 
 def write_prompt_shard(
@@ -216,3 +147,73 @@ def write_prompt_shard(
     }
     log.info("prompt shard %s: %s", shard, json.dumps(summary, sort_keys=True))
     return summary
+
+
+def read_prompts(path: str | Path) -> pl.DataFrame:
+    """A prompts file (a shard or all.parquet), validated."""
+    import polars as pl
+
+    return validate_prompts(pl.read_parquet(path), path)
+
+
+def validate_prompts(frame: pl.DataFrame, path: str | Path) -> pl.DataFrame:
+    """Check `frame` against PromptsSchema; the error names the file and the failing rows."""
+    import pandera.errors
+
+    from eaglenest.formats.prompts import PromptsSchema
+
+    try:
+        return PromptsSchema.validate(frame, lazy=True)
+    except (pandera.errors.SchemaError, pandera.errors.SchemaErrors) as err:
+        raise ValueError(f"{path}: prompts do not match PromptsSchema: {err}") from err
+
+
+def _check_prepared(path: str | Path, options: PromptOptions) -> str:
+    """The source label of a prepared list; fails when it was made with other list settings."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    raw = metadata.get(_PREPARED_KEY.encode())
+    if raw is None:
+        raise PromptSourceError(f"{path}: not a prepared prompt list (no {_PREPARED_KEY} metadata)")
+    stamp = json.loads(raw)
+    expected = json.loads(json.dumps(options.list_settings()))  # tuples -> lists, like the stamp
+    if stamp["settings"] != expected:
+        changed = sorted(
+            key
+            for key in set(stamp["settings"]) | set(expected)
+            if stamp["settings"].get(key) != expected.get(key)
+        )
+        raise PromptSourceError(
+            f"{path} was prepared with other prompts settings ({', '.join(changed)} differ); "
+            "prepare it again (its rule's params should be prepared_params_json(config))"
+        )
+    return stamp["source"]
+
+
+def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    import polars as pl
+
+    from eaglenest.formats.prompts import empty_prompts_frame
+
+    if not rows:
+        return empty_prompts_frame()
+    return pl.DataFrame(rows, schema=empty_prompts_frame().schema)
+
+
+def _no_usable_prompt(source: PromptSource, tally: SkipTally) -> PromptSourceError:
+    hint = ""
+    if tally.skipped.get("unknown_schema"):
+        hint = "; set prompts.format or prompts.columns to the source's columns"
+    return PromptSourceError(
+        f"prompts source {source.label!r} has no usable prompt: {tally.rows_read} rows read, "
+        f"{tally.summary()}{hint}"
+    )
+
+
+def _too_few(options: PromptOptions, label: str, n_prompts: int, why: str) -> str:
+    return (
+        f"prompts source {label!r} has {n_prompts} usable prompts but prompts.max_samples is "
+        f"{options.max_samples} ({why}); lower prompts.max_samples to {n_prompts} or set "
+        "prompts.allow_short: true"
+    )
