@@ -70,7 +70,8 @@ from eaglenest import drafter_attention
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
 from eaglenest.drafter_attention import causal_logsumexp
 from eaglenest.formats.feature_batches import Batch, BatchPlan, TargetSignal, build_batch
-from eaglenest.stages.train.train import Processes, autocast, ttt_loss
+from eaglenest.stages.train.distributed import Processes, autocast
+from eaglenest.stages.train.loss import ttt_loss
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -430,7 +431,7 @@ def packed_setup(ctx: Context):
     from eaglenest.formats.draft_vocab import DraftVocab
     from eaglenest.formats.feature_batches import build_packed_batch, open_shards
     from eaglenest.formats.target_head import TargetHead
-    from eaglenest.stages.train.train import build_drafter
+    from eaglenest.stages.train.initialise import build_drafter
 
     run = demo_run(ctx)
     head, vocab = TargetHead.load(run["target_head"]), DraftVocab.load(run["draft_vocab"])
@@ -687,7 +688,8 @@ def step_ddp(ctx: Context, figures: dict) -> None:
 def ddp_child(spec: dict) -> dict:
     import torch.distributed as dist
 
-    from eaglenest.stages.train.train import data_parallel, set_up_training, step_batches
+    from eaglenest.stages.train.distributed import data_parallel
+    from eaglenest.stages.train.train import set_up_training, step_batches
 
     device = spec["device"]
     backend = "nccl" if device.startswith("cuda") else "gloo"

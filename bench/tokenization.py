@@ -39,7 +39,8 @@ from eaglenest.demo.target_tokenizer import build_demo_tokenizer, tokenizer_corp
 from eaglenest.demo.tasks import heldout_examples, training_examples
 from eaglenest.formats.samples import SAMPLE_SCHEMA
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.stages.tokenize import resolve_target_tokens, tokenize_frame
+from eaglenest.stages.tokenize.tokenize import tokenize_frame
+from eaglenest.target.special_tokens import resolve_target_tokens
 from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
 
 KWARGS = {"enable_thinking": True}
@@ -141,7 +142,7 @@ def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
         "tokens": n_tokens,
         "tokens_per_sample": n_tokens / n,
         **{f"{name}_tokens_per_s": n_tokens / s for name, s in seconds.items()},
-        "agreement_share": verified["agreement"]["share"],
+        "agreement_share": verified.agreement.share,
     }
     for name in ("rebuild", "server_ids"):
         result[f"{name}_ratio"] = seconds["baseline"] / seconds[name]

@@ -54,7 +54,10 @@ from eaglenest.formats.feature_batches import (
 )
 from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.formats.target_head import TargetHead
-from eaglenest.stages.train.train import TrainSettings, build_drafter, train_drafter, ttt_loss
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.initialise import build_drafter
+from eaglenest.stages.train.loss import ttt_loss
+from eaglenest.stages.train.train import train_drafter
 
 SIZES = {
     "demo": {

@@ -23,13 +23,12 @@ onstart:
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.stages.prompts import (
-    PromptOptions,
-    local_source_files,
+from eaglenest.stages.prompts.shards import (
     prepared_params_json,
     shard_ids,
     shard_params_json,
 )
+from eaglenest.stages.prompts.sources import local_source_files
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
@@ -39,6 +38,7 @@ from eaglenest.settings.hidden import (
     TargetHeadSettings,
 )
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
+from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.train import TrainSettings

@@ -2,8 +2,9 @@
 # eaglenest.stages.prompts.write_prompt_shard and eaglenest.stages.generate.
 from eaglenest.common.logs import log_to
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.settings.prompts import PromptOptions
 from eaglenest.stages.generate import generate_shard
-from eaglenest.stages.prompts import PromptOptions, write_prompt_shard
+from eaglenest.stages.prompts.prompts import write_prompt_shard
 
 with log_to(snakemake.log.generate):
     write_prompt_shard(

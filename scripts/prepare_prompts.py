@@ -1,6 +1,7 @@
 # Snakemake adapter for the prompts stage (read and order the source): see eaglenest.stages.prompts.
 from eaglenest.common.logs import log_to
-from eaglenest.stages.prompts import PromptOptions, prepare_prompts
+from eaglenest.settings.prompts import PromptOptions
+from eaglenest.stages.prompts.prompts import prepare_prompts
 
 options = PromptOptions.from_json(snakemake.params.prompts)
 with log_to(snakemake.log[0]):

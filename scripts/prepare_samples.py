@@ -4,7 +4,7 @@
 from eaglenest.common.logs import log_to
 from eaglenest.formats.lengths import write_shard_lengths
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.stages.tokenize import tokenize_shard
+from eaglenest.stages.tokenize.tokenize import tokenize_shard
 from eaglenest.stages.validate import validate_shard
 from eaglenest.target.tokenizer import target_vocab_size_of
 

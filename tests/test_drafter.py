@@ -23,7 +23,7 @@ from eaglenest.drafter import (
     ttt_forward,
 )
 from eaglenest.formats.feature_batches import Batch
-from eaglenest.stages.train.train import ttt_loss
+from eaglenest.stages.train.loss import ttt_loss
 
 VARIANTS = {
     "plain": {},
@@ -234,7 +234,7 @@ import resource, sys, torch
 torch.set_num_threads(2)
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
 from eaglenest.formats.feature_batches import Batch
-from eaglenest.stages.train.train import ttt_loss
+from eaglenest.stages.train.loss import ttt_loss
 T = int(sys.argv[1])
 config = DrafterConfig(hidden_size=32, target_hidden_size=32, intermediate_size=64,
                        num_attention_heads=1, num_key_value_heads=1, head_dim=32, vocab_size=512,

@@ -25,8 +25,8 @@ from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.hidden_states.plan import plan_hidden_shard
-from eaglenest.stages.tokenize import tokenize_shard
-from eaglenest.stages.train.train import build_drafter
+from eaglenest.stages.tokenize.tokenize import tokenize_shard
+from eaglenest.stages.train.initialise import build_drafter
 from eaglenest.stages.vocab import build_draft_vocab
 from eaglenest.target.loading import load_text_config
 from eaglenest.target.tokenizer import load_tokenizer, target_vocab_size_of

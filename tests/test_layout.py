@@ -34,7 +34,7 @@ PACKAGE = LIBRARY
 MAX_IMPORT_LEVELS = 6
 # The only modules outside demo/ that may import it: the endpoints start the embedded server, and
 # the prompt source `demo` draws the demo's held-out tasks.
-DEMO_REACH = {"eaglenest.client.endpoints", "eaglenest.stages.prompts"}
+DEMO_REACH = {"eaglenest.client.endpoints", "eaglenest.stages.prompts.sources"}
 
 
 def module_name(path: Path) -> str:

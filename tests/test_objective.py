@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglenest.formats.feature_batches import Batch
-from eaglenest.stages.train.train import Objective, position_losses, ttt_loss
+from eaglenest.stages.train.loss import Objective, position_losses, ttt_loss
 
 LN2, LN3 = math.log(2), math.log(3)
 

@@ -13,23 +13,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eaglenest.common.config import ConfigError
+from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.formats.prompts import PromptsSchema, empty_prompts_frame
-from eaglenest.stages.prompts import (
-    SKIP_REASONS,
-    PromptSourceError,
-    local_source_files,
-    prepare_prompts,
+from eaglenest.settings.prompts import source_kind
+from eaglenest.stages.prompts.listing import walk_order
+from eaglenest.stages.prompts.normalise import SKIP_REASONS, prompt_id
+from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts, write_prompt_shard
+from eaglenest.stages.prompts.shards import (
     prepared_params_json,
-    prompt_id,
-    read_prompts,
     shard_bounds,
     shard_ids,
     shard_params_json,
-    source_kind,
-    walk_order,
-    write_prompt_shard,
 )
+from eaglenest.stages.prompts.sources import PromptSourceError, local_source_files
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -43,7 +39,10 @@ def user(text: str) -> dict:
 
 
 def config_for(source, **prompts) -> dict:
-    return {"seed": prompts.pop("seed", 0), "prompts": {"source": source, **prompts}}
+    """A validated config (defaults filled in) of this source and these `prompts` keys."""
+    return validate_config(
+        {"seed": prompts.pop("seed", 0), "prompts": {"source": source, **prompts}}
+    )
 
 
 def all_prompts(tmp_path: Path, config: dict) -> tuple[pl.DataFrame, dict]:
@@ -72,8 +71,8 @@ EXPECTED = [{"role": "system", "content": "Be brief."}, user("What is 2 + 2?")]
 
 
 def test_demo_defaults_give_four_shards_of_100():
-    assert shard_ids({}) == ["00000", "00001", "00002", "00003"]
-    assert shard_bounds({}, "00003") == (300, 400)
+    assert shard_ids(validate_config({})) == ["00000", "00001", "00002", "00003"]
+    assert shard_bounds(validate_config({}), "00003") == (300, 400)
 
 
 def test_last_shard_is_short_and_unknown_shards_are_refused():

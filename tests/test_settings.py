@@ -34,7 +34,6 @@ TRIGGER_ONLY = {"code_version", "bounds", "listing"}
 def settings_classes() -> list[type[Settings]]:
     for info in pkgutil.iter_modules(eaglenest.settings.__path__, "eaglenest.settings."):
         importlib.import_module(info.name)
-    importlib.import_module("eaglenest.stages.prompts")  # PromptOptions
     found, todo = [], list(Settings.__subclasses__())
     while todo:
         cls = todo.pop()

@@ -22,9 +22,9 @@ from eaglenest.formats.target_head import TargetHeadError, save_target_head
 from eaglenest.settings.hidden import TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.evaluate.evaluate import eos_token_ids
-from eaglenest.stages.tokenize import TargetTokens, resolve_target_tokens
 from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target.loading import load_target, target_config_hash
+from eaglenest.target.special_tokens import TargetTokens, resolve_target_tokens
 from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
 
 torch.set_num_threads(1)

@@ -30,13 +30,10 @@ from eaglenest.formats.tokens import TokensSchema, loss_mask
 from eaglenest.settings.probe import ProbeSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.probe import probe_think_ids
-from eaglenest.stages.tokenize import (
-    MISMATCH_WINDOW,
-    TokenizeError,
-    tokenize_samples,
-    tokenize_shard,
-)
+from eaglenest.stages.tokenize.server_ids import MISMATCH_WINDOW
+from eaglenest.stages.tokenize.tokenize import tokenize_samples, tokenize_shard
 from eaglenest.target.remote_code import RemoteCodeError
+from eaglenest.target.tokenizer import TokenizeError
 
 # Qwen3-Thinking-2507 and DeepSeek-R1 (0528) end the prompt with "<think>\n", Kimi-K2.5 with
 # "<think>": the model's output starts inside the think block.

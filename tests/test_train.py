@@ -30,15 +30,11 @@ from eaglenest.formats.feature_batches import (
     open_shards,
 )
 from eaglenest.formats.target_head import TargetHead
-from eaglenest.stages.train.train import (
-    Processes,
-    TrainingDiverged,
-    TrainSettings,
-    build_drafter,
-    step_batches,
-    train_drafter,
-    ttt_loss,
-)
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.distributed import Processes
+from eaglenest.stages.train.initialise import build_drafter
+from eaglenest.stages.train.loss import ttt_loss
+from eaglenest.stages.train.train import TrainingDiverged, step_batches, train_drafter
 
 pytestmark = pytest.mark.slow
 

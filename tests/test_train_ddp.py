@@ -16,14 +16,9 @@ from support.drafter_sizes import CONFIG
 from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter import Eagle3Drafter
 from eaglenest.formats.feature_batches import Batch
-from eaglenest.stages.train.train import (
-    Processes,
-    Progress,
-    Training,
-    TrainSettings,
-    data_parallel,
-    train_step,
-)
+from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.distributed import Processes, data_parallel
+from eaglenest.stages.train.train import Progress, Training, train_step
 
 LENGTH = 12
 TTT_STEPS = 3

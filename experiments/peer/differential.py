@@ -26,7 +26,7 @@ from eaglenest.formats.feature_batches import (
     open_shards,
 )
 from eaglenest.formats.target_head import TargetHead
-from eaglenest.stages.train.train import Objective, ttt_loss
+from eaglenest.stages.train.loss import Objective, ttt_loss
 
 
 class Captured(Exception):

@@ -112,8 +112,10 @@ def check_tokenizer_class(tokenizer: Any, tokenizer_dir: str | Path) -> None:
     if known is not None:
         log.warning(
             "%s names tokenizer_class %s; transformers loaded %s from the same files",
-            Path(tokenizer_dir) / "tokenizer_config.json", named, loaded.__name__,
-        )  # fmt: skip
+            Path(tokenizer_dir) / "tokenizer_config.json",
+            named,
+            loaded.__name__,
+        )
         return
     raise TokenizeError(
         f"{Path(tokenizer_dir) / 'tokenizer_config.json'} names tokenizer_class {named}, but "

@@ -1,0 +1,98 @@
+"""Settings of the prompts stage: the `prompts:` section with the run seed, and the kind of source
+it names. Light to import: Snakemake builds the prompt rules' params from it while it parses."""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eaglenest.settings import Settings
+
+LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class PromptOptions(Settings):
+    """The `prompts:` config section with its defaults filled in, plus the run seed.
+
+    Not a rerun trigger as a whole: max_samples and shard_size decide how many shards exist, and
+    raising them must neither rewrite the list nor rerun its existing shards. What of it shapes
+    each file is `list_settings()` (the list) and `shard_params_json` (a shard's slice)."""
+
+    source: str | tuple[str, ...]
+    split: str
+    subset: str | None
+    revision: str | None
+    data_files: str | tuple[str, ...] | None
+    cache_dir: str | None
+    format: str
+    columns: Mapping[str, str]
+    keep_system: bool
+    max_prompt_chars: int | None
+    shuffle: bool
+    max_samples: int
+    shard_size: int
+    allow_short: bool
+    demo_pool_size: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PromptOptions:
+        """Only `seed` and `prompts` are read; a list (several source files) becomes a tuple."""
+        prompts = config["prompts"]
+        names = [name for name in cls.__dataclass_fields__ if name not in ("columns", "seed")]
+        return cls(
+            **{name: _as_tuple(prompts[name]) for name in names},
+            columns=dict(prompts["columns"]),
+            seed=config["seed"],
+        )
+
+    def list_settings(self) -> dict[str, Any]:
+        """The settings that decide the ordered prompt list (not how many shards are cut)."""
+        settings = {
+            "source": _jsonable(self.source),
+            "format": self.format,
+            "columns": dict(sorted(self.columns.items())),
+            "keep_system": self.keep_system,
+            "max_prompt_chars": self.max_prompt_chars,
+            "shuffle": self.shuffle,
+        }
+        kind = source_kind(self.source)
+        if kind == "dataset":
+            settings.update(
+                split=self.split,
+                subset=self.subset,
+                revision=self.revision,
+                data_files=_jsonable(self.data_files),
+            )
+        if kind == "demo":
+            settings["demo_pool_size"] = self.demo_pool_size
+        if self.shuffle or kind == "demo":  # the demo draws its prompts with the seed
+            settings["seed"] = self.seed
+        return settings
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def source_kind(source: str | Sequence[str]) -> str:
+    """`demo`, `files` (local .jsonl/.json/.parquet files or globs) or `dataset` (a local dataset
+    directory or a hub name, both read with datasets.load_dataset)."""
+    if not isinstance(source, str):
+        return "files"
+    if source == "demo":
+        return "demo"
+    path = Path(source)
+    if path.is_dir():
+        return "dataset"
+    if path.is_file() or glob.has_magic(source) or path.suffix.lower() in LOCAL_SUFFIXES:
+        return "files"
+    return "dataset"

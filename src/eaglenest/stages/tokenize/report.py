@@ -1,0 +1,170 @@
+"""The report of a tokenized shard (tokens/{shard}.report.json): what it wrote, how often the
+rebuild agreed with the server's ids, what was dropped or changed and why; and its log lines,
+read from the same fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eaglenest.formats.tokens import TOKEN_SOURCES
+from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.target.tokenizer import TokenizeError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+
+    from eaglenest.stages.tokenize.rows import ShardTally
+    from eaglenest.target.special_tokens import TargetTokens
+
+log = logging.getLogger(__name__)
+
+# Counts of the tally that the report gives as they are.
+_COUNTED = (
+    "dropped_rebuild_decode_mismatch",
+    "rebuild_decode_mismatch",
+    "server_ids_text_mismatch",
+    "end_of_turn_appended",
+    "prompt_opens_think_block",
+)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often the rebuild equals the server's ids, over the samples that have both."""
+
+    compared: int
+    exact: int
+    share: float | None  # exact / compared; None when nothing was compared
+    prompt_exact: int
+    completion_exact: int
+    first_mismatches: list[dict[str, Any]]  # up to tokenize.max_mismatches_logged
+
+
+@dataclass(frozen=True)
+class Overlength:
+    """What tokenize.max_length did."""
+
+    max_length: int | None
+    policy: str
+    dropped: int
+    dropped_prompt_over_max_length: int
+    truncated: int
+
+
+@dataclass(frozen=True)
+class TokenizeReport:
+    shard: str
+    samples: int
+    written: int
+    token_sources: dict[str, int]
+    tokens: int
+    loss_tokens: int
+    agreement: Agreement
+    overlength: Overlength
+    dropped_rebuild_decode_mismatch: int
+    rebuild_decode_mismatch: int
+    server_ids_text_mismatch: int
+    end_of_turn_appended: int
+    prompt_opens_think_block: int
+    target_tokens: dict[str, Any]
+    settings: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        shard: str,
+        n_samples: int,
+        frame: pl.DataFrame,
+        loss_counts: np.ndarray,
+        tally: ShardTally,
+        tokens: TargetTokens,
+        settings: TokenizeSettings,
+    ) -> TokenizeReport:
+        counts = tally.counts
+        compared = counts["compared"]
+        agreement = Agreement(
+            compared=compared,
+            exact=counts["agreed"],
+            share=counts["agreed"] / compared if compared else None,
+            prompt_exact=counts["prompt_agreed"],
+            completion_exact=counts["completion_agreed"],
+            first_mismatches=tally.mismatches,
+        )
+        overlength = Overlength(
+            max_length=settings.max_length,
+            policy=settings.overlength,
+            dropped=counts["dropped_overlength"],
+            dropped_prompt_over_max_length=counts["dropped_prompt_over_max_length"],
+            truncated=counts["truncated"],
+        )
+        return cls(
+            shard=shard,
+            samples=n_samples,
+            written=frame.height,
+            token_sources={source: counts[source] for source in TOKEN_SOURCES},
+            tokens=int(frame["n_tokens"].sum()) if frame.height else 0,
+            loss_tokens=int(loss_counts.sum()),
+            agreement=agreement,
+            overlength=overlength,
+            **{name: counts[name] for name in _COUNTED},
+            target_tokens=tokens.describe(),
+            settings={f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)},
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON writes it."""
+        return dataclasses.asdict(self)
+
+    def log(self, seconds: float) -> None:
+        """The report's lines in the job's log; `seconds`: how long the shard took."""
+        log.info(
+            "shard %s: wrote %d of %d samples (%s), %d tokens (%d in the loss), %.2f s, "
+            "%.0f tokens/s",
+            self.shard,
+            self.written,
+            self.samples,
+            self.token_sources,
+            self.tokens,
+            self.loss_tokens,
+            seconds,
+            self.tokens / seconds if seconds > 0 else 0.0,
+        )
+        log.info("shard %s: overlength %s", self.shard, dataclasses.asdict(self.overlength))
+        agreement = self.agreement
+        if agreement.compared:
+            log.info(
+                "shard %s: rebuild agrees with the server's ids for %d of %d samples (%.4f); "
+                "prompts %d, completions %d",
+                self.shard,
+                agreement.exact,
+                agreement.compared,
+                agreement.share,
+                agreement.prompt_exact,
+                agreement.completion_exact,
+            )
+        for mismatch in agreement.first_mismatches:
+            log.warning(
+                "mismatch in sample %s at %s position %d: server %s %r, rebuilt %s %r",
+                mismatch["id"],
+                mismatch["part"],
+                mismatch["position"],
+                mismatch["server_ids"],
+                mismatch["server_text"],
+                mismatch["rebuilt_ids"],
+                mismatch["rebuilt_text"],
+            )
+
+    def check_agreement(self, min_agreement: float) -> None:
+        """Raise TokenizeError when the rebuild agrees less often than tokenize.min_agreement."""
+        agreement = self.agreement
+        if agreement.share is not None and agreement.share < min_agreement:
+            raise TokenizeError(
+                f"shard {self.shard}: the rebuilt ids agree with the server's for "
+                f"{agreement.exact} of {agreement.compared} samples ({agreement.share:.4f} < "
+                f"tokenize.min_agreement {min_agreement}); first mismatches: "
+                f"{agreement.first_mismatches}"
+            )

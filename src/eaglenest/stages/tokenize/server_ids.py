@@ -1,0 +1,54 @@
+"""The server's token ids of a sample: the end of turn it may leave out, and where they differ
+from the rebuild (the report shows the first mismatches, with their text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from eaglenest.target.encoding import decode_batch
+
+if TYPE_CHECKING:
+    from eaglenest.target.special_tokens import TargetTokens
+
+MISMATCH_WINDOW = 6  # ids shown on each side of a mismatch
+
+
+def server_completion(
+    completion_ids: list[int], finish_reason: str | None, tokens: TargetTokens, stop_ids: set[int]
+) -> tuple[list[int], bool]:
+    """The server's completion ids, with the end-of-turn id appended when the model stopped on it
+    but the server left it out (it is a generated token the drafter must learn)."""
+    if finish_reason == "stop" and (not completion_ids or completion_ids[-1] not in stop_ids):
+        return [*completion_ids, tokens.end_of_turn_id], True
+    return list(completion_ids), False
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where `a` and `b` differ (length counts), None if equal."""
+    if a == b:
+        return None
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return min(len(a), len(b))
+
+
+def describe_mismatch(
+    tokenizer: Any, sample_id: str, server: list[int], rebuilt: list[int], prompt_len: int
+) -> dict[str, Any]:
+    position = first_difference(server, rebuilt)
+    window = slice(max(0, position - MISMATCH_WINDOW), position + MISMATCH_WINDOW)
+    server_ids, rebuilt_ids = server[window], rebuilt[window]
+    server_text, rebuilt_text = decode_batch(tokenizer, [server_ids, rebuilt_ids])
+    return {
+        "id": sample_id,
+        "part": "prompt" if position < prompt_len else "completion",
+        "position": position,
+        "window_start": window.start,
+        "server_ids": server_ids,
+        "rebuilt_ids": rebuilt_ids,
+        "server_text": server_text,
+        "rebuilt_text": rebuilt_text,
+        "server_len": len(server),
+        "rebuilt_len": len(rebuilt),
+    }
