@@ -61,9 +61,8 @@ def measure(run_dir: Path, config: dict[str, Any], attention: str, work: Path) -
     shared = {
         "target_head": run_dir / "hidden" / "target_head.safetensors",
         "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
-        "target_path": run_dir / "target",
     }
-    train = TrainSettings.from_config(config)
+    train = TrainSettings.from_config(config).with_target_path(run_dir / "target")
     drafter = {**train.drafter, "attention": attention, "norm_before_fc": False}
     started = time.perf_counter()
     report = train_drafter(
@@ -76,6 +75,7 @@ def measure(run_dir: Path, config: dict[str, Any], attention: str, work: Path) -
     )
     train_s = time.perf_counter() - started
     evaluate = replace(EvaluateSettings.from_config(config), engine=None, vllm=None, device="cpu")
+    evaluate = evaluate.with_target_path(run_dir / "target")
     metrics = evaluate_drafter(
         drafter_dir=work / attention / "drafter",
         heldout_hidden=[run_dir / "hidden" / f"{s}.safetensors" for s in heldout_ids],

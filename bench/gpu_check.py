@@ -490,8 +490,13 @@ def train_curve(ctx: Context, device: str, precision: str, name: str) -> tuple[l
         export_dtype="float32", seed=0,
     )  # fmt: skip
     out = ctx.root / f"train_{name}"
+    run = demo_run(ctx)
+    arguments = {k: v for k, v in run.items() if k != "target_path"}
     report = train_drafter(
-        **demo_run(ctx), out_dir=out / "drafter", journal_dir=out / "journal", settings=settings
+        **arguments,
+        out_dir=out / "drafter",
+        journal_dir=out / "journal",
+        settings=settings.with_target_path(run["target_path"]),
     )
     lines = (out / "journal" / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

@@ -94,8 +94,8 @@ def best_times(runs: int, variants: dict[str, Callable[[], object]]) -> dict[str
 
 def bench(tokenizer_dir: Path, n: int, repeat: int, runs: int) -> dict:
     target = {"path": str(tokenizer_dir), "chat_template_kwargs": KWARGS}
-    tokenizer = load_tokenizer(target)
     default_settings = settings_from_sections(TokenizeSettings, target=target)
+    tokenizer = load_tokenizer(default_settings.target)
     think_ids = think_token_ids(str(tokenizer_dir))  # as the probe writes them to probe.json
     tokens = resolve_target_tokens(tokenizer, think_ids, default_settings)
     rows = make_samples(n, repeat)

@@ -322,8 +322,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         run = write_run(root, size, samples=samples, shards=2)
+        arguments = {k: v for k, v in run.items() if k != "target_path"}
         report = train_drafter(
-            **run, out_dir=root / "drafter", journal_dir=root / "journal", settings=settings
+            **arguments,
+            out_dir=root / "drafter",
+            journal_dir=root / "journal",
+            settings=settings.with_target_path(run["target_path"]),
         )
         bare = bare_loop(run, settings, min(steps, 20), args.device)
     stage = report["tokens_per_s"]

@@ -162,11 +162,11 @@ class Study:
         self.shared = {
             "target_head": run_dir / "hidden" / "target_head.safetensors",
             "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
-            "target_path": self.target,
         }
         evaluate = EvaluateSettings.from_config(config)
         self.ks = evaluate.ks
-        self.evaluate = replace(evaluate, live=False, engine=None, vllm=None, live_prompts=prompts)
+        evaluate = replace(evaluate, live=False, engine=None, vllm=None, live_prompts=prompts)
+        self.evaluate = evaluate.with_target_path(self.target)
         self.prompts = heldout_prompts(self.heldout_tokens, prompts)
         self.plain = None
 
@@ -187,7 +187,7 @@ class Study:
 
     def measure(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
         config = deep_update(copy.deepcopy(self.config), {"train": copy.deepcopy(change)})
-        settings = TrainSettings.from_config(config)
+        settings = TrainSettings.from_config(config).with_target_path(self.target)
         out = self.work / name
         started = time.perf_counter()
         report = train_drafter(

@@ -73,8 +73,9 @@ def extract(
     for shard in shards:
         path = out_dir / f"{shard}.safetensors"
         tokens = run_dir / "tokens" / f"{shard}.parquet"
-        at_target = replace(settings, target=replace(settings.target, path=target))
-        summary = extract_hidden_states(tokens=tokens, out=path, settings=at_target)
+        summary = extract_hidden_states(
+            tokens=tokens, out=path, settings=settings.with_target_path(target)
+        )
         paths.append(path)
         n_bytes += path.stat().st_size
         n_tokens += summary["tokens"]
@@ -90,18 +91,18 @@ def train_and_evaluate(
     shared = {
         "target_head": run_dir / "hidden" / "target_head.safetensors",
         "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
-        "target_path": target,
     }
     report = train_drafter(
         train_shards=train_paths,
         eval_shards=heldout_paths,
         out_dir=out_dir / "drafter",
         journal_dir=out_dir / "journal",
-        settings=TrainSettings.from_config(config),
+        settings=TrainSettings.from_config(config).with_target_path(target),
         **shared,
     )
     heldout_tokens = [run_dir / "tokens" / f"{p.name.split('.')[0]}.parquet" for p in heldout_paths]
     evaluate = replace(EvaluateSettings.from_config(config), live=False, engine=None, vllm=None)
+    evaluate = evaluate.with_target_path(target)
     if engine:  # the engine's own decoding of the exported drafter (config's vllm section)
         evaluate = replace(evaluate, engine="vllm", vllm=VllmEngine.from_config(config))
     metrics = evaluate_drafter(

@@ -1,5 +1,5 @@
-# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it runs the same
-# function under torchrun, one process per GPU.
+# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it
+# runs the same function under torchrun, one process per GPU.
 import torch
 
 from eaglenest.common.gpus import claim_gpus
@@ -8,16 +8,13 @@ from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.train import run_under_torchrun, train_drafter
 
 settings = TrainSettings.from_json(snakemake.params.settings)
-target = settings.target
 arguments = {
     "train_shards": list(snakemake.input.train),
     "eval_shards": list(snakemake.input.heldout),
     "target_head": snakemake.input.head,
     "draft_vocab": snakemake.input.vocab,
-    "target_path": target.path,
     "out_dir": snakemake.output.config.rsplit("/", 1)[0],
     "journal_dir": snakemake.params.journal,
-    "trust_remote_code": target.trust_remote_code,
 }
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.

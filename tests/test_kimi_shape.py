@@ -15,13 +15,14 @@ from support.frames import sample, samples_frame
 from support.kimi_shape import TINY_DEEPSEEK_V3, build_kimi_shaped_target
 from support.tiny_tokenizer import THINK_END, THINK_START, make_tokenizer
 
-from eaglenest.common.config import validate_config
+from eaglenest.common.config import settings_from_sections, validate_config
 from eaglenest.common.io import write_json
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead, save_target_head
 from eaglenest.formats.token_counts import read_token_counts
 from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.hidden_states.plan import plan_hidden_shard
@@ -42,7 +43,7 @@ def kimi_dir(tmp_path_factory) -> tuple[Path, dict]:
 
 def kimi_config(target: Path) -> dict:
     """As the Kimi-K2.5 example configures its target (think ids in config, `thinking`)."""
-    tokenizer = load_tokenizer({"path": str(target)})
+    tokenizer = load_tokenizer(settings_from_sections(TargetSettings, target={"path": str(target)}))
     start_id, end_id = tokenizer.convert_tokens_to_ids([THINK_START, THINK_END])
     return validate_config(
         {
@@ -82,8 +83,9 @@ def test_kimi_shaped_target_through_the_stages_that_read_it(kimi_dir, tmp_path):
     target, state = kimi_dir
     config = kimi_config(target)
     vocab_size = TINY_DEEPSEEK_V3["vocab_size"]  # text_config's, above the tokenizer's length
-    assert len(load_tokenizer(config["target"])) < vocab_size
-    assert target_vocab_size_of(config["target"]) == vocab_size  # validation's id bound
+    assert len(load_tokenizer(TargetSettings.from_config(config))) < vocab_size
+    bound = target_vocab_size_of(TargetSettings.from_config(config))  # validation's id bound
+    assert bound == vocab_size
 
     tokens, counts = tokenized_shard(target, config, tmp_path)
     assert read_token_counts(counts).target_vocab_size == vocab_size

@@ -21,6 +21,7 @@ from eaglenest.common.io import sha256_file
 from eaglenest.formats.target_head import TargetHeadError, save_target_head
 from eaglenest.settings.hidden import TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
+from eaglenest.settings.target import TargetSettings
 from eaglenest.stages.evaluate.evaluate import eos_token_ids
 from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target.loading import load_target, target_config_hash
@@ -89,7 +90,9 @@ def test_a_name_missing_from_the_cache_names_the_key_and_the_fetch_command(offli
     assert "`hf download someone/missing-model`" in message
     assert str(offline_cache) in message
     with pytest.raises(TargetNotFoundError, match=r"target\.path 'someone/missing-model'"):
-        load_tokenizer({"path": "someone/missing-model", "trust_remote_code": False})
+        load_tokenizer(
+            settings_from_sections(TargetSettings, target={"path": "someone/missing-model"})
+        )
 
 
 def test_a_missing_local_directory_is_named(tmp_path):
@@ -102,7 +105,7 @@ def target_tokens(target: dict) -> TargetTokens:
     """resolve_target_tokens as tokenize runs it, with the think ids the probe resolved."""
     settings = settings_from_sections(TokenizeSettings, target=target)
     think_ids = think_token_ids(target.get("tokenizer") or target["path"])
-    return resolve_target_tokens(load_tokenizer(target), think_ids, settings)
+    return resolve_target_tokens(load_tokenizer(settings.target), think_ids, settings)
 
 
 def test_tokenizer_and_end_of_turn_from_a_hub_name(offline_cache, demo_target_dir):
@@ -115,7 +118,11 @@ def test_tokenizer_and_end_of_turn_from_a_hub_name(offline_cache, demo_target_di
     assert think_token_ids(HUB_NAME) == think_token_ids(str(demo_target_dir))
     # target.tokenizer alone: the hub name serves the tokenizer as well
     only_tokenizer = {"tokenizer": HUB_NAME, "path": None, "trust_remote_code": False}
-    assert len(load_tokenizer(only_tokenizer)) == len(load_tokenizer(by_dir))
+
+    def tokenizer_of(target: dict):
+        return load_tokenizer(settings_from_sections(TargetSettings, target=target))
+
+    assert len(tokenizer_of(only_tokenizer)) == len(tokenizer_of(by_dir))
 
 
 def test_end_of_turn_without_a_generation_config_says_where_it_came_from(

@@ -3,7 +3,6 @@ kill, a clear stop on a diverging loss, and the export vLLM and SGLang load."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -58,10 +57,14 @@ def arguments(run: dict[str, Path], tmp: Path) -> dict:
         "eval_shards": [str(run["heldout"])],
         "target_head": str(run["head"]),
         "draft_vocab": str(run["vocab"]),
-        "target_path": str(run["target"]),
         "out_dir": str(tmp / "drafter"),
         "journal_dir": str(tmp / "journal"),
     }
+
+
+def train_settings(run: dict[str, Path], **train) -> TrainSettings:
+    """The `train` section with these values, on the run's target."""
+    return settings_from_sections(TrainSettings, train=train, target={"path": str(run["target"])})
 
 
 def test_overfits_a_handful_of_samples(run):
@@ -188,9 +191,7 @@ def test_a_killed_run_resumes_exactly(run, tmp_path: Path):
             json.dumps(
                 {
                     "arguments": arguments(run, tmp_path / name),
-                    "settings": dataclasses.asdict(
-                        settings_from_sections(TrainSettings, train=settings)
-                    ),
+                    "settings": json.loads(train_settings(run, **settings).to_json()),
                 }
             )
         )
@@ -248,9 +249,7 @@ def test_a_nan_loss_stops_naming_step_and_batch(run, tmp_path: Path):
     broken = tmp_path / "broken" / "00000.safetensors"
     broken.parent.mkdir()
     save_file(tensors, str(broken), metadata=metadata)
-    settings = settings_from_sections(
-        TrainSettings, train={"max_steps": 40, "max_batch_tokens": 256, "ttt_steps": 2}
-    )
+    settings = train_settings(run, max_steps=40, max_batch_tokens=256, ttt_steps=2)
     with pytest.raises(
         TrainingDiverged, match=r"at step \d+ \(epoch \d+, batch \d+\).*'00000.safetensors', 3\)"
     ):
@@ -378,7 +377,7 @@ def test_a_recipe_trains_exports_and_resumes_exactly(run, tmp_path: Path):
     """Every recipe option at once: the frozen LM head stays the target's rows of the draft
     tokens, the variant reaches config.json, and a run stopped after step 3 and resumed ends
     with the weights of a straight run (the aux noise is a function of seed and step)."""
-    settings = settings_from_sections(TrainSettings, train=RECIPE)
+    settings = train_settings(run, **RECIPE)
     assert settings.adam_betas == (0.9, 0.999)
     straight = train_drafter(**arguments(run, tmp_path / "straight"), settings=settings)
     assert straight["steps"] == 6
@@ -432,7 +431,7 @@ def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     with pytest.raises(ValueError, match=r"00000\.safetensors: field aux_layer_ids"):
         train_drafter(
             **{**arguments(run, tmp_path), "target_head": str(other)},
-            settings=settings_from_sections(TrainSettings),
+            settings=train_settings(run),
         )
 
 
@@ -450,7 +449,7 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
         "export_dtype": "float32",
     }
     log = tmp_path / "torchrun.log"
-    settings = settings_from_sections(TrainSettings, train=section)
+    settings = train_settings(run, **section)
     run_under_torchrun(settings, arguments(run, tmp_path), str(log))
     report = json.loads((tmp_path / "drafter" / "train_report.json").read_text())
     assert report["world_size"] == 2 and report["steps"] == 4

@@ -10,11 +10,12 @@ import pytest
 from support.frames import prompt_frame, raw_row
 from support.generation import MODEL, shard_settings
 
-from eaglenest.common.config import validate_config
+from eaglenest.common.config import settings_from_sections, validate_config
 from eaglenest.common.io import read_json, write_json
 from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RAW_SCHEMA
 from eaglenest.settings.samples import ValidationSettings
+from eaglenest.settings.target import TargetSettings
 from eaglenest.stages.generate import generate_shard
 from eaglenest.stages.validate import ShardValidationError, validate_frame, validate_shard
 from eaglenest.target.tokenizer import target_vocab_size_of
@@ -201,12 +202,18 @@ def test_samples_schema_bounds_ids_by_the_vocabulary():
         samples_schema(None).validate(with_null)
 
 
+def target_at(path) -> TargetSettings:
+    return settings_from_sections(
+        TargetSettings, target={"model": "m", "path": str(path) if path else None}
+    )
+
+
 def test_vocab_size_comes_from_the_targets_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 163840}}))
-    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == 163840
+    assert target_vocab_size_of(target_at(tmp_path)) == 163840
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
-    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == 151936
-    assert target_vocab_size_of({"model": "m"}) is None
+    assert target_vocab_size_of(target_at(tmp_path)) == 151936
+    assert target_vocab_size_of(target_at(None)) is None
 
 
 def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
@@ -214,7 +221,7 @@ def test_vocab_size_falls_back_to_the_tokenizer(tmp_path):
 
     tokenizer = build_demo_tokenizer(["one two three", "four five"], vocab_size=300)
     tokenizer.save_pretrained(tmp_path)
-    assert target_vocab_size_of({"model": "m", "path": str(tmp_path)}) == len(tokenizer)
+    assert target_vocab_size_of(target_at(tmp_path)) == len(tokenizer)
 
 
 def test_a_server_sending_malformed_token_ids_is_caught_by_validation(tmp_path):

@@ -377,14 +377,14 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(finished_run: 
     results = finished_run / "results" / SMALL_RUN
     evaluate = {**SMALL_DEMO["evaluate"], "engine": "vllm", "device": "cpu",
                 "live_prompts": 8, "live_max_new_tokens": 64}  # fmt: skip
-    settings = settings_from_sections(EvaluateSettings, evaluate=evaluate)
+    target = {"path": str(results / "target")}
+    settings = settings_from_sections(EvaluateSettings, evaluate=evaluate, target=target)
     metrics = evaluate_drafter(
         drafter_dir=results / "drafter",
         heldout_hidden=[results / "hidden" / "00001.safetensors"],
         heldout_tokens=[results / "tokens" / "00001.parquet"],
         target_head=results / "hidden" / "target_head.safetensors",
         draft_vocab=results / "vocab" / "draft_vocab.safetensors",
-        target_path=results / "target",
         out=tmp_path / "metrics.json",
         settings=settings,
         runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
@@ -456,8 +456,8 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
     shared = {
         "target_head": results / "hidden" / "target_head.safetensors",
         "draft_vocab": results / "vocab" / "draft_vocab.safetensors",
-        "target_path": results / "target",
     }
+    target = {"path": str(results / "target")}
     train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
              "ttt_steps": 3, "export_dtype": "float32",
              "drafter": {name: name == option for name in VARIANT_OPTIONS}}  # fmt: skip
@@ -466,7 +466,7 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
         eval_shards=[],
         out_dir=tmp_path / "drafter",
         journal_dir=tmp_path / "journal",
-        settings=settings_from_sections(TrainSettings, train=train),
+        settings=settings_from_sections(TrainSettings, train=train, target=target),
         **shared,
     )
     assert report["drafter"][option] is True
@@ -478,7 +478,7 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
         heldout_hidden=[results / "hidden" / "00001.safetensors"],
         heldout_tokens=[results / "tokens" / "00001.parquet"],
         out=tmp_path / "metrics.json",
-        settings=settings_from_sections(EvaluateSettings, evaluate=evaluate),
+        settings=settings_from_sections(EvaluateSettings, evaluate=evaluate, target=target),
         runtime=None,
         **shared,
     )

@@ -24,6 +24,7 @@ import json
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -77,6 +78,12 @@ class Settings:
     def from_config(cls, config: Mapping[str, Any]) -> Self:
         """The settings of a validated config (defaults filled in by config/schema.yaml)."""
         raise NotImplementedError
+
+    def with_target_path(self, path: str | Path) -> Self:
+        """These settings with their target (a TargetSettings field) at `path`: for tools that
+        run a stage over a finished run's files."""
+        target = dataclasses.replace(self.target, path=str(path))  # type: ignore[attr-defined]
+        return dataclasses.replace(self, target=target)  # type: ignore[type-var]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self, dict_factory=_tracked_items), sort_keys=True)

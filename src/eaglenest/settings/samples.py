@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,14 @@ class TokenizeSettings(Settings):
     verify_rebuild: bool
     max_mismatches_logged: int
     min_agreement: float
-    # path, tokenizer, trust_remote_code and chat_template_kwargs of the `target` section
-    target: dict[str, Any]
+    target: TargetSettings  # path, tokenizer, trust_remote_code and chat_template_kwargs
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
         names = [f for f in cls.__dataclass_fields__ if f != "target"]
-        target = config["target"]
-        keys = ("path", "tokenizer", "trust_remote_code", "chat_template_kwargs")
-        return cls(target={k: target[k] for k in keys}, **{k: config["tokenize"][k] for k in names})
+        fields = ("path", "tokenizer", "trust_remote_code", "chat_template_kwargs")
+        target = TargetSettings.view(config, *fields)
+        return cls(target=target, **{k: config["tokenize"][k] for k in names})
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ inputs say that)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,11 @@ class TrainSettings(Settings):
     activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
     drafter: dict[str, Any]  # overrides of the drafter's sizes, and its EAGLE-3 variant
     target: TargetSettings  # path and trust_remote_code: the drafter's sizes from its config
+
+    def recorded(self) -> dict[str, Any]:
+        """The `train` section's values, as train_report.json and checkpoints record them: where
+        the target lies is the run's, not the training's (moving it invalidates no checkpoint)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "target"}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eaglenest.settings.target import TargetSettings
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +74,11 @@ def resolve_target_dir(path_or_name: str | Path, key: str = "target.path") -> Pa
     return snapshot
 
 
-def tokenizer_dir(target: dict) -> Path | None:
+def tokenizer_dir(target: TargetSettings) -> Path | None:
     """The target's tokenizer directory (target.tokenizer, else target.path); None when neither
     is set."""
-    if target.get("tokenizer"):
-        return resolve_target_dir(target["tokenizer"], "target.tokenizer")
-    if target.get("path"):
-        return resolve_target_dir(target["path"], "target.path")
+    if target.tokenizer:
+        return resolve_target_dir(target.tokenizer, "target.tokenizer")
+    if target.path:
+        return resolve_target_dir(target.path, "target.path")
     return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglenest.client.reasoning import (
     THINK_END,
@@ -16,6 +16,9 @@ from eaglenest.client.reasoning import (
 from eaglenest.target.files import resolve_target_dir, tokenizer_dir
 from eaglenest.target.remote_code import remote_code_errors
 
+if TYPE_CHECKING:
+    from eaglenest.settings.target import TargetSettings
+
 log = logging.getLogger(__name__)
 
 
@@ -23,28 +26,28 @@ class TokenizeError(RuntimeError):
     """The shard cannot be tokenized as configured; the message says which key or sample."""
 
 
-def target_vocab_size_of(target: dict[str, Any]) -> int | None:
+def target_vocab_size_of(target: TargetSettings) -> int | None:
     """Rows of the target's embedding, the bound of every token id: config.json `vocab_size`
     (also under `text_config`) of `target.path`, else the tokenizer's length; None when the
     config names neither a path nor a tokenizer (ids are then only checked to be >= 0).
 
     Read without loading the tokenizer when config.json says it (the embedding, not the
     tokenizer, is what an id must fit: hidden-state extraction looks every id up in it)."""
-    model_dir = resolve_target_dir(target["path"], "target.path") if target.get("path") else None
+    model_dir = resolve_target_dir(target.path, "target.path") if target.path else None
     config_json = model_dir / "config.json" if model_dir is not None else None
     if config_json is not None and config_json.is_file():
         config = json.loads(config_json.read_text())
         for section in (config, config.get("text_config") or {}):
             if isinstance(section.get("vocab_size"), int):
                 return int(section["vocab_size"])
-    if not (target.get("tokenizer") or target.get("path")):
+    if not (target.tokenizer or target.path):
         return None
     from eaglenest.target.tokenizer import load_tokenizer  # transformers: only when needed
 
     return len(load_tokenizer(target))
 
 
-def tokenizer_path(target: dict[str, Any]) -> str:
+def tokenizer_path(target: TargetSettings) -> str:
     """The local directory of the target's tokenizer (a hub name resolved in the local cache)."""
     path = tokenizer_dir(target)
     if path is None:
@@ -54,9 +57,9 @@ def tokenizer_path(target: dict[str, Any]) -> str:
     return str(path)
 
 
-def model_dir(target: dict[str, Any]) -> Path | None:
+def model_dir(target: TargetSettings) -> Path | None:
     """The local directory of target.path (a hub name resolved in the local cache), if set."""
-    return resolve_target_dir(target["path"], "target.path") if target.get("path") else None
+    return resolve_target_dir(target.path, "target.path") if target.path else None
 
 
 def open_tokenizer(path: str | Path, trust_remote_code: bool, target_name: str = "") -> Any:
@@ -68,9 +71,9 @@ def open_tokenizer(path: str | Path, trust_remote_code: bool, target_name: str =
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
 
 
-def load_tokenizer(target: dict[str, Any]) -> Any:
-    named = target.get("tokenizer") or target.get("path") or ""  # as the config names it
-    return open_tokenizer(tokenizer_path(target), bool(target.get("trust_remote_code")), named)
+def load_tokenizer(target: TargetSettings) -> Any:
+    named = target.tokenizer or target.path or ""  # as the config names it
+    return open_tokenizer(tokenizer_path(target), target.trust_remote_code, named)
 
 
 def named_tokenizer_class(tokenizer_dir: str | Path) -> str | None:

@@ -81,7 +81,7 @@ def tokenize_samples(
     check_tokenizer_class(tokenizer, tokenizer_path(settings.target))
     tokens = resolve_target_tokens(tokenizer, think_ids, settings)
     log.info("shard %s: target tokens %s", shard, tokens.describe())
-    default_kwargs = settings.target["chat_template_kwargs"]
+    default_kwargs = settings.target.chat_template_kwargs
     frame, counts, report = tokenize_frame(
         samples, tokenizer, tokens, settings, default_kwargs, shard
     )

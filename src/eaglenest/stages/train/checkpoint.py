@@ -17,7 +17,6 @@ import os
 import pickle
 import random
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,7 +89,7 @@ def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
 def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[Path]) -> str:
     """What a checkpoint is valid for: settings, drafter shape and the inputs' identity."""
     digest = hashlib.sha256()
-    unchanging = {k: v for k, v in asdict(settings).items() if k not in ("log_every", "device")}
+    unchanging = {k: v for k, v in settings.recorded().items() if k not in ("log_every", "device")}
     digest.update(json.dumps([unchanging, config.to_dict()], sort_keys=True).encode())
     for path in files:
         stat = path.stat()

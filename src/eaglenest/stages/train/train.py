@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -219,10 +219,8 @@ def set_up_training(
     eval_shards: list[str | Path],
     target_head: str | Path,
     draft_vocab: str | Path,
-    target_path: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
-    trust_remote_code: bool,
 ) -> Training:
     """Processes, data, drafter (seeded), optimizer and schedule of a run."""
     from transformers import AutoConfig
@@ -237,8 +235,9 @@ def set_up_training(
     shards = open_shards(train_shards, head, vocab)
     heldout = open_shards(eval_shards, head, vocab) if eval_shards else []
     signal = TargetSignal(head, vocab, processes.device)
+    target = settings.target  # its config sizes the drafter
     target_config = AutoConfig.from_pretrained(
-        str(resolve_target_dir(target_path)), trust_remote_code=trust_remote_code
+        str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
     )
     model = build_drafter(target_config, head, vocab, settings).to(processes.device)
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -407,7 +406,7 @@ def finish(
         "world_size": processes.world_size,
         "device": processes.device,
         "drafter": training.model.config.to_dict(),
-        "settings": asdict(settings),
+        "settings": settings.recorded(),
     }
     write_json(out_dir / "train_report.json", report)
     log.info(
@@ -426,11 +425,9 @@ def train_drafter(
     eval_shards: list[str | Path],
     target_head: str | Path,
     draft_vocab: str | Path,
-    target_path: str | Path,
     out_dir: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
-    trust_remote_code: bool = False,
     stop_after_step: int | None = None,
 ) -> dict[str, Any]:
     """Train (or resume), export to out_dir, return the training report.
@@ -444,10 +441,8 @@ def train_drafter(
         eval_shards=eval_shards,
         target_head=target_head,
         draft_vocab=draft_vocab,
-        target_path=target_path,
         journal_dir=journal_dir,
         settings=settings,
-        trust_remote_code=trust_remote_code,
     )
     processes, total_steps = training.processes, training.total_steps
     first_step = resume(training)
@@ -500,7 +495,7 @@ def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_p
     journal = Path(arguments["journal_dir"])
     journal.mkdir(parents=True, exist_ok=True)
     args_file = journal / "torchrun_args.json"
-    spec = {"arguments": arguments, "settings": asdict(settings)}
+    spec = {"arguments": arguments, "settings": json.loads(settings.to_json())}
     args_file.write_text(json.dumps(spec, default=str))
     command = [
         sys.executable,
