@@ -86,9 +86,9 @@ def get_log(rule, per_shard=False):
 
 
 def code_version(script):
-    """The code version of the rule that runs scripts/<script>.py: that script and the library
-    modules it imports, transitively (eaglenest.common.code_version.script_code_version). The
-    rule names its own script's stem (a test holds each rule to it)."""
+    """The code version of scripts/<script>.py, the script a rule runs (the rule names its
+    stem, and a test holds each to its own) - a hash of that script and of the library modules
+    it imports, transitively (eaglenest.common.code_version.script_code_version)."""
     if script not in _CODE_VERSIONS:
         server_shapes_data = config["server"]["enabled"] and script in ENDPOINT_SCRIPTS
         exclude = [] if server_shapes_data else [EMBEDDED_SERVER_ENTRY]
@@ -108,7 +108,9 @@ def settings_json(settings_class):
 def target_json(*fields):
     """The target fields a rule's code reads, as its `target` param: a change of one of them
     reruns the rule, of another field nothing (see eaglenest.settings.target)."""
-    return json.dumps(TargetSettings.from_config(config).tracked(fields), sort_keys=True)
+    return json.dumps(
+        TargetSettings.from_config(config).tracked(fields), sort_keys=True
+    )
 
 
 def untracked(value):
