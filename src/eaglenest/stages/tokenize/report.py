@@ -5,6 +5,7 @@ read from the same fields."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,7 +113,7 @@ class TokenizeReport:
             overlength=overlength,
             **{name: counts[name] for name in _COUNTED},
             target_tokens=tokens.describe(),
-            settings={f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)},
+            settings=json.loads(settings.to_json()),  # the target: the fields tokenize reads
         )
 
     def as_dict(self) -> dict[str, Any]:
