@@ -8,7 +8,7 @@ For each length distribution, one epoch's batches (`common/batching`) under each
   pools would batch them (the cost packing and pools avoid).
 Figures: batches, fill (real tokens / tokens computed, padding included: rows x the widest row)
 and tokens computed relative to fixed. Training time per epoch follows tokens computed closely,
-plus the packed rows' dense attention (README, Benchmarks round 8).
+plus the packed rows' dense attention (experiments/RESULTS.md, round 8).
 
 Distributions: `--run-dir` a run's hidden shards (the demo's ~45-130 tokens a sample), and a
 synthetic reasoning-length one (lognormal, median 3000 tokens, 200-32K, 65% over 2048).

@@ -1,5 +1,5 @@
 # Snakemake adapter for the generate stage (the shard's prompts, then their answers): see
-# eaglenest.stages.prompts.write_prompt_shard and eaglenest.stages.generate.
+# eaglenest.stages.prompts.prompts.write_prompt_shard and eaglenest.stages.generate.
 from eaglenest.common.logs import log_to
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.prompts import PromptOptions

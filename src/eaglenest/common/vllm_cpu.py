@@ -10,7 +10,7 @@ server started by hand or by the tests (`server_flags`). On GPUs nothing changes
   rotates the wrong rows: the states of an MLA model (DeepSeek-V3, Kimi-K2) drift from the first
   layer on (0.7-1.3 relative at layer 1 on the trained DeepSeek-V3 demo, eager) and decoding
   attends with them. vLLM's PyTorch rotary (`-rotary_embedding`) is right; dense models are the
-  same either way. README, known issues, has the smallest reproduction.
+  same either way. docs/vllm-cpu.md, known issues, has the smallest reproduction.
 - **MLA backend.** On a CPU with AMX, vLLM picks AMX_MLA for MLA models, which takes only bf16,
   fp16 or quantised weights; the reference CPU_MLA takes all dtypes and runs on every CPU, so
   features and acceptance do not depend on which CPU ran them. A drafter beside an MLA target

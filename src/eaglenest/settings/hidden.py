@@ -39,7 +39,7 @@ class HiddenSettings(Settings):
 @dataclass(frozen=True)
 class HiddenVerifySettings(Settings):
     """`hidden.verify_samples` and `hidden.verify_tolerance`: the backend check of
-    stages/hidden_states/vllm_backend.py, apart from HiddenSettings so that changing it recaptures
+    stages/hidden_states/verify.py, apart from HiddenSettings so that changing it recaptures
     nothing."""
 
     samples: int

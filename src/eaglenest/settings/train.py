@@ -26,9 +26,9 @@ class TrainSettings(Settings):
     weight_decay: float
     grad_clip: float
     adam_betas: tuple[float, float]
-    loss: str  # cross_entropy | forward_kl | hard_cross_entropy (train.Objective)
-    target_outside_vocab: str  # renormalise | ignore (train.Objective)
-    loss_positions: str  # completion | all (train.Objective)
+    loss: str  # cross_entropy | forward_kl | hard_cross_entropy (stages/train/loss.py, Objective)
+    target_outside_vocab: str  # renormalise | ignore (stages/train/loss.py, Objective)
+    loss_positions: str  # completion | all (stages/train/loss.py, Objective)
     lm_head_init: str  # random | target | target_frozen
     init_std: float | None  # N(0, init_std) linear weights; None: PyTorch's default
     aux_noise: float  # uniform noise added to the aux states in training

@@ -50,7 +50,7 @@ class Objective:
       (v1/sample/rejection_sampler.py: draft_prob = 1, accepted while the target's probability
       of the draft token >= a uniform draw), so at any temperature the draft that is accepted
       most is the target's argmax; soft labels spend the drafter's capacity on the rest of the
-      distribution (bench/recipe.py: +6 % acceptance at K=3, +12 % at K=7 on the demo).
+      distribution (experiments/recipe.py: +6 % acceptance at K=3, +12 % at K=7 on the demo).
     target_outside_vocab (what p is, where the target puts mass on tokens outside the draft
     vocabulary):
     - renormalise: p = the target's probabilities of the draft tokens divided by their sum;
