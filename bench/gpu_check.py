@@ -705,9 +705,11 @@ def ddp_child(spec: dict) -> dict:
     try:
         settings = train_settings(device=device, precision="fp32", max_batch_tokens=1024,
                                   checkpoint_every=10**9, max_steps=2)  # fmt: skip
-        training = set_up_training(**{k: v for k, v in spec["run"].items() if k != "eval_shards"},
-                                   eval_shards=[], journal_dir=spec["journal"], settings=settings,
-                                   trust_remote_code=False)  # fmt: skip
+        run = {k: v for k, v in spec["run"].items() if k not in ("eval_shards", "target_path")}
+        training = set_up_training(
+            **run, eval_shards=[], journal_dir=spec["journal"],
+            settings=settings.with_target_path(spec["run"]["target_path"]),
+        )  # fmt: skip
         one = Processes(device=device)
         _, _, raw = next(step_batches(training.plan, 0, 1, training.epoch_steps, one))
         batch = training.signal.fill(raw.to(device))

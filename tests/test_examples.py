@@ -332,8 +332,8 @@ def test_kimi_requests_carry_its_templates_thinking_switch(plans):
     plan = plans("kimi-k2.5")
     assert demo_only_values("kimi-k2.5")["target.chat_template_kwargs.enable_thinking"] is True
     for rule, settings in (
-        ("probe_endpoints", plan.settings("probe_endpoints")),
-        ("generate_responses", plan.settings("generate_responses")),
+        ("probe_endpoints", plan.settings("probe_endpoints")["target"]),
+        ("generate_responses", plan.settings("generate_responses")["target"]),
         ("prepare_samples", plan.settings("prepare_samples")["tokenize"]["target"]),
     ):
         assert settings["chat_template_kwargs"] == {"thinking": True}, rule
