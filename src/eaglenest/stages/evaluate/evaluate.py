@@ -296,8 +296,7 @@ def evaluate_drafter(
     settings: EvaluateSettings,
     runtime: VllmRuntime | None = None,
 ) -> dict[str, Any]:
-    """The evaluate stage: simulated acceptance on the held-out shards, then (evaluate.live) the
-    drafter decoding beside the target, then (evaluate.engine vllm) in vLLM; to `out`."""
+    """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures."""
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
     device = resolve_device(settings.device)
     started = time.perf_counter()
