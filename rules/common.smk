@@ -1,5 +1,4 @@
 # Shared by every stage: config validation, paths of the run, code versions, params as JSON.
-import json
 import os
 import sys
 from pathlib import Path
@@ -40,7 +39,6 @@ from eaglenest.settings.hidden import (
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -103,14 +101,6 @@ def settings_json(settings_class):
     its script hands to the library, so the values a job runs with are the values Snakemake
     compares to decide a rerun, and key order never reruns anything."""
     return settings_class.from_config(config).to_json()
-
-
-def target_json(*fields):
-    """The target fields a rule's code reads, as its `target` param: a change of one of them
-    reruns the rule, of another field nothing (see eaglenest.settings.target)."""
-    return json.dumps(
-        TargetSettings.from_config(config).tracked(fields), sort_keys=True
-    )
 
 
 def untracked(value):

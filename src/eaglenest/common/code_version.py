@@ -269,5 +269,5 @@ def script_code_version(
     modules the script imports (script_entries, module_closure)."""
     entries = script_entries(script, package_dir)
     digest = hashlib.sha256(source_fingerprint(script) + b"\0")
-    digest.update(code_version(module_closure(entries, exclude, package_dir), package_dir).encode())
+    digest.update(stage_code_version(entries, exclude, package_dir).encode())
     return digest.hexdigest()[:16]
