@@ -1,12 +1,13 @@
-"""Shared fixtures (expensive ones session-scoped: each is built once per test run), and the
-lanes: tests that start Snakemake or vLLM are marked here (support/lanes.py)."""
+"""Shared fixtures of every folder (expensive ones session-scoped: each is built once per test
+run). The lanes are folders, marked by their own conftest (support/lanes.py); here the session
+keeps the list of every test it collected, for tests/house/test_lanes.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from support.lanes import assign_lanes
+from support.lanes import COLLECTED
 from support.workflow import SMALL_DEMO, copy_workflow, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
@@ -42,5 +43,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workdir
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    assign_lanes(items)
+@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = list(items)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 RUN_ALL = BENCH_DIR / "run_all.py"
 
 WRITES_FIGURES = """\

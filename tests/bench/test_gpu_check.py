@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_check.py"
 STEPS = ("gpus", "ttt", "long_context", "packed", "train", "capture", "fp8", "ddp")
 # What the GPU machine has: python, these distributions and what they require.

@@ -15,7 +15,7 @@ from eaglenest.common.config_docs import (
     undocumented_keys,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG_README = REPO / "config" / "README.md"
 
 TINY = {

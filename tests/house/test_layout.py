@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-LIBRARY = Path(__file__).resolve().parents[1] / "src" / "eaglenest"
+LIBRARY = Path(__file__).resolve().parents[2] / "src" / "eaglenest"
 MAX_FUNCTION_LINES = 80
 
 

@@ -30,7 +30,7 @@ from eaglenest.common.code_version import PACKAGE_DIR, module_closure, script_en
 from eaglenest.common.config import validate_config
 from eaglenest.settings import NotTracked, Settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The default demo and the variant that runs vLLM for the hidden states and the evaluation, so
 # that the settings only those use (hidden.engine, evaluate.vllm) are checked too.
 CONFIGS = [("config/config.yaml",), ("config/config.yaml", "config/tests/deepseek-v3.yaml")]

@@ -404,22 +404,6 @@ def test_a_recipe_trains_exports_and_resumes_exactly(run, tmp_path: Path):
     assert straight["settings"]["loss"] == "forward_kl"
 
 
-def test_aux_noise_is_bounded_and_a_function_of_seed_and_step():
-    from eaglenest.formats.feature_batches import Batch
-    from eaglenest.stages.train.train import with_aux_noise
-
-    def noised(seed: int, step: int, noise: float = 0.05) -> torch.Tensor:
-        batch = Batch(torch.zeros(2, 5, 6), torch.zeros(2, 5, dtype=torch.long),
-                      torch.ones(2, 5, dtype=torch.bool), None, None, [])  # fmt: skip
-        return with_aux_noise(batch, noise, seed, step).aux
-
-    first = noised(0, 7)
-    assert first.abs().max() <= 0.05 and first.abs().max() > 0.04
-    assert torch.equal(first, noised(0, 7))
-    assert not torch.equal(first, noised(0, 8)) and not torch.equal(first, noised(1, 7))
-    assert torch.equal(noised(0, 7, noise=0.0), torch.zeros(2, 5, 6))
-
-
 def test_hidden_shards_with_other_layer_ids_are_refused(run, tmp_path: Path):
     from safetensors.torch import save_file
 
@@ -456,57 +440,3 @@ def test_two_processes_under_torchrun_train_and_export(run, tmp_path: Path):
     assert (tmp_path / "drafter" / "model.safetensors").exists()
     lines = (tmp_path / "drafter" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines if '"train"' in line] == [1, 2, 3, 4]
-
-
-class _Payload:
-    """An object a pickle can name: loading it with weights_only=False would import and build it."""
-
-    def __reduce__(self):
-        return (os.system, ("touch pwned",))
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        pytest.param("payload", id="arbitrary-object"),
-        pytest.param(b"not a checkpoint", id="garbage"),
-        pytest.param("truncated", id="truncated"),
-    ],
-)
-def test_a_journal_that_is_not_plain_training_state_is_moved_aside_unrun(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, content
-):
-    from eaglenest.stages.train.checkpoint import load_checkpoint
-
-    monkeypatch.chdir(tmp_path)
-    state = tmp_path / "journal" / "state.pt"
-    state.parent.mkdir()
-    if content == "payload":
-        torch.save({"step": 3, "rng": [_Payload()]}, state)
-    elif content == "truncated":
-        torch.save({"step": 3, "model": {"w": torch.ones(1000)}}, state)
-        state.write_bytes(state.read_bytes()[:500])
-    else:
-        state.write_bytes(content)
-    with caplog.at_level("WARNING"):
-        assert load_checkpoint(state, "cpu") is None
-    assert not (tmp_path / "pwned").exists()
-    assert not state.exists() and (state.parent / "state.pt.stale").exists()
-    assert "not a readable training state" in caplog.text and str(state) in caplog.text
-    assert load_checkpoint(state, "cpu") is None  # nothing to resume now
-
-
-def test_the_random_state_round_trips_through_a_safe_checkpoint(tmp_path: Path):
-    import random
-
-    import numpy as np
-
-    from eaglenest.stages.train.checkpoint import load_checkpoint, rng_state, set_rng_state
-
-    path = tmp_path / "state.pt"
-    torch.save({"rng": [rng_state()]}, path)
-    expected = (torch.rand(3), np.random.rand(3), random.random())
-    set_rng_state(load_checkpoint(path, "cpu")["rng"][0])
-    again = (torch.rand(3), np.random.rand(3), random.random())
-    assert torch.equal(expected[0], again[0])
-    assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]

@@ -197,7 +197,7 @@ def test_an_unknown_entry_module_is_an_error(tmp_path):
 
 # ---- Completeness on the real package and workflow -------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "src" / "eaglenest"
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 

@@ -22,7 +22,7 @@ from eaglenest.common.config import load_config, validate_config
 from eaglenest.settings import Settings
 from eaglenest.stages.generate import GenerationSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 LIBRARY = REPO / "src" / "eaglenest"
 CONFIGS = [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "examples").glob("*.yaml"))]
 

@@ -14,7 +14,7 @@ from eaglenest.common.vllm_cpu import server_flags
 from eaglenest.stages.hidden_states.capture_server import merged_config, server_address
 from eaglenest.stages.hidden_states.engine_request import served_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def capture_request(path: str, **change) -> dict:

@@ -18,7 +18,7 @@ from eaglenest.common.vllm_cpu import (
     server_flags,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_rotary_custom_op_is_turned_off_and_other_ops_are_left_as_asked():
