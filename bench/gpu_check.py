@@ -8,7 +8,7 @@ after a failure:
   one and refuse it to a second claim;
 - ttt: loss and gradients of 7 TTT steps (`drafter.Eagle3Drafter`, `train.ttt_loss`) on the device
   in float32 and under bf16 autocast (`train.autocast`), the causal log-sum-exp in one chunk and
-  in many, against the CPU float32 run (the oracle of tests/test_drafter.py, which checks it
+  in many, against the CPU float32 run (the oracle of tests/unit/drafter/test_drafter.py, which checks it
   against the [T, T] attention); the log-sum-exp stays float32 under autocast;
 - long_context: one 7-step TTT training step (bench/train.py `long_context_step`) at T = 2K, 8K,
   16K, 32K at Llama-3-8B drafter sizes (H 4096, 32 heads, 8 kv heads, MLP 14336, vocabulary
@@ -33,7 +33,7 @@ after a failure:
 
 Needs only python, torch, transformers (with its pyyaml), safetensors, tqdm and numpy plus the
 project's source: no Snakemake, polars, pandera, jsonschema, httpx or vLLM, no wheel to carry
-(tests/test_gpu_check.py runs it in an environment of only those packages, httpx blocked). Steps have time budgets (`BUDGET_S`, 345 s in all) checked between
+(tests/bench/test_gpu_check.py runs it in an environment of only those packages, httpx blocked). Steps have time budgets (`BUDGET_S`, 345 s in all) checked between
 their parts, and a step that would start after TOTAL_BUDGET_S is not run, so on an H200 the whole
 check ends in well under 8 minutes. The lines and a JSON file (`gpu_check.log`,
 `gpu_check.json`) are written under $OUT when it is set, after every step, so a killed run keeps

@@ -36,7 +36,7 @@ BLOCKED = {blocked!r}
 class NotOnTheGpuMachine:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{{name}} is not on the GPU machine (tests/test_gpu_check.py)")
+            raise ImportError(f"{{name}} is not on the GPU machine (tests/bench/test_gpu_check.py)")
         return None
 
 

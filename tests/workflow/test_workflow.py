@@ -1,6 +1,7 @@
 """Real Snakemake in a temp dir on a small demo config: the pipeline runs end to end (demo target,
 embedded server, probe, prompts, generation, validation, tokens, hidden states, training,
-evaluation, report) and a rerun does nothing; what a change reruns is in test_incremental.py."""
+evaluation, report) and a rerun does nothing; what a change reruns is in
+tests/workflow/test_incremental.py."""
 
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def test_a_test_config_runs_as_a_person_runs_it(
 ):
     """config/tests/<name>.yaml through one shard's samples, with the command line a person uses
     (`--configfile config/config.yaml <file>`: a variant of the demo). The demo target it would build (demo-small's,
-    tests/test_config.py) is copied in: prompts, probe, generation and samples run."""
+    tests/unit/common/test_config.py) is copied in: prompts, probe, generation and samples run."""
     run_name = load_test_config(name)["run"]
     workdir = copy_workflow(tmp_path / "workflow")
     shutil.copytree(demo_target_dir, workdir / "results" / run_name / "target")

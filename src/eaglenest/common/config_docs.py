@@ -107,7 +107,7 @@ def render_config_docs(schema: dict[str, Any], source: str = "config/schema.yaml
         "# Configuration keys",
         "",
         f"Generated from `{source}` by `{REGENERATE}`; do not edit by hand",
-        "(`tests/test_config_docs.py` fails when this file is not what the schema makes).",
+        "(`tests/house/test_config_docs.py` fails when this file is not what the schema makes).",
         "",
     ]
     if schema.get("description"):

@@ -1,6 +1,6 @@
 """The drafter checkpoint that vLLM and SGLang load: `config.json` + `model.safetensors`.
 
-Layout (checked against the loaders' code; see tests/test_train.py for where each key comes from):
+Layout (checked against the loaders' code; see tests/workflow/test_train.py for where each key comes from):
 - config.json: `architectures: ["LlamaForCausalLMEagle3"]` (SGLang's EntryClass; vLLM maps it to
   Eagle3LlamaForCausalLM), Llama sizes, `num_hidden_layers: 1`, `vocab_size` (the target's),
   `draft_vocab_size`, `target_hidden_size`, `tie_word_embeddings: false`, `rope_theta` as trained.

@@ -6,7 +6,7 @@ reads (`view`), so a change of another field reruns nothing there: a new served 
 re-extract the target head. The other fields of a view are `NotTracked` (eaglenest.settings):
 left out of the JSON a rule compares, and an error when used, so code that starts reading a field
 its stage does not track fails in the tests instead of silently never rerunning.
-tests/test_settings.py checks the other direction: a field a rule tracks but whose code never
+tests/unit/settings/test_settings.py checks the other direction: a field a rule tracks but whose code never
 reads it fails there.
 """
 

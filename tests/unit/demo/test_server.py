@@ -344,7 +344,7 @@ def classify(outcome: httpx.Response | Exception) -> str:
 
 
 def test_faults_happen_at_their_configured_rates_and_the_server_survives():
-    # stall_stream stalls a stream (tests/test_generate.py); to these plain requests it is a hang.
+    # stall_stream stalls a stream (tests/unit/stages/generate/test_generate.py); to these plain requests it is a hang.
     rates = {mode: 0.1 for mode in FAULT_MODES if mode != "stall_stream"} | {"hang": 0.03}
     n_requests, seed = 200, 1234
     expected = expected_faults(FaultConfig(rates=rates, seed=seed), n_requests)

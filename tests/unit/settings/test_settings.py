@@ -169,7 +169,7 @@ UNTRACKED = {"EndpointSettings", "GenerationClientSettings", "ProbeClientSetting
 
 
 def test_client_settings_are_in_no_tracked_settings():
-    """The brief of tests/test_incremental.py in one place: concurrency, timeouts, retries, URLs,
+    """The brief of tests/workflow/test_incremental.py in one place: concurrency, timeouts, retries, URLs,
     keys and the embedded server's start-up change no settings object that a rule tracks."""
     base = load_config(REPO / "config" / "config.yaml")
     client = {

@@ -2,7 +2,7 @@
 nested as `text_config` of a KimiK25ForConditionalGeneration config, its tensors under
 `language_model.` beside a vision tower) through every stage that reads the target's config or
 checkpoint without running it: validation's vocabulary bound, tokenize, the draft vocabulary, the
-target head, the drafter's sizes, and the hidden stage's planning. tests/test_examples.py plans Kimi-K2.5's own
+target head, the drafter's sizes, and the hidden stage's planning. tests/workflow/test_examples.py plans Kimi-K2.5's own
 sizes (61 layers: aux (2, 30, 58), H = 7168) from such a config.json."""
 
 from __future__ import annotations

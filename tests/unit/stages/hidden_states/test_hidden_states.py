@@ -313,7 +313,7 @@ def test_killed_write_leaves_nothing_and_rerun_is_identical(
 
 
 def test_target_head(demo_target_dir, target, tmp_path):
-    """Read from the checkpoint (tests/test_target_files.py compares it byte for byte)."""
+    """Read from the checkpoint (tests/unit/target_model/test_target_files.py compares it byte for byte)."""
     out = tmp_path / "target_head.safetensors"
     save_target_head(
         out, settings_from_sections(TargetHeadSettings, target={"path": str(demo_target_dir)})
