@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.workflow import SMALL_RUN
 
-from eaglenest.formats.drafter_export import load_drafter
+from eaglenest.drafter.export import load_drafter
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.evaluate.evaluate import (
     AcceptanceCounts,
@@ -27,7 +27,7 @@ from eaglenest.stages.evaluate.speculative import (
     prompt_lookup,
     speculative_generate,
 )
-from eaglenest.target.loading import load_target
+from eaglenest.target_model.loading import load_target
 
 
 def test_acceptance_counts_follow_the_serving_definition():

@@ -35,12 +35,8 @@ from eaglenest.demo.echo_backend import EchoBackend
 from eaglenest.demo.protocol import build_response, parse_chat_request
 from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RawSchema, write_raw
-from eaglenest.stages.generate import (
-    generate_records,
-    generate_shard,
-    record_from_response,
-    request_body,
-)
+from eaglenest.stages.generate.generate import generate_records, generate_shard
+from eaglenest.stages.generate.request import record_from_response, request_body
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -354,7 +350,7 @@ def test_08_a_lock_error_other_than_held_is_raised_not_retried_forever(tmp_path)
 JOB = """
 import sys, time
 from pathlib import Path
-from eaglenest.common.engine_process import engine_process
+from eaglenest.vllm_engine.process import engine_process
 from eaglenest.common.io import atomic_path
 from eaglenest.common.logs import log_to
 
@@ -461,7 +457,7 @@ class CountingStream(io.StringIO):
 
 
 def test_10_an_engine_message_is_one_write_and_is_found_after_a_workers_partial_line():
-    from eaglenest.common.engine_process import MARKER, engine_messages, say
+    from eaglenest.vllm_engine.process import MARKER, engine_messages, say
 
     stream = CountingStream()
     with contextlib.redirect_stdout(stream):
@@ -471,7 +467,7 @@ def test_10_an_engine_message_is_one_write_and_is_found_after_a_workers_partial_
     child = textwrap.dedent(
         """
         import sys
-        from eaglenest.common.engine_process import say
+        from eaglenest.vllm_engine.process import say
         sys.stdout.write("INFO worker: half a line ")  # a worker's line, cut by our message
         sys.stdout.flush()
         say({"done": True})
@@ -511,7 +507,7 @@ def small_shard(tmp_path: Path, offsets: list[int], n_tokens: int = 5) -> Path:
     from eaglenest.common.config import settings_from_sections
     from eaglenest.common.io import sha256_file
     from eaglenest.formats.hidden_shard import FORMAT, create_hidden_shard, tensor_specs
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
 
     settings = settings_from_sections(HiddenSettings, hidden={"dtype": "fp32"})
     tokens = tmp_path / "tokens.parquet"
@@ -536,8 +532,8 @@ def small_shard(tmp_path: Path, offsets: list[int], n_tokens: int = 5) -> Path:
 
 def test_12_shard_rows_offsets_and_tokens_are_checked(tmp_path):
     from eaglenest.formats.hidden_shard import open_hidden_shard
-    from eaglenest.stages.hidden_states.engine_request import VllmCaptureError
     from eaglenest.stages.hidden_states.vllm_backend import pack_request
+    from eaglenest.vllm_engine.capture_request import VllmCaptureError
 
     good = small_shard(tmp_path, [0, 2, 5])
     assert len(open_hidden_shard(good, expect_tokens=tmp_path / "tokens.parquet")) == 2
@@ -675,7 +671,7 @@ def test_16_engine_and_live_acceptance_are_reported_on_one_definition():
     """The figures of the issue: 16 prompts, 654 tokens, 210 rounds in both; vLLM's counters say
     3.167, our loop 3.105. Emitted tokens per round: (654 - 16) / 210 in both."""
     from eaglenest.stages.evaluate.evaluate import emitted_per_round, live_vs_engine
-    from eaglenest.stages.report.sections import engine_table
+    from eaglenest.stages.report.acceptance import engine_table
 
     engine_k = {"acceptance_length": 3.167, "rounds": 210, "tokens": 654, "prompts": 16}
     live_k = {"acceptance_length": 3.105, "rounds": 210, "tokens": 654, "prompts": 16}

@@ -18,22 +18,23 @@ from support.workflow import SMALL_RUN
 from transformers import AutoConfig
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter import ttt_forward
-from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
-from eaglenest.formats.feature_batches import (
+from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
     build_batch,
     build_packed_batch,
     open_shards,
 )
+from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
+from eaglenest.drafter.model import ttt_forward
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.distributed import Processes
+from eaglenest.stages.train.feed import step_batches
 from eaglenest.stages.train.initialise import build_drafter
 from eaglenest.stages.train.loss import ttt_loss
-from eaglenest.stages.train.train import TrainingDiverged, step_batches, train_drafter
+from eaglenest.stages.train.train import TrainingDiverged, train_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -405,8 +406,8 @@ def test_a_recipe_trains_exports_and_resumes_exactly(run, tmp_path: Path):
 
 
 def test_aux_noise_is_bounded_and_a_function_of_seed_and_step():
-    from eaglenest.formats.feature_batches import Batch
-    from eaglenest.stages.train.train import with_aux_noise
+    from eaglenest.drafter.batches import Batch
+    from eaglenest.stages.train.feed import with_aux_noise
 
     def noised(seed: int, step: int, noise: float = 0.05) -> torch.Tensor:
         batch = Batch(torch.zeros(2, 5, 6), torch.zeros(2, 5, dtype=torch.long),

@@ -34,7 +34,7 @@ from eaglenest.stages.vocab import (
     draft_mapping,
     select_draft_vocab,
 )
-from eaglenest.target.tokenizer import think_token_ids
+from eaglenest.target_model.tokenizer import think_token_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
     # One log per job, each step's lines named by its module.
     log = (tmp_path / "logs/t/prepare_samples/00000.log").read_text()
-    assert "eaglenest.stages.validate" in log and "eaglenest.stages.tokenize" in log
+    assert "eaglenest.stages.samples.validate" in log and "eaglenest.stages.samples" in log
     assert log.count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32
