@@ -63,7 +63,7 @@ def measure(run_dir: Path, config: dict[str, Any], attention: str, work: Path) -
         "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
     }
     train = TrainSettings.from_config(config).with_target_path(run_dir / "target")
-    drafter = {**train.drafter, "attention": attention, "norm_before_fc": False}
+    drafter = replace(train.drafter, attention=attention, norm_before_fc=False)
     started = time.perf_counter()
     report = train_drafter(
         train_shards=[run_dir / "hidden" / f"{s}.safetensors" for s in train_ids],

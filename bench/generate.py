@@ -43,7 +43,8 @@ from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json
 from eaglenest.demo.server_process import running_server
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.stages.generate import GenerationSettings, generate_records, sample_seed
+from eaglenest.stages.generate.generate import generate_records
+from eaglenest.stages.generate.request import GenerationSettings, sample_seed
 
 MODEL = "echo-model"
 CONCURRENCY = 128
@@ -157,7 +158,7 @@ SHARD_JOB = """
 import sys
 from eaglenest.common.config import validate_config
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.generate.generate import generate_shard
 prompts, url, slots, out = sys.argv[1:5]
 config = validate_config({
     "target": {"model": "echo-model"},

@@ -66,10 +66,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from eaglenest import drafter_attention
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
-from eaglenest.drafter_attention import causal_logsumexp
-from eaglenest.formats.feature_batches import Batch, BatchPlan, TargetSignal, build_batch
+from eaglenest.drafter import attention as drafter_attention
+from eaglenest.drafter.attention import causal_logsumexp
+from eaglenest.drafter.batches import Batch, BatchPlan, TargetSignal, build_batch
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.stages.train.distributed import Processes, autocast
 from eaglenest.stages.train.loss import ttt_loss
 
@@ -428,8 +429,8 @@ def packed_setup(ctx: Context):
     shares rows, with the same samples one to a row."""
     from transformers import AutoConfig
 
+    from eaglenest.drafter.batches import build_packed_batch, open_shards
     from eaglenest.formats.draft_vocab import DraftVocab
-    from eaglenest.formats.feature_batches import build_packed_batch, open_shards
     from eaglenest.formats.target_head import TargetHead
     from eaglenest.stages.train.initialise import build_drafter
 
@@ -537,7 +538,7 @@ def random_target(ctx: Context) -> Path:
 def capture(path: Path, device: str, model_dtype: str, batch_ids, settings) -> dict:
     """The capture backend's forward over one right-padded batch, as extract_hidden_states runs it."""
     from eaglenest.stages.hidden_states.extract import AuxCapture, forward_batch
-    from eaglenest.target.loading import default_aux_layer_ids, load_target
+    from eaglenest.target_model.loading import default_aux_layer_ids, load_target
 
     model = load_target(path, device, model_dtype)
     hooks = AuxCapture(model, default_aux_layer_ids(model.config.num_hidden_layers))
@@ -554,7 +555,7 @@ def capture(path: Path, device: str, model_dtype: str, batch_ids, settings) -> d
 
 
 def step_capture(ctx: Context, figures: dict) -> None:
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
 
     path = random_target(ctx)
     sizes = CAPTURE_SIZES[ctx.size]
@@ -624,7 +625,7 @@ def fp8_shard_roundtrip(ctx: Context, aux: torch.Tensor, final: torch.Tensor) ->
     from safetensors import safe_open
 
     from eaglenest.formats import hidden_shard
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
 
     settings = HiddenSettings.from_config(schema_config(hidden={"dtype": "fp8"}))
     fp8_dequantize = hidden_shard.fp8_dequantize
@@ -694,7 +695,8 @@ def ddp_child(spec: dict) -> dict:
     import torch.distributed as dist
 
     from eaglenest.stages.train.distributed import data_parallel
-    from eaglenest.stages.train.train import set_up_training, step_batches
+    from eaglenest.stages.train.feed import step_batches
+    from eaglenest.stages.train.train import set_up_training
 
     device = spec["device"]
     backend = "nccl" if device.startswith("cuda") else "gloo"

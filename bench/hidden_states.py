@@ -51,13 +51,13 @@ from support.servers import free_port
 
 from eaglenest.common.batching import pack_batches
 from eaglenest.common.config import settings_from_sections
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm
 
 DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-from eaglenest.target.loading import default_aux_layer_ids, load_target
+from eaglenest.target_model.loading import default_aux_layer_ids, load_target
 
 
 def write_tokens(path: Path, n: int, min_len: int, max_len: int, vocab: int, seed: int = 0):

@@ -39,9 +39,9 @@ from eaglenest.demo.target_tokenizer import build_demo_tokenizer, tokenizer_corp
 from eaglenest.demo.tasks import heldout_examples, training_examples
 from eaglenest.formats.samples import SAMPLE_SCHEMA
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.stages.tokenize.tokenize import tokenize_frame
-from eaglenest.target.special_tokens import resolve_target_tokens
-from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
+from eaglenest.stages.samples.tokenize import tokenize_frame
+from eaglenest.target_model.special_tokens import resolve_target_tokens
+from eaglenest.target_model.tokenizer import load_tokenizer, think_token_ids
 
 KWARGS = {"enable_thinking": True}
 

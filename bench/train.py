@@ -43,15 +43,16 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
-from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.feature_batches import (
+from eaglenest.drafter.batches import (
     Batch,
     BatchPlan,
     TargetSignal,
     build_batch,
     open_shards,
 )
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings

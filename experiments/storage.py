@@ -43,7 +43,7 @@ import torch
 from run_data import make_run, run_config, split_shards
 
 from eaglenest.settings.evaluate import EvaluateSettings
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter

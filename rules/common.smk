@@ -31,7 +31,7 @@ from eaglenest.stages.prompts.sources import local_source_files
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.settings.hidden import (
+from eaglenest.settings.hidden_states import (
     HiddenSettings,
     HiddenVerifySettings,
     TargetHeadSettings,

@@ -3,7 +3,7 @@
 from eaglenest.common.logs import log_to
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.prompts import PromptOptions
-from eaglenest.stages.generate import generate_shard
+from eaglenest.stages.generate.generate import generate_shard
 from eaglenest.stages.prompts.prompts import write_prompt_shard
 
 with log_to(snakemake.log.generate):

@@ -4,7 +4,7 @@ import torch
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm

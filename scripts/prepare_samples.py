@@ -1,12 +1,12 @@
-# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.stages.validate),
-# then tokenize the samples that passed (eaglenest.stages.tokenize), last the lengths the report plots
+# Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.stages.samples.validate),
+# then tokenize the samples that passed (eaglenest.stages.samples), last the lengths the report plots
 # (eaglenest.formats.lengths); one log for the job, each step's lines named by its module.
 from eaglenest.common.logs import log_to
 from eaglenest.formats.lengths import write_shard_lengths
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.stages.tokenize.tokenize import tokenize_shard
-from eaglenest.stages.validate import validate_shard
-from eaglenest.target.tokenizer import target_vocab_size_of
+from eaglenest.stages.samples.tokenize import tokenize_shard
+from eaglenest.stages.samples.validate import validate_shard
+from eaglenest.target_model.tokenizer import target_vocab_size_of
 
 settings = SamplesSettings.from_json(snakemake.params.settings)
 shard = snakemake.wildcards.shard

@@ -4,7 +4,7 @@ import torch
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
-from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+from eaglenest.settings.hidden_states import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.verify import verify_backends
 

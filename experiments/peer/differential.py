@@ -17,14 +17,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import speculators_train as peer
 
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter
-from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.feature_batches import (
+from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
     build_batch,
     open_shards,
 )
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.train.loss import Objective, ttt_loss
 

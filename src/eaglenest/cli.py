@@ -10,35 +10,41 @@ import sys
 
 from eaglenest.common.logs import setup_cli_logging
 
+# What `eaglenest --help` opens with: whole sentences, not the module docstring's first line.
+DESCRIPTION = (
+    "The tools around the eaglenest pipeline, which `snakemake --cores all` runs: serving, "
+    "probing, capture and configuration. Each command has its own --help."
+)
+
 SUBCOMMANDS = {
     "serve": (
         "eaglenest.demo.server",
-        "OpenAI-compatible server for a local causal LM (or echo mode)",
+        "Serve a local causal LM (or echo prompts) behind an OpenAI-compatible API.",
     ),
     "probe": (
         "eaglenest.stages.probe",
-        "send one minimal request to an endpoint and report what it returns",
+        "Send one minimal request to an endpoint and report what it returns.",
     ),
-    "build-demo-target": ("eaglenest.demo.target", "build and train the tiny demo target model"),
+    "build-demo-target": ("eaglenest.demo.target", "Build and train the tiny demo target model."),
     "serve-capture": (
         "eaglenest.stages.hidden_states.capture_server",
-        "one vLLM capture engine for every hidden-state shard of a run (vllm.capture_url)",
+        "Start one vLLM capture engine for every hidden-state shard of a run (vllm.capture_url).",
     ),
     "vllm-cpu-flags": (
-        "eaglenest.common.vllm_cpu",
-        "the flags a vLLM server on CPU needs to compute what it does on GPUs",
+        "eaglenest.vllm_engine.cpu",
+        "Print the flags a vLLM server on CPU needs to compute what it computes on GPUs.",
     ),
     "config-docs": (
         "eaglenest.common.config_docs",
-        "print config/README.md, the reference of every config key, from config/schema.yaml",
+        "Print config/README.md, the reference of every config key, from config/schema.yaml.",
     ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="eaglenest", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser = argparse.ArgumentParser(prog="eaglenest", description=DESCRIPTION)
+    parser.add_argument("-v", "--verbose", action="store_true", help="Log debug messages too.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         subparsers.add_parser(name, help=help_text, add_help=False)

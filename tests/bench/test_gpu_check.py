@@ -172,7 +172,7 @@ def test_the_schema_defaults_without_jsonschema_equal_the_validated_config():
     """The script fills config/schema.yaml's defaults itself (no jsonschema on the GPU machine):
     the settings it builds are those of the validated config."""
     from eaglenest.common.config import settings_from_sections
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
     from eaglenest.settings.train import TrainSettings
 
     gpu_check = load_gpu_check()

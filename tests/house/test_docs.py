@@ -27,13 +27,13 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 README_MAX_LINES = 220
 FENCED = re.compile(r"```.*?```", flags=re.DOTALL)
 INLINE_CODE = re.compile(r"`([^`]+)`")
-# A path from the repository root, a path inside src/eaglenest/ (`stages/generate.py`) and a bare
-# file name (`vllm_connector.py`); a path inside results/ is preceded by `/` and is no match.
+# A path from the repository root, a path inside src/eaglenest/ (`stages/generate/generate.py`) and a bare
+# file name (`vllm_engine/connector.py`); a path inside results/ is preceded by `/` and is no match.
 REPO_PATH = re.compile(
     r"(?<![\w./-])(?:src|scripts|rules|tests|bench|experiments|config)/[\w./*-]*(?<![.:])"
 )
 PACKAGE_PATH = re.compile(
-    r"(?<![\w./-])(?:common|formats|target|client|settings|stages|demo)/[\w./-]*\.py\b"
+    r"(?<![\w./-])(?:common|formats|target_model|client|settings|stages|demo|drafter|vllm_engine)/[\w./-]*\.py\b"
 )
 FILE_NAME = re.compile(r"(?<![\w./-])\w+\.(?:py|smk)\b(?![\w/])")
 MODULE_NAME = re.compile(r"(?<![\w/.-])eaglenest(?!\.ya?ml\b)(?:\.\w+)+")
@@ -179,6 +179,6 @@ def layout_entries(readme: str) -> list[str]:
 
 def test_every_name_of_the_readme_layout_exists():
     paths = layout_entries((REPO / "README.md").read_text())
-    assert "tests/support/" in paths and "src/eaglenest/drafter.py" in paths, paths
+    assert "tests/support/" in paths and "src/eaglenest/drafter/" in paths, paths
     missing = [path for path in paths if not (REPO / path).exists()]
     assert not missing, f"README.md's layout names what the tree lacks: {missing}"

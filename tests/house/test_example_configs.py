@@ -18,11 +18,11 @@ from support.workflow import REPO
 
 from eaglenest.common.config import validate_config
 from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.stages.hidden_states.plan import plan_hidden_shard
 from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts
-from eaglenest.target.loading import load_text_config
+from eaglenest.target_model.loading import load_text_config
 
 EXAMPLES = REPO / "config" / "examples"
 DATASET = "mlabonne/open-perfectblend"

@@ -1,8 +1,10 @@
 """Layout properties of the library (src/eaglenest), checked on its source with ast: how long
 its functions may be, that stages stay isolated from one another, what the demo
-code may reach, and which levels of the package may import which."""
+code may reach, what the code that runs inside vLLM may import, and which levels of the package
+may import which."""
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,7 @@ def test_no_stage_imports_another_stage():
         if stage_of(module) and stage_of(target) and stage_of(module) != stage_of(target)
     ]
     assert not crossings, (
-        "stages share through formats/, target/, common/ or client/:\n" + "\n".join(crossings)
+        "stages share through formats/, target_model/, common/ or client/:\n" + "\n".join(crossings)
     )
 
 
@@ -100,6 +102,87 @@ def test_only_the_endpoints_and_the_demo_prompt_source_reach_into_demo():
         and any(t.startswith("eaglenest.demo") for t in targets)
     }
     assert reaching == DEMO_REACH
+
+
+# ---- the vLLM room (eaglenest.vllm_engine): what runs under vLLM's interpreter ----------------
+
+ROOM = "eaglenest.vllm_engine"
+# What a module of the room may import from outside it: capture_request.py runs in our
+# environment and builds the capture engine's request from the settings.
+ALLOWED_OUTSIDE = {
+    f"{ROOM}.capture_request": {"eaglenest.settings.hidden_states", "eaglenest.settings.vllm"},
+}
+# Third-party packages vLLM's environment has: vLLM and what it depends on.
+ENGINE_PACKAGES = {"vllm", "torch", "numpy", "safetensors", "huggingface_hub"}
+
+
+def in_room(module: str) -> bool:
+    return module == ROOM or module.startswith(ROOM + ".")
+
+
+def modules_run_by_name() -> set[str]:
+    """The library modules named by `<NAME>_MODULE = "eaglenest.x"` constants: what a stage
+    starts under another interpreter (`python -m`) or vLLM loads by name."""
+    named = set()
+    for path in library_modules():
+        for node in ast.parse(path.read_text()).body:
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id.endswith("_MODULE") for t in node.targets)
+                and isinstance(node.value, ast.Constant)
+                and str(node.value.value).startswith("eaglenest.")
+            ):
+                named.add(node.value.value)
+    return named
+
+
+def third_party_imports(module: str) -> set[str]:
+    """Top-level names of what a module imports when it runs, outside eaglenest."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    names = set()
+    for node in runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names.add((node.module or "").split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+    return names - {"eaglenest", "__future__"}
+
+
+def test_the_vllm_room_imports_nothing_of_ours_outside_it_but_its_allow_list():
+    graph = library_imports()
+    room = {m for m in graph if in_room(m)}
+    assert {f"{ROOM}.capture", f"{ROOM}.decode", f"{ROOM}.serve", f"{ROOM}.connector"} <= room
+    outside = [
+        f"{module} imports {target}"
+        for module in sorted(room)
+        for target in sorted(graph[module])
+        if not in_room(target) and target not in ALLOWED_OUTSIDE.get(module, set())
+    ]
+    assert not outside, "the vLLM room reaches out (see its docstring):\n" + "\n".join(outside)
+
+
+def test_what_runs_under_vllms_interpreter_stays_in_the_room_on_vllms_packages():
+    """Every module started under vLLM's interpreter (or loaded by vLLM) by name lives in the
+    room, and so does everything of ours it imports, through any number of modules; none of
+    them imports a package vLLM's environment lacks (polars, pandera, transformers of ours...)."""
+    graph = library_imports()
+    entries = {m for m in modules_run_by_name() if not m.startswith("eaglenest.demo")}
+    assert {f"{ROOM}.capture", f"{ROOM}.decode", f"{ROOM}.serve", f"{ROOM}.connector"} <= entries
+    reached, pending = set(), list(entries)
+    while pending:
+        module = pending.pop()
+        if module not in reached:
+            reached.add(module)
+            pending += graph[module]
+    assert all(in_room(m) for m in reached), sorted(m for m in reached if not in_room(m))
+    assert f"{ROOM}.capture_request" not in reached  # it imports our settings
+    stdlib = set(sys.stdlib_module_names)
+    foreign = {
+        module: sorted(third_party_imports(module) - stdlib - ENGINE_PACKAGES)
+        for module in sorted(reached)
+    }
+    assert not any(foreign.values()), {m: f for m, f in foreign.items() if f}
 
 
 def import_levels(graph: dict[str, set[str]]) -> dict[str, int]:

@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 # The default demo and the variant that runs vLLM for the hidden states and the evaluation, so
 # that the settings only those use (hidden.engine, evaluate.vllm) are checked too.
 CONFIGS = [("config/config.yaml",), ("config/config.yaml", "config/tests/deepseek-v3.yaml")]
-WHOLE_READS = {"asdict", "to_json", "as_kwargs", "getattr", "vars"}
+# Calls that read every field of a settings object (overrides: DrafterSettings, the drafter's
+# config over the target's).
+WHOLE_READS = {"asdict", "to_json", "as_kwargs", "getattr", "vars", "overrides"}
 
 
 def settings_classes() -> dict[str, type[Settings]]:

@@ -3,7 +3,7 @@ query attention (4 heads over 2 KV heads) and a draft vocabulary smaller than th
 
 from __future__ import annotations
 
-from eaglenest.drafter import DrafterConfig
+from eaglenest.drafter.config import DrafterConfig
 
 CONFIG = DrafterConfig(
     hidden_size=32,

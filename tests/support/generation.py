@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from eaglenest.common.config import validate_config
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-from eaglenest.stages.generate import GenerationSettings
+from eaglenest.stages.generate.request import GenerationSettings
 
 MODEL = "echo-model"  # the model name the embedded server answers as in echo mode
 

@@ -26,8 +26,8 @@ from support.workflow import (
     snakemake,
 )
 
+from eaglenest.client.journal import iter_journal
 from eaglenest.demo.server_process import running_server
-from eaglenest.stages.generate import iter_journal
 
 pytestmark = pytest.mark.slow
 

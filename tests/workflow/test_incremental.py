@@ -74,8 +74,8 @@ CONFIG_CHANGES = {
 
 # change id -> (library module edited, how, expected jobs per rule before LATER_STAGES)
 CODE_CHANGES = {
-    "generate.py code: generation onward": ("stages/generate.py", "code", GENERATE_ONWARD),
-    "validate.py code: validation onward": ("stages/validate.py", "code", SAMPLES_ONWARD),
+    "generate.py code: generation onward": ("stages/generate/generate.py", "code", GENERATE_ONWARD),
+    "validate.py code: validation onward": ("stages/samples/validate.py", "code", SAMPLES_ONWARD),
     "hidden-state extraction code: hidden states only": (
         "stages/hidden_states/extract.py",
         "code",

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.workflow import SMALL_RUN
 
-from eaglenest.formats.drafter_export import load_drafter
+from eaglenest.drafter.export import load_drafter
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.evaluate.evaluate import (
     heldout_prompts,
@@ -24,7 +24,7 @@ from eaglenest.stages.evaluate.speculative import (
     greedy_generate,
     speculative_generate,
 )
-from eaglenest.target.loading import load_target
+from eaglenest.target_model.loading import load_target
 
 
 @pytest.fixture(scope="module")

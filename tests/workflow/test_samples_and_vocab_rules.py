@@ -18,7 +18,7 @@ from support.workflow import planned_jobs
 
 from eaglenest.common.io import read_json, write_json
 from eaglenest.formats.raw import RAW_SCHEMA
-from eaglenest.target.tokenizer import think_token_ids
+from eaglenest.target_model.tokenizer import think_token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_samples_and_vocab_rules_in_snakemake(tmp_path):
     assert summary["coverage"] == 1.0  # 4 short answers use fewer than 64 distinct ids
     # One log per job, each step's lines named by its module.
     log = (tmp_path / "logs/t/prepare_samples/00000.log").read_text()
-    assert "eaglenest.stages.validate" in log and "eaglenest.stages.tokenize" in log
+    assert "eaglenest.stages.samples.validate" in log and "eaglenest.stages.samples" in log
     assert log.count("tokens/s") == 1
 
     config["tokenize"]["draft_vocab_size"] = 32

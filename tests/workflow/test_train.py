@@ -18,10 +18,10 @@ from support.workflow import SMALL_RUN
 from transformers import AutoConfig
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter import ttt_forward
+from eaglenest.drafter.model import ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
-from eaglenest.formats.feature_batches import (
+from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
+from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
     build_batch,
@@ -33,7 +33,8 @@ from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.distributed import Processes
 from eaglenest.stages.train.initialise import build_drafter
 from eaglenest.stages.train.loss import ttt_loss
-from eaglenest.stages.train.train import TrainingDiverged, step_batches, train_drafter
+from eaglenest.stages.train.train import TrainingDiverged, train_drafter
+from eaglenest.stages.train.feed import step_batches
 
 pytestmark = pytest.mark.slow
 

@@ -19,12 +19,9 @@ from typing import Any
 import aiohttp
 
 from eaglenest.client.endpoints import Endpoint
-from eaglenest.client.streaming import TEXT_FIELDS, StreamAssembler, StreamError
+from eaglenest.client.retry import RETRYABLE_STATUS
+from eaglenest.client.streaming import STREAM_FIELDS, TEXT_FIELDS, StreamAssembler, StreamError
 from eaglenest.client.urls import endpoint_path
-
-RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
-# Added to a request that streams: the usage arrives in a last chunk only when asked for.
-STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 class RetryableError(Exception):

@@ -23,7 +23,7 @@ error (ENOLCK, EIO on NFS) is raised, naming the file, rather than retried forev
 
 Record locks belong to the process, not to the descriptor: within one process a second lock of a
 byte it holds succeeds silently, so the process keeps its own set of held slots. Waiting is the
-caller's (eaglenest.stages.generate's endpoint pool): one scanner per process, woken by its own
+caller's (eaglenest.stages.generate.generate's endpoint pool): one scanner per process, woken by its own
 releases and polling every POLL_S for other processes', so the cost is per process, not per
 waiting request.
 """

@@ -18,6 +18,8 @@ from typing import Any
 
 # Delta fields whose text is concatenated into the message, in the server's own names.
 TEXT_FIELDS = ("content", "reasoning", "reasoning_content")
+# Added to a request that streams: the usage arrives in a last chunk only when asked for.
+STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 DONE = "[DONE]"
 
 

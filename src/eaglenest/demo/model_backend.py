@@ -1,5 +1,5 @@
-"""The model backend of `eaglenest serve`: a transformers causal LM behind the batching engine
-(engine.py), with the chat template, stop tokens and sampling defaults the model ships."""
+"""The model backend of `eaglenest serve`: a transformers causal LM behind the batcher
+(batcher.py), with the chat template, stop tokens and sampling defaults the model ships."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ GREEDY_TEMPERATURE = 1e-5  # below this, sample greedily (vLLM's threshold)
 
 
 class ModelBackend:
-    """A transformers causal LM behind a batching engine."""
+    """A transformers causal LM behind the dynamic batcher (batcher.py)."""
 
     def __init__(
         self,
@@ -33,8 +33,8 @@ class ModelBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from eaglenest.common.devices import resolve_device
-        from eaglenest.demo.engine import BatchingEngine
-        from eaglenest.target.files import resolve_target_dir
+        from eaglenest.demo.batcher import Batcher
+        from eaglenest.target_model.files import resolve_target_dir
 
         # Local directories, or hub names resolved in the local cache (never downloaded here).
         model_dir = str(resolve_target_dir(model_path, "target.path"))
@@ -64,7 +64,7 @@ class ModelBackend:
         self.default_max_tokens = int(
             default_max_tokens or self.sampling_defaults.get("max_new_tokens") or 4096
         )
-        self.engine = BatchingEngine(
+        self.batcher = Batcher(
             model,
             self.stop_token_ids,
             pad_token_id,
@@ -81,10 +81,10 @@ class ModelBackend:
         )
 
     def start(self) -> None:
-        self.engine.start()
+        self.batcher.start()
 
     def stop(self) -> None:
-        self.engine.stop()
+        self.batcher.stop()
 
     def render_prompt(self, request: ChatRequest) -> list[int]:
         import jinja2
@@ -103,11 +103,11 @@ class ModelBackend:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def waiting(self) -> int:
-        return self.engine.waiting()
+        return self.batcher.waiting()
 
     async def complete(self, request: ChatRequest, *, paced: bool = False) -> Completion:
-        """The whole answer; a streamed one is then sent at once (the engine does not stream)."""
-        from eaglenest.demo.engine import SamplingParams
+        """The whole answer; a streamed one is then sent at once (the batcher does not stream)."""
+        from eaglenest.demo.batcher import SamplingParams
 
         prompt_ids = self.render_prompt(request)
         params = SamplingParams(
@@ -118,7 +118,7 @@ class ModelBackend:
         )
         if params.temperature < GREEDY_TEMPERATURE:
             params = SamplingParams(params.max_new_tokens, 0.0, 1.0, params.seed)
-        result = await self.engine.generate(prompt_ids, params)
+        result = await self.batcher.generate(prompt_ids, params)
         generated = result.completion_token_ids
         text_ids = generated[:-1] if result.finish_reason == "stop" else generated
         text = self.tokenizer.decode(
@@ -139,13 +139,13 @@ class ModelBackend:
         return request.max_tokens or min(room, self.default_max_tokens)
 
     def stats(self) -> dict[str, Any]:
-        engine = self.engine.stats
+        stats = self.batcher.stats
         return {
             "backend": "model",
-            "batches": engine.batches,
-            "completions": engine.requests,
-            "generated_tokens": engine.generated_tokens,
-            "max_batch_size_seen": engine.max_batch_size_seen,
+            "batches": stats.batches,
+            "completions": stats.requests,
+            "generated_tokens": stats.generated_tokens,
+            "max_batch_size_seen": stats.max_batch_size_seen,
         }
 
 

@@ -4,7 +4,7 @@ It serves any transformers model directory (or, with `--echo`, canned answers wi
 127.0.0.1 and speaks the dialects real servers speak (vLLM, SGLang, none: see protocol.py), so
 the pipeline and its tests meet the same shapes they meet in production. This module is its
 command line and serving loop; the routes and fault injection are app.py's, the answers come from
-echo_backend.py or model_backend.py (generation in batches on an engine thread, engine.py).
+echo_backend.py or model_backend.py (generation in batches on a batcher thread, batcher.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gather-window-s",
         type=float,
         default=0.005,
-        help="how long the engine waits for more requests before starting a batch",
+        help="how long the batcher waits for more requests before starting a batch",
     )
     how.add_argument("--max-model-len", type=int, help="default: max_position_embeddings")
     how.add_argument(

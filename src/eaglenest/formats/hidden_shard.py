@@ -33,7 +33,7 @@ from safetensors import safe_open
 from eaglenest.common.io import atomic_path, sha256_file
 
 if TYPE_CHECKING:
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
 
 FORMAT = "eaglenest-hidden/1"
 

@@ -1,5 +1,5 @@
 """The target head, `hidden/target_head.safetensors`: the target's embedding, final norm and LM
-head, read by tensor name from the checkpoint's safetensors files (eaglenest.target.checkpoint,
+head, read by tensor name from the checkpoint's safetensors files (eaglenest.target_model.checkpoint,
 never loading the model), and read back for training and evaluation."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from safetensors import safe_open
 
 from eaglenest.common.io import atomic_path, library_versions
 from eaglenest.formats.hidden_shard import FORMAT
-from eaglenest.target.checkpoint import TargetHeadError, checkpoint_head_tensors
-from eaglenest.target.files import resolve_target_dir
-from eaglenest.target.loading import (
+from eaglenest.target_model.checkpoint import TargetHeadError, checkpoint_head_tensors
+from eaglenest.target_model.files import resolve_target_dir
+from eaglenest.target_model.loading import (
     default_aux_layer_ids,
     load_text_config,
     target_config_hash,
 )
 
 if TYPE_CHECKING:
-    from eaglenest.settings.hidden import TargetHeadSettings
+    from eaglenest.settings.hidden_states import TargetHeadSettings
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,41 @@ DRAFTER_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_o
 
 
 @dataclass(frozen=True)
+class DrafterSettings(Settings):
+    """`train.drafter`: the EAGLE-3 variant and the attention of the drafter, and the sizes that
+    override the target's (None: not set, the size follows the target's config; an explicit null
+    means the same). Read by training (stages/train/initialise.py), whose checkpoint's config.json
+    export and evaluation then read as the drafter's config (eaglenest.drafter.config)."""
+
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_before_residual: bool
+    norm_output: bool
+    attention: str  # llama | mla
+    q_lora_rank: int | None
+    kv_lora_rank: int | None
+    qk_nope_head_dim: int | None
+    qk_rope_head_dim: int | None
+    v_head_dim: int | None
+    intermediate_size: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    head_dim: int | None
+    max_position_embeddings: int | None
+    rope_theta: float | None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DrafterSettings:
+        values = config["train"]["drafter"]
+        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
+
+    def overrides(self) -> dict[str, Any]:
+        """What the drafter's config takes over the target's: the variant, the attention and
+        every size that is set (eaglenest.drafter.config.DrafterConfig.from_target)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
 class TrainSettings(Settings):
     epochs: int
     max_steps: int | None
@@ -47,16 +82,20 @@ class TrainSettings(Settings):
     precision: str  # auto = bf16 autocast on CUDA, float32 on CPU
     export_dtype: str
     activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
-    drafter: dict[str, Any]  # overrides of the drafter's sizes, and its EAGLE-3 variant
+    drafter: DrafterSettings  # the drafter's EAGLE-3 variant, attention and sizes
     target: TargetSettings  # path and trust_remote_code: the drafter's sizes from its config
 
     def recorded(self) -> dict[str, Any]:
         """The `train` section's values, as train_report.json and checkpoints record them: where
         the target lies is the run's, not the training's (moving it invalidates no checkpoint)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "target"}
+        recorded = {k: v for k, v in dataclasses.asdict(self).items() if k != "target"}
+        return recorded | {"drafter": self.drafter.overrides()}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:
-        values = {k: config["train"][k] for k in cls.__dataclass_fields__ if k != "target"}
+        own = set(cls.__dataclass_fields__) - {"target", "drafter"}
+        values = {k: config["train"][k] for k in own}
         target = TargetSettings.view(config, "path", "trust_remote_code")
-        return cls(**{**values, "adam_betas": tuple(values["adam_betas"]), "target": target})
+        drafter = DrafterSettings.from_config(config)
+        adam_betas = tuple(values["adam_betas"])
+        return cls(**{**values, "adam_betas": adam_betas, "drafter": drafter, "target": target})

@@ -17,7 +17,7 @@ from eaglenest.settings import Settings
 class VllmEngine(Settings):
     quantization: str | None
     engine_args: dict[str, Any]
-    cpu_workarounds: bool  # eaglenest.common.vllm_cpu
+    cpu_workarounds: bool  # eaglenest.vllm_engine.cpu
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> VllmEngine:

@@ -32,15 +32,16 @@ from eaglenest.client.reasoning import (
     present_fields,
 )
 from eaglenest.client.responses import describe_token_ids
+from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.urls import api_base, endpoint_path
 from eaglenest.common.io import write_json
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
-from eaglenest.target.tokenizer import think_token_ids
+from eaglenest.target_model.tokenizer import think_token_ids
 
 log = logging.getLogger(__name__)
 
-TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
-PROBE_ATTEMPTS = 3
+# A few quick attempts: the probe is the run's first request, and must fail in seconds.
+PROBE_RETRY = RetryPolicy(max_attempts=3, backoff_base_s=0.5, backoff_max_s=2.0)
 # Only for `eaglenest probe` by hand; in a run the probe asks the run's own first prompts.
 DEFAULT_PROMPT = "What is 12 + 7? Think step by step."
 
@@ -80,7 +81,8 @@ def _served_models(client: httpx.Client, base: str) -> list[str]:
 def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[dict, float, int]:
     """POST with a few quick retries on transient failures; returns (json, latency_s, attempts)."""
     last_problem, shown = "", redacted_url(base)
-    for attempt in range(1, PROBE_ATTEMPTS + 1):
+    attempts = PROBE_RETRY.max_attempts
+    for attempt in range(1, attempts + 1):
         started = time.perf_counter()
         try:
             response = client.post(endpoint_path(base, "/v1/chat/completions"), json=body)
@@ -96,7 +98,7 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                 if isinstance(parsed, dict):
                     return parsed, latency_s, attempt
                 last_problem = f"malformed JSON body: {response.text[:200]!r}"
-            elif response.status_code in TRANSIENT_STATUS:
+            elif response.status_code in RETRYABLE_STATUS:
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
             else:
                 raise ProbeError(
@@ -104,11 +106,12 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                     f"{response.text[:500]}"
                 )
         log.warning(
-            "probe attempt %d/%d on %s failed: %s", attempt, PROBE_ATTEMPTS, shown, last_problem
+            "probe attempt %d/%d on %s failed: %s", attempt, attempts, shown, last_problem
         )
-        time.sleep(0.5 * attempt)
+        if PROBE_RETRY.retries(attempt):
+            time.sleep(PROBE_RETRY.backoff_s(attempt))
     raise ProbeError(
-        f"{shown}/v1/chat/completions failed {PROBE_ATTEMPTS} times; last: {last_problem}"
+        f"{shown}/v1/chat/completions failed {attempts} times; last: {last_problem}"
     )
 
 

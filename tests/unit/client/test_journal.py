@@ -11,14 +11,10 @@ from support.frames import prompt_frame
 from support.generation import MODEL, fast_settings
 
 from eaglenest.client.endpoints import Endpoint
+from eaglenest.client.journal import iter_journal, match_journal, request_key
 from eaglenest.demo.server_process import running_server
-from eaglenest.stages.generate import (
-    generate_records,
-    iter_journal,
-    match_journal,
-    request_body,
-    request_key,
-)
+from eaglenest.stages.generate.generate import generate_records
+from eaglenest.stages.generate.request import request_body
 
 
 def requests_total(url: str) -> int:

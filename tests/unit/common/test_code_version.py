@@ -411,8 +411,8 @@ def test_the_package_init_holds_only_constants():
 
 
 def test_the_demo_server_is_cut_where_excluded():
-    server = {"demo/server_process.py", "demo/server.py", "demo/engine.py", "demo/faults.py"}
-    for entries in (["stages.generate"], ["stages.probe"]):
+    server = {"demo/server_process.py", "demo/server.py", "demo/batcher.py", "demo/faults.py"}
+    for entries in (["stages.generate.generate"], ["stages.probe"]):
         assert server <= set(module_closure(entries))
         assert not server & set(module_closure(entries, ["demo.server_process"]))
 

@@ -11,18 +11,12 @@ import pytest
 import torch
 from support.drafter_sizes import CONFIG
 
-import eaglenest.drafter as drafter_module
-import eaglenest.drafter_attention as attention_module
-from eaglenest.drafter import (
-    Attention,
-    DecodeCache,
-    DrafterConfig,
-    Eagle3Drafter,
-    rope_cos_sin,
-    shift_left,
-    ttt_forward,
-)
-from eaglenest.formats.feature_batches import Batch
+import eaglenest.drafter.attention as attention_module
+import eaglenest.drafter.model as drafter_module
+from eaglenest.drafter.batches import Batch
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.layers import Attention, DecodeCache, rope_cos_sin
+from eaglenest.drafter.model import Eagle3Drafter, shift_left, ttt_forward
 from eaglenest.stages.train.loss import ttt_loss
 
 VARIANTS = {
@@ -232,8 +226,9 @@ def test_activation_checkpointing_changes_nothing_but_memory(model):
 LONG_SAMPLE_STEP = """
 import resource, sys, torch
 torch.set_num_threads(2)
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter, ttt_forward
-from eaglenest.formats.feature_batches import Batch
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.batches import Batch
 from eaglenest.stages.train.loss import ttt_loss
 T = int(sys.argv[1])
 config = DrafterConfig(hidden_size=32, target_hidden_size=32, intermediate_size=64,
@@ -337,7 +332,7 @@ def test_each_variant_is_exported_as_vllm_reads_it(variant, tmp_path):
 
     from safetensors import safe_open
 
-    from eaglenest.formats.drafter_export import export_drafter, load_drafter
+    from eaglenest.drafter.export import export_drafter, load_drafter
 
     model = make_model(replace(CONFIG, **VARIANTS[variant]))
     export_drafter(model, tmp_path, dtype="float32")
@@ -425,7 +420,7 @@ def test_the_drafter_keeps_the_targets_hidden_size():
 
 
 def test_prefetch_yields_in_order_and_raises_the_loaders_error():
-    from eaglenest.stages.train.train import prefetch
+    from eaglenest.stages.train.feed import prefetch
 
     assert list(prefetch(iter(range(10)), depth=2)) == list(range(10))
 
@@ -538,13 +533,13 @@ def test_mla_attention_equals_transformers_deepseek_v3_attention():
         cos_sin = DeepseekV3RotaryEmbedding(reference)(x, positions)
         expected, _ = theirs(x, cos_sin, mask.expand(2, 1, 9, 9))
         cos, sin = rope_cos_sin(positions, c.qk_rope_head_dim, c.rope_theta, interleaved=True)
-        got = ours(x, cos, sin, drafter_module.KVCache())
+        got = ours(x, cos, sin, drafter_module.TTTStack())
     # Both compute the rotary angles in float32, hence the tolerance; another rotary layout or a
     # missing norm differs by the size of the values themselves.
     torch.testing.assert_close(got, expected[..., : c.hidden_size], rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         cos, sin = rope_cos_sin(positions, c.qk_rope_head_dim, c.rope_theta, interleaved=False)
-        half_split = ours(x, cos, sin, drafter_module.KVCache())
+        half_split = ours(x, cos, sin, drafter_module.TTTStack())
     assert not torch.allclose(half_split, expected[..., : c.hidden_size], rtol=1e-3, atol=1e-4)
 
 
@@ -578,7 +573,7 @@ def test_the_mla_drafter_is_exported_as_vllms_deepseek_eagle3_loads_it(tmp_path)
 
     from safetensors import safe_open
 
-    from eaglenest.formats.drafter_export import ExportError, export_drafter, load_drafter
+    from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
 
     model = make_model(MLA_CONFIG).float()
     export_drafter(model, tmp_path, dtype="float32")

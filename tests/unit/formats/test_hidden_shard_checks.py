@@ -15,7 +15,7 @@ def small_shard(tmp_path: Path, offsets: list[int], n_tokens: int = 5) -> Path:
     from eaglenest.common.config import settings_from_sections
     from eaglenest.common.io import sha256_file
     from eaglenest.formats.hidden_shard import FORMAT, create_hidden_shard, tensor_specs
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
 
     settings = settings_from_sections(HiddenSettings, hidden={"dtype": "fp32"})
     tokens = tmp_path / "tokens.parquet"
@@ -40,7 +40,7 @@ def small_shard(tmp_path: Path, offsets: list[int], n_tokens: int = 5) -> Path:
 
 def test_shard_rows_offsets_and_tokens_are_checked(tmp_path):
     from eaglenest.formats.hidden_shard import open_hidden_shard
-    from eaglenest.stages.hidden_states.engine_request import VllmCaptureError
+    from eaglenest.vllm_engine.capture_request import VllmCaptureError
     from eaglenest.stages.hidden_states.vllm_backend import pack_request
 
     good = small_shard(tmp_path, [0, 2, 5])

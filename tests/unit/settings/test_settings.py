@@ -20,7 +20,7 @@ import yaml
 import eaglenest.settings
 from eaglenest.common.config import load_config, validate_config
 from eaglenest.settings import Settings
-from eaglenest.stages.generate import GenerationSettings
+from eaglenest.stages.generate.request import GenerationSettings
 
 REPO = Path(__file__).resolve().parents[3]
 LIBRARY = REPO / "src" / "eaglenest"

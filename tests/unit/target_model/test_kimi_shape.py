@@ -20,17 +20,17 @@ from eaglenest.common.io import write_json
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead, save_target_head
 from eaglenest.formats.token_counts import read_token_counts
-from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
+from eaglenest.settings.hidden_states import HiddenSettings, TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.hidden_states.plan import plan_hidden_shard
-from eaglenest.stages.tokenize.tokenize import tokenize_shard
+from eaglenest.stages.samples.tokenize import tokenize_shard
 from eaglenest.stages.train.initialise import build_drafter
 from eaglenest.stages.vocab import build_draft_vocab
-from eaglenest.target.loading import load_text_config
-from eaglenest.target.tokenizer import load_tokenizer, target_vocab_size_of
+from eaglenest.target_model.loading import load_text_config
+from eaglenest.target_model.tokenizer import load_tokenizer, target_vocab_size_of
 
 
 @pytest.fixture(scope="module")

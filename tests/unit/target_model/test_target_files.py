@@ -19,14 +19,14 @@ import eaglenest.stages.hidden_states.extract as hs
 from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import sha256_file
 from eaglenest.formats.target_head import TargetHeadError, save_target_head
-from eaglenest.settings.hidden import TargetHeadSettings
+from eaglenest.settings.hidden_states import TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.target import TargetSettings
 from eaglenest.stages.evaluate.evaluate import eos_token_ids
-from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
-from eaglenest.target.loading import load_target, target_config_hash
-from eaglenest.target.special_tokens import TargetTokens, resolve_target_tokens
-from eaglenest.target.tokenizer import load_tokenizer, think_token_ids
+from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
+from eaglenest.target_model.loading import load_target, target_config_hash
+from eaglenest.target_model.special_tokens import TargetTokens, resolve_target_tokens
+from eaglenest.target_model.tokenizer import load_tokenizer, think_token_ids
 
 torch.set_num_threads(1)
 
@@ -132,7 +132,7 @@ def test_end_of_turn_without_a_generation_config_says_where_it_came_from(
     shutil.copytree(demo_target_dir, target_dir, ignore=shutil.ignore_patterns("*.safetensors"))
     (target_dir / "generation_config.json").unlink()
     target = {"path": str(target_dir), "trust_remote_code": False}
-    with caplog.at_level(logging.WARNING, logger="eaglenest.stages.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="eaglenest.stages.samples"):
         tokens = target_tokens(target)
     assert tokens.end_of_turn_source == "tokenizer"
     warning = caplog.text

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.common.vllm_cpu import server_flags
 from eaglenest.stages.hidden_states.capture_server import merged_config, server_address
-from eaglenest.stages.hidden_states.engine_request import served_name
+from eaglenest.vllm_engine.capture_request import served_name
+from eaglenest.vllm_engine.cpu import server_flags
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -75,8 +75,8 @@ def test_false_engine_arguments_become_no_flags():
 
 
 def test_serve_capture_refuses_a_config_without_the_vllm_backend(tmp_path):
-    from eaglenest.common.engine_process import EngineError
     from eaglenest.stages.hidden_states.capture_server import server_request
+    from eaglenest.vllm_engine.process import EngineError
 
     config = merged_config([str(REPO / "config" / "config.yaml")])
     with pytest.raises(EngineError, match="hidden.backend"):
@@ -85,8 +85,8 @@ def test_serve_capture_refuses_a_config_without_the_vllm_backend(tmp_path):
 
 
 def test_serve_capture_says_how_to_build_a_missing_demo_target(tmp_path, monkeypatch):
-    from eaglenest.common.engine_process import EngineError
     from eaglenest.stages.hidden_states.capture_server import server_request
+    from eaglenest.vllm_engine.process import EngineError
 
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"run": "unbuilt", "hidden": {"backend": "vllm"}}))

@@ -26,7 +26,7 @@ SRC = REPO / "src"
 JOB = """
 import sys, time
 from pathlib import Path
-from eaglenest.common.engine_process import engine_process
+from eaglenest.vllm_engine.process import engine_process
 from eaglenest.common.io import atomic_path
 from eaglenest.common.logs import log_to
 
@@ -99,7 +99,7 @@ class CountingStream(io.StringIO):
 
 
 def test_an_engine_message_is_one_write_and_is_found_after_a_workers_partial_line():
-    from eaglenest.common.engine_process import MARKER, engine_messages, say
+    from eaglenest.vllm_engine.process import MARKER, engine_messages, say
 
     stream = CountingStream()
     with contextlib.redirect_stdout(stream):
@@ -109,7 +109,7 @@ def test_an_engine_message_is_one_write_and_is_found_after_a_workers_partial_lin
     child = textwrap.dedent(
         """
         import sys
-        from eaglenest.common.engine_process import say
+        from eaglenest.vllm_engine.process import say
         sys.stdout.write("INFO worker: half a line ")  # a worker's line, cut by our message
         sys.stdout.flush()
         say({"done": True})

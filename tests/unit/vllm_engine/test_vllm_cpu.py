@@ -1,4 +1,4 @@
-"""The CPU fixes of every vLLM the pipeline starts (eaglenest.common.vllm_cpu), without vLLM: what
+"""The CPU fixes of every vLLM the pipeline starts (eaglenest.vllm_engine.cpu), without vLLM: what
 they add to an engine's arguments, what they refuse, and the server flags docs/vllm-cpu.md shows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.common.vllm_cpu import (
+from eaglenest.vllm_engine.cpu import (
     CpuEngineError,
     config_uses_mla,
     cpu_engine_args,

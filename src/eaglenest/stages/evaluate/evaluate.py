@@ -33,10 +33,10 @@ import torch
 
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
-from eaglenest.drafter import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch, open_shards
+from eaglenest.drafter.export import load_drafter
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.drafter_export import load_drafter
-from eaglenest.formats.feature_batches import BatchPlan, TargetSignal, build_batch, open_shards
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -48,7 +48,7 @@ from eaglenest.stages.evaluate.speculative import (
     prompt_lookup,
     speculative_generate,
 )
-from eaglenest.target.files import resolve_target_dir
+from eaglenest.target_model.files import resolve_target_dir
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def live_metrics(
     trust_remote_code: bool, layer_ids: list[int],
 ) -> dict[str, Any]:  # fmt: skip
     """Greedy and speculative decoding with the transformers target, EAGLE-3 and prompt lookup."""
-    from eaglenest.target.loading import load_target
+    from eaglenest.target_model.loading import load_target
 
     target = load_target(target_path, device, model_dtype, trust_remote_code)
     proposers = {

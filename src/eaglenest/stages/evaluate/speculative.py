@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglenest.drafter import DecodeCache, Eagle3Drafter
+from eaglenest.drafter.layers import DecodeCache
+from eaglenest.drafter.model import Eagle3Drafter
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Acceptance measured by the serving engine (`evaluate.engine: vllm`): the held-out prompts are
 decoded by vLLM at temperature 0 once plainly and once per K with EAGLE-3 and the exported
-drafter, each in a fresh engine (vllm_decode.py under vLLM's interpreter).
+drafter, each in a fresh engine (vllm_engine/decode.py under vLLM's interpreter).
 
 Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
@@ -24,17 +24,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eaglenest.common.engine_process import (
+from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+from eaglenest.vllm_engine.process import (
     EngineError,
     engine_messages,
     engine_process,
     engine_python,
 )
-from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 
 log = logging.getLogger(__name__)
 
-DECODE_MODULE = "eaglenest.stages.evaluate.vllm_decode"
+DECODE_MODULE = "eaglenest.vllm_engine.decode"
 
 
 def decode(request: dict[str, Any], runtime: VllmRuntime, work_dir: Path) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def engine_request(
     runtime: VllmRuntime,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """What vllm_decode.py is asked (less `k`: None for plain decoding, else the draft length)."""
+    """What vllm_engine/decode.py is asked (less `k`: None for plain decoding, else the draft length)."""
     longest = max((len(p) for p in prompts), default=0)
     return {
         "target": str(target_path),

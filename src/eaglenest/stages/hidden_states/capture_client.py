@@ -3,7 +3,7 @@
 
 Each sample is one `/v1/completions` request: its token ids as the prompt, `max_tokens` 1,
 `return_token_ids`. vLLM answers with `kv_transfer_params.hidden_states_path`, the file our
-connector wrote (vllm_connector.py; a `.lock` beside it until the write ends), and the prompt ids
+connector wrote (vllm_engine/connector.py; a `.lock` beside it until the write ends), and the prompt ids
 it ran, which must be the ids sent. The job keeps up to `vllm.requests_per_batch` requests in
 flight, under that cap per server over every job of the host (client/slots.py, as generation's
 endpoints), so while one shard's last requests finish the next shard's fill the engine. A file
@@ -33,13 +33,14 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.client.urls import api_base, endpoint_path
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
-ATTEMPTS = 3  # per request: a server restarting between shards is not a reason to fail a shard
+# Per request: a server restarting between shards is not a reason to fail a shard.
+CAPTURE_RETRY = RetryPolicy(max_attempts=3, backoff_base_s=1.0, backoff_max_s=4.0)
 REQUEST_TIMEOUT_S = 600  # one prompt's forward pass; a 32K-token sample takes seconds on a GPU
 PROGRESS_LINES = 10  # per shard, in its log
 
@@ -113,18 +114,18 @@ async def post_sample(session: aiohttp.ClientSession, job: CaptureJob, i: int) -
         "return_token_ids": True,
         "request_id": f"eaglenest-{job.key}-{job.attempt}-{i}",
     }
-    for attempt in range(1, ATTEMPTS + 1):
+    for attempt in range(1, CAPTURE_RETRY.max_attempts + 1):
         try:
             async with session.post(endpoint_path(job.url, "/v1/completions"), json=body) as r:
                 text = await r.text()
                 if r.status == 200:
                     return json.loads(text)
-                if r.status not in RETRYABLE_STATUS or attempt == ATTEMPTS:
+                if r.status not in RETRYABLE_STATUS or not CAPTURE_RETRY.retries(attempt):
                     raise CaptureServerError(f"sample row {i}: HTTP {r.status}: {text[:500]}")
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            if attempt == ATTEMPTS:
+            if not CAPTURE_RETRY.retries(attempt):
                 raise CaptureServerError(f"sample row {i}: {type(err).__name__}: {err}") from err
-        await asyncio.sleep(attempt)
+        await asyncio.sleep(CAPTURE_RETRY.backoff_s(attempt))
     raise AssertionError("unreachable")
 
 

@@ -4,7 +4,7 @@
         snakemake --cores all --configfile config/examples/kimi-k2.5.yaml
 
 starts vLLM's OpenAI server over the run's target with the `extract_hidden_states` method and
-our connector (vllm_serve.py: the offline capture's engine arguments, CPU fixes included, chunked
+our connector (vllm_engine/serve.py: the offline capture's engine arguments, CPU fixes included, chunked
 prefill and prefix caching off), at the address of the config's `vllm.capture_url`, waits until
 it answers, runs the command, and stops the server when the command ends, fails or is
 interrupted, so nothing of it outlives the run. Without a command it serves until stopped
@@ -39,22 +39,22 @@ from typing import Any
 import yaml
 
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.common.engine_process import (
+from eaglenest.settings.hidden_states import HiddenSettings
+from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
+from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
+from eaglenest.target_model.loading import load_text_config
+from eaglenest.vllm_engine.capture_request import engine_request, served_name
+from eaglenest.vllm_engine.process import (
     EngineError,
     die_with_parent,
     engine_python,
     stop_process_group,
 )
-from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.hidden_states.engine_request import engine_request, served_name
-from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
-from eaglenest.target.files import TargetNotFoundError, resolve_target_dir
-from eaglenest.target.loading import load_text_config
 
 log = logging.getLogger(__name__)
 
-SERVE_MODULE = "eaglenest.stages.hidden_states.vllm_serve"
+SERVE_MODULE = "eaglenest.vllm_engine.serve"
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 STOP_WAIT_S = 30
 
@@ -96,7 +96,7 @@ def server_address(config: dict[str, Any], host: str | None, port: int | None) -
 
 
 def server_request(config: dict[str, Any], storage: Path, host: str, port: int) -> dict:
-    """What vllm_serve.py starts vLLM with: the offline capture's request (vllm_backend), the
+    """What vllm_engine/serve.py starts vLLM with: the offline capture's request (vllm_backend), the
     target's absolute path, the address and the served name the shard jobs expect."""
     if config["hidden"]["backend"] != "vllm":
         raise EngineError("serve-capture: hidden.backend is not vllm in this config")

@@ -25,7 +25,7 @@ import torch
 
 from eaglenest.common.batching import pack_batches
 from eaglenest.formats.hidden_shard import ShardWriter
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.stages.hidden_states.plan import (
     TOPK_CHUNK_ROWS,
     ShardOutput,
@@ -35,7 +35,7 @@ from eaglenest.stages.hidden_states.plan import (
     plan_hidden_shard,
     sample_rows,
 )
-from eaglenest.target.loading import decoder_layers, load_target
+from eaglenest.target_model.loading import decoder_layers, load_target
 
 # --- capture ----------------------------------------------------------------------------------
 

@@ -37,8 +37,8 @@ from eaglenest.formats.hidden_shard import (
     create_hidden_shard,
     tensor_specs,
 )
-from eaglenest.settings.hidden import HiddenSettings
-from eaglenest.target.loading import default_aux_layer_ids, target_config_hash, text_config
+from eaglenest.settings.hidden_states import HiddenSettings
+from eaglenest.target_model.loading import default_aux_layer_ids, target_config_hash, text_config
 
 log = logging.getLogger(__name__)
 

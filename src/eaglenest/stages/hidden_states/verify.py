@@ -21,7 +21,7 @@ import torch
 
 from eaglenest.common.io import write_json
 from eaglenest.formats.hidden_shard import open_hidden_shard
-from eaglenest.settings.hidden import HiddenSettings, HiddenVerifySettings
+from eaglenest.settings.hidden_states import HiddenSettings, HiddenVerifySettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
 from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vllm

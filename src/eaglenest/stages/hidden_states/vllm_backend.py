@@ -3,7 +3,7 @@ itself, as users serve it (tensor parallel, quantized weights), and its states f
 plan.py lays out, the same `hidden/{shard}.safetensors` as the transformers backend writes.
 
 vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours): either
-as a child process of this job running vllm_capture.py, the only module of ours it imports
+as a child process of this job running vllm_engine/capture.py, the only module of ours it imports
 besides the connector, or as the run's capture server (`vllm.capture_url`, capture_client.py).
 Either writes one state file per request, `hidden_states` [T, 4, H] (the three aux layers and
 layer N, the output of the last decoder layer *before* the final norm) and `token_ids` [T]; this
@@ -34,16 +34,9 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.common.devices import resolve_device
-from eaglenest.common.engine_process import (
-    engine_messages,
-    engine_process,
-    engine_python,
-    reply,
-)
 from eaglenest.formats.hidden_shard import ShardWriter
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.hidden_states.engine_request import VllmCaptureError, engine_request
 from eaglenest.stages.hidden_states.plan import (
     TOPK_CHUNK_ROWS,
     ShardOutput,
@@ -53,13 +46,20 @@ from eaglenest.stages.hidden_states.plan import (
     plan_hidden_shard,
     sample_rows,
 )
-from eaglenest.target.checkpoint import checkpoint_head_tensors
-from eaglenest.target.files import resolve_target_dir
-from eaglenest.target.loading import load_text_config
+from eaglenest.target_model.checkpoint import checkpoint_head_tensors
+from eaglenest.target_model.files import resolve_target_dir
+from eaglenest.target_model.loading import load_text_config
+from eaglenest.vllm_engine.capture_request import VllmCaptureError, engine_request
+from eaglenest.vllm_engine.process import (
+    engine_messages,
+    engine_process,
+    engine_python,
+    reply,
+)
 
 log = logging.getLogger(__name__)
 
-CAPTURE_MODULE = "eaglenest.stages.hidden_states.vllm_capture"
+CAPTURE_MODULE = "eaglenest.vllm_engine.capture"
 
 
 class FinalSignal:
@@ -154,7 +154,7 @@ class RequestPacker:
 def capture_offline(
     request: dict, runtime: VllmRuntime, plan: ShardPlan, pack: RequestPacker
 ) -> float:
-    """An engine of this job's own (vllm_capture.py) over the shard, its files in a work folder
+    """An engine of this job's own (vllm_engine/capture.py) over the shard, its files in a work folder
     beside the output that is removed however the job ends."""
     python = engine_python(runtime.python)
     work_dir = Path(request["out_dir"])
@@ -188,7 +188,7 @@ def capture_through_server(
         run_capture,
         shard_key,
     )
-    from eaglenest.stages.hidden_states.engine_request import served_name
+    from eaglenest.vllm_engine.capture_request import served_name
 
     job = CaptureJob(
         url=runtime.capture_url,

@@ -11,7 +11,8 @@ a note; a file that is present but malformed is a `ReportInputError` naming the 
 
 This module is the entry (scripts/build_report.py calls `build_report`); the parts live beside it:
 inputs.py (which files, reading and checking them), data.py (the loaded run and its numbers),
-figures.py (the plots), sections.py (each part of the page) and page.py (the HTML).
+figures.py (the plots), sections.py (each part of the page; acceptance.py the acceptance one)
+and page.py (the HTML).
 By hand: `python -m eaglenest.stages.report RUN_DIR` (see __main__.py).
 """
 

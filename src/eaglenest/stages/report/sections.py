@@ -13,8 +13,8 @@ from typing import Any
 import polars as pl
 
 from eaglenest.settings.train import DRAFTER_VARIANTS
+from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.data import (
-    BASELINE_NAMES,
     RunData,
     answered_requests,
     drop_counts,
@@ -28,7 +28,6 @@ from eaglenest.stages.report.data import (
     value_counts,
 )
 from eaglenest.stages.report.figures import (
-    acceptance_figure,
     funnel_figure,
     generation_figure,
     hidden_figure,
@@ -408,145 +407,6 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _at(values: list | None, i: int) -> Any:
     return values[i] if values and i < len(values) else None
-
-
-def section_acceptance(data: RunData) -> Section:
-    section = Section("acceptance", "Acceptance: by position, live vs simulated, baselines")
-    metrics = data.eval
-    if metrics is None:
-        section.notes.append("Not evaluated yet: no eval/metrics.json.")
-        return section
-    ks = [str(k) for k in metrics["ks"]]
-    live = metrics.get("live")
-    section.figure = acceptance_figure(metrics, ks)
-    section.blocks.append(acceptance_table(metrics, ks))
-    if metrics.get("engine"):
-        section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
-        section.blocks.append(engine_table(metrics, ks))
-    live_baselines = metrics.get("live_baselines") or {}
-    if live_baselines:
-        section.blocks.append("<h3>Live baselines</h3>")
-        section.blocks.append(live_table(live_baselines, ks))
-    conditional = [[k, *metrics["simulated"][k]["conditional_acceptance"]] for k in ks]
-    width = max(len(r) for r in conditional) - 1
-    section.blocks.append("<h3>Simulated conditional acceptance by position</h3>")
-    section.blocks.append(table(["K", *[f"pos {i + 1}" for i in range(width)]], conditional))
-    if live is None:
-        reason = metrics.get("live_skipped_reason") or "no reason given"
-        section.notes.append(f"Live acceptance not measured: {reason}.")
-    else:
-        for k in ks:
-            if (live.get(k) or {}).get("identical_to_greedy") is False:
-                section.notes.append(
-                    f"K={k}: speculative output differs from greedy decoding (identical_to_greedy "
-                    "false): the live figures measure a different sequence."
-                )
-    if metrics.get("heldout_shards"):
-        section.notes.append(f"Held-out shards: {', '.join(metrics['heldout_shards'])}.")
-    return section
-
-
-def acceptance_table(metrics: dict, ks: list[str]) -> str:
-    """Per K: simulated and live acceptance length, live speed-up and baselines."""
-    live = metrics.get("live")
-    baselines = metrics.get("baselines") or {}
-    rows = []
-    for k in ks:
-        live_k = (live or {}).get(k) or {}
-        rows.append(
-            [
-                k,
-                metrics["simulated"][k]["acceptance_length"],
-                live_k.get("acceptance_length"),
-                live_k.get("speedup"),
-                live_k.get("target_forwards_per_token"),
-                live_k.get("identical_to_greedy"),
-                *[
-                    ((baselines.get(name) or {}).get(k) or {}).get("acceptance_length")
-                    for name in BASELINE_NAMES
-                ],
-            ]
-        )
-    header = [
-        "K",
-        "simulated acceptance length",
-        "live acceptance length",
-        "live speedup",
-        "target forwards / token",
-        "identical to greedy",
-        *[f"{name} acceptance length" for name in BASELINE_NAMES],
-    ]
-    return table(header, rows)
-
-
-def emitted_per_round(figures: dict) -> float | None:
-    """Tokens the verification rounds emitted, per round: the tokens less the one per prompt
-    that the prefill emits, over the rounds. One definition for the engine and for us, counting
-    only tokens the answer kept (vLLM's own figure also counts drafts accepted past its end)."""
-    tokens, prompts, rounds = (figures.get(key) for key in ("tokens", "prompts", "rounds"))
-    if not rounds or tokens is None or prompts is None:
-        return None
-    return (tokens - prompts) / rounds
-
-
-def engine_table(metrics: dict, ks: list[str]) -> str:
-    """Per K: emitted tokens per round, one definition for the engine and our live decoding,
-    with the rounds of each; then each one's own acceptance length (vLLM's counters, ours) and
-    the simulated one, labelled, and per-position acceptance of both."""
-    engine = metrics["engine"]
-    name = engine["engine"]
-    rows = []
-    for k in ks:
-        served = (engine.get("per_k") or {}).get(k) or {}
-        live_k = (metrics.get("live") or {}).get(k) or {}
-        rounding = [round(x, 3) for x in served.get("per_position_acceptance") or []]
-        live_rounding = [round(x, 3) for x in live_k.get("per_position_acceptance") or []]
-        rows.append(
-            [
-                k,
-                emitted_per_round(served),
-                emitted_per_round(live_k),
-                served.get("rounds"),
-                live_k.get("rounds"),
-                served.get("acceptance_length"),
-                live_k.get("acceptance_length"),
-                metrics["simulated"][k]["acceptance_length"],
-                served.get("identical_to_plain"),
-                ", ".join(map(str, rounding)),
-                ", ".join(map(str, live_rounding)),
-            ]
-        )
-    header = [
-        "K",
-        f"emitted tokens per round, {name}",
-        "emitted tokens per round, live",
-        f"{name} rounds",
-        "live rounds",
-        f"{name}'s own acceptance length (1 + accepted / drafts)",
-        "live acceptance length (1 + accepted per round)",
-        "simulated acceptance length",
-        "identical to plain decoding",
-        f"{name} acceptance by position",
-        "live acceptance by position",
-    ]
-    note = (
-        "<p>Emitted tokens per round: the tokens each answer kept, less the one the prefill "
-        f"emits, over the verification rounds; the same definition for {name} and for the live "
-        f"decoding, so these two compare. {name}'s own acceptance length comes from its "
-        "spec_decode counters, which also count drafts accepted past the end of an answer "
-        "(tokens it then discards): it reads higher than the kept tokens give.</p>"
-    )
-    return table(header, rows) + note
-
-
-def live_table(live_by_name: dict[str, dict], ks: list[str]) -> str:
-    keys = ("acceptance_length", "speedup", "target_forwards_per_token", "identical_to_greedy")
-    rows = [
-        [name, k, *[(per_k.get(k) or {}).get(key) for key in keys]]
-        for name, per_k in live_by_name.items()
-        for k in ks
-    ]
-    return table(["proposer", "K", *[key.replace("_", " ") for key in keys]], rows)
 
 
 SECTIONS: tuple[Callable[[RunData], Section], ...] = (

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from eaglenest.common.io import atomic_path
-from eaglenest.drafter import DrafterConfig, Eagle3Drafter
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.settings.train import TrainSettings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import torch
 from eaglenest.common.devices import resolve_device
 
 if TYPE_CHECKING:
-    from eaglenest.drafter import Eagle3Drafter
+    from eaglenest.drafter.model import Eagle3Drafter
 
 
 @dataclass(frozen=True)

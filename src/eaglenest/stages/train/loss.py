@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from eaglenest.drafter import shift_left
+from eaglenest.drafter.model import shift_left
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
 
 if TYPE_CHECKING:
-    from eaglenest.formats.feature_batches import Batch
+    from eaglenest.drafter.batches import Batch
     from eaglenest.settings.train import TrainSettings
 
 

@@ -1,7 +1,7 @@
 """Training the EAGLE-3 drafter with training-time test (the `train` stage): the loop.
 
 The objective is in loss.py, the processes and devices in distributed.py, the drafter's initial
-weights and the schedule in initialise.py.
+weights and the schedule in initialise.py, the batches of every step in feed.py.
 
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
@@ -28,17 +28,14 @@ from typing import Any
 import torch
 
 from eaglenest.common.io import write_json
-from eaglenest.drafter import Eagle3Drafter, ttt_forward
-from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.feature_batches import (
-    Batch,
+from eaglenest.drafter.batches import (
     BatchPlan,
-    SampleRef,
     TargetSignal,
     build_batch,
-    build_packed_batch,
     open_shards,
 )
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.checkpoint import (
@@ -56,6 +53,7 @@ from eaglenest.stages.train.distributed import (
     data_parallel,
     setup_processes,
 )
+from eaglenest.stages.train.feed import prefetch, step_batches, with_aux_noise
 from eaglenest.stages.train.initialise import build_drafter, lr_lambda
 from eaglenest.stages.train.loss import Objective, StepStats, global_step, ttt_loss
 
@@ -64,20 +62,6 @@ log = logging.getLogger(__name__)
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the batch."""
-
-
-def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
-    """The batch with uniform noise in [-noise, noise] added to its aux states (a regulariser
-    against the drafter leaning on exact feature values), drawn from a generator of (seed,
-    step) so that a resumed run adds what the killed one would have."""
-    if noise == 0:
-        return batch
-    generator = torch.Generator(batch.aux.device).manual_seed(seed * 1_000_003 + step)
-    uniform = torch.rand(
-        batch.aux.shape, generator=generator, device=batch.aux.device, dtype=torch.float32
-    )
-    batch.aux = batch.aux + ((2 * uniform - 1) * noise).to(batch.aux.dtype)
-    return batch
 
 
 @torch.no_grad()
@@ -117,55 +101,6 @@ def evaluate_heldout(
         "acc": [sums[3 * i + 1] / max(counted[i], 1) for i in range(settings.ttt_steps)],
         "positions": int(counted[0]),
     }
-
-
-def step_batches(
-    plan: BatchPlan,
-    first_step: int,
-    total_steps: int,
-    epoch_steps: list[int],
-    processes: Processes,
-) -> Iterator[tuple[int, int, Batch]]:
-    """(epoch, position, batch) of this process for every step from first_step on. The batches
-    are a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
-    epoch, start = 0, 0  # the epoch of `step`, and its first step
-    order: list[list[SampleRef]] | None = None
-    for step in range(first_step, total_steps):
-        while step >= start + epoch_steps[epoch]:
-            start += epoch_steps[epoch]
-            epoch, order = epoch + 1, None
-        if order is None:
-            order = plan.epoch_order(epoch)
-        position = step - start
-        refs = order[position * processes.world_size + processes.rank]
-        if plan.packed:
-            yield epoch, position, build_packed_batch(refs, plan.shards, plan.max_batch_tokens)
-        else:
-            yield epoch, position, build_batch(refs, plan.shards)
-
-
-def prefetch(items: Iterator, depth: int) -> Iterator:
-    """Build the next `depth` items in a thread while the caller computes (reading shards
-    overlaps with the drafter's forward and backward on the GPU)."""
-    import queue
-    import threading
-
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-
-    def fill() -> None:
-        try:
-            for item in items:
-                slots.put(item)
-        except Exception as error:  # noqa: BLE001 (re-raised in the caller's thread)
-            slots.put(error)
-        slots.put(done)
-
-    threading.Thread(target=fill, daemon=True, name="prefetch").start()
-    while (item := slots.get()) is not done:
-        if isinstance(item, Exception):
-            raise item
-        yield item
 
 
 @dataclass
@@ -225,7 +160,7 @@ def set_up_training(
     """Processes, data, drafter (seeded), optimizer and schedule of a run."""
     from transformers import AutoConfig
 
-    from eaglenest.target.files import resolve_target_dir
+    from eaglenest.target_model.files import resolve_target_dir
 
     processes = setup_processes(settings.device)
     journal_dir = Path(journal_dir)
@@ -372,7 +307,7 @@ def finish(
 ) -> dict[str, Any]:
     """The final held-out evaluation (every process), then on rank 0 the export, metrics.jsonl
     and train_report.json in out_dir; returns the report ({} on the other ranks)."""
-    from eaglenest.formats.drafter_export import export_drafter
+    from eaglenest.drafter.export import export_drafter
 
     settings, processes, step = training.settings, training.processes, progress.step
     wall = time.perf_counter() - progress.started

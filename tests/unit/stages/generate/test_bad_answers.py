@@ -18,11 +18,8 @@ from support.generation import fast_settings
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.formats.raw import RawSchema, write_raw
-from eaglenest.stages.generate import (
-    generate_records,
-    record_from_response,
-    request_body,
-)
+from eaglenest.stages.generate.generate import generate_records
+from eaglenest.stages.generate.request import record_from_response, request_body
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # valid JSON that json.loads cannot parse (RecursionError)
 BAD_ANSWERS = {

@@ -10,7 +10,7 @@ from support.generation import MODEL, shard_settings
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json
 from eaglenest.demo.server_process import running_server
-from eaglenest.stages.generate import (
+from eaglenest.stages.generate.generate import (
     generate_shard,
 )
 

@@ -19,18 +19,13 @@ from support.frames import prompt_frame
 from support.generation import MODEL, fast_settings, shard_settings
 
 from eaglenest.client.endpoints import Endpoint
+from eaglenest.client.journal import read_journal
 from eaglenest.common.config import validate_config
 from eaglenest.common.io import write_json
 from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RAW_SCHEMA, RawSchema, write_raw
-from eaglenest.stages.generate import (
-    GenerationError,
-    generate_records,
-    generate_shard,
-    read_journal,
-    record_from_response,
-    sample_seed,
-)
+from eaglenest.stages.generate.generate import GenerationError, generate_records, generate_shard
+from eaglenest.stages.generate.request import record_from_response, sample_seed
 
 
 def server_stats(url: str) -> dict:
@@ -137,7 +132,8 @@ KILL_SCRIPT = textwrap.dedent(
     from eaglenest.client.endpoints import Endpoint
     from eaglenest.common.config import validate_config
     from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
-    from eaglenest.stages.generate import GenerationSettings, generate_records
+    from eaglenest.stages.generate.request import GenerationSettings
+    from eaglenest.stages.generate.generate import generate_records
     prompts = pl.read_parquet(sys.argv[1]).to_dicts()
     config = validate_config({"target": {"model": "echo-model"}, "generation": {"concurrency": 4}})
     settings = GenerationSettings.from_parts(
@@ -239,11 +235,9 @@ def test_retry_after_reads_seconds_and_http_dates():
 
 
 def test_retry_after_is_honoured_up_to_the_cap():
-    from eaglenest.stages.generate import _backoff_s
-
     settings = fast_settings(retry_after_max_s=5.0)
-    assert _backoff_s(1, settings, 3.0) == 3.0
-    assert _backoff_s(1, settings, 86_400.0) == 5.0
+    assert settings.retry.backoff_s(1, 3.0) == 3.0
+    assert settings.retry.backoff_s(1, 86_400.0) == 5.0
 
 
 def test_an_answer_from_another_model_is_a_terminal_failure(tmp_path):

@@ -10,7 +10,7 @@ from support.generation import MODEL, fast_settings
 
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.demo.server_process import running_server
-from eaglenest.stages.generate import (
+from eaglenest.stages.generate.generate import (
     generate_records,
 )
 

@@ -31,9 +31,9 @@ from eaglenest.formats.hidden_shard import (
 )
 from eaglenest.formats.target_head import save_target_head
 from eaglenest.formats.tokens import loss_mask
-from eaglenest.settings.hidden import HiddenSettings, TargetHeadSettings
+from eaglenest.settings.hidden_states import HiddenSettings, TargetHeadSettings
 from eaglenest.stages.hidden_states.extract import extract_hidden_states
-from eaglenest.target.loading import default_aux_layer_ids, load_target
+from eaglenest.target_model.loading import default_aux_layer_ids, load_target
 
 torch.set_num_threads(1)
 
@@ -334,9 +334,9 @@ MEMORY_PROBE = textwrap.dedent(
     import resource, sys, torch
     torch.set_num_threads(1)
     from eaglenest.common.config import settings_from_sections
-    from eaglenest.settings.hidden import HiddenSettings
+    from eaglenest.settings.hidden_states import HiddenSettings
     from eaglenest.stages.hidden_states.extract import extract_hidden_states
-    from eaglenest.target.loading import load_target
+    from eaglenest.target_model.loading import load_target
     settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu", "model_dtype": "float32",
                                                     "dtype": "fp32", "max_batch_tokens": 256},
                                       target={"path": sys.argv[1]})

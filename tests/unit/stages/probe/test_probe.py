@@ -12,7 +12,7 @@ from support.servers import free_port
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.demo.server_process import running_server
 from eaglenest.stages.probe import ProbeError, probe_endpoint
-from eaglenest.target.tokenizer import think_token_ids
+from eaglenest.target_model.tokenizer import think_token_ids
 
 MODEL = "echo-model"
 

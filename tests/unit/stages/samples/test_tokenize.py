@@ -30,10 +30,10 @@ from eaglenest.formats.tokens import TokensSchema, loss_mask
 from eaglenest.settings.probe import ProbeSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.probe import probe_think_ids
-from eaglenest.stages.tokenize.server_ids import MISMATCH_WINDOW
-from eaglenest.stages.tokenize.tokenize import tokenize_samples, tokenize_shard
-from eaglenest.target.remote_code import RemoteCodeError
-from eaglenest.target.tokenizer import TokenizeError
+from eaglenest.stages.samples.server_ids import MISMATCH_WINDOW
+from eaglenest.stages.samples.tokenize import tokenize_samples, tokenize_shard
+from eaglenest.target_model.remote_code import RemoteCodeError
+from eaglenest.target_model.tokenizer import TokenizeError
 
 # Qwen3-Thinking-2507 and DeepSeek-R1 (0528) end the prompt with "<think>\n", Kimi-K2.5 with
 # "<think>": the model's output starts inside the think block.
@@ -434,8 +434,8 @@ def test_demo_server_ids_equal_the_rebuild_for_every_sample(tmp_path, demo_targe
     from eaglenest.demo.server_process import running_server
     from eaglenest.demo.tasks import heldout_examples
     from eaglenest.settings.samples import ValidationSettings
-    from eaglenest.stages.generate import generate_shard
-    from eaglenest.stages.validate import validate_frame
+    from eaglenest.stages.generate.generate import generate_shard
+    from eaglenest.stages.samples.validate import validate_frame
 
     torch.set_num_threads(1)
     examples = heldout_examples(seed=3, n=12)

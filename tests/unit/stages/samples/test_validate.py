@@ -16,9 +16,9 @@ from eaglenest.demo.server_process import running_server
 from eaglenest.formats.raw import RAW_SCHEMA
 from eaglenest.settings.samples import ValidationSettings
 from eaglenest.settings.target import TargetSettings
-from eaglenest.stages.generate import generate_shard
-from eaglenest.stages.validate import ShardValidationError, validate_frame, validate_shard
-from eaglenest.target.tokenizer import target_vocab_size_of
+from eaglenest.stages.generate.generate import generate_shard
+from eaglenest.stages.samples.validate import ShardValidationError, validate_frame, validate_shard
+from eaglenest.target_model.tokenizer import target_vocab_size_of
 
 SETTINGS = ValidationSettings(
     max_empty_reasoning_fraction=0.0, max_truncated_fraction=0.1, max_bad_token_ids_fraction=0.0

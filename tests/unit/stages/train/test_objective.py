@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from eaglenest.formats.feature_batches import Batch
+from eaglenest.drafter.batches import Batch
 from eaglenest.stages.train.loss import Objective, position_losses, ttt_loss
 
 LN2, LN3 = math.log(2), math.log(3)
@@ -130,7 +130,7 @@ def test_the_target_signal_is_full_vocabulary_log_probabilities():
     share), from the final hidden state and from top-k logits (the k stored ones' softmax)."""
     from types import SimpleNamespace
 
-    from eaglenest.formats.feature_batches import TargetSignal
+    from eaglenest.drafter.batches import TargetSignal
 
     torch.manual_seed(0)
     vocab, hidden = 6, 4
@@ -161,7 +161,7 @@ def test_the_hard_loss_reads_only_the_argmax_so_every_top_k_trains_alike():
     hidden state: why experiments/storage.py measures the same drafter for top-32, 16 and 8."""
     from types import SimpleNamespace
 
-    from eaglenest.formats.feature_batches import TargetSignal
+    from eaglenest.drafter.batches import TargetSignal
 
     torch.manual_seed(1)
     vocab, hidden, rows = 8, 4, 64

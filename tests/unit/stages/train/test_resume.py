@@ -15,8 +15,8 @@ import torch
 
 @pytest.mark.slow  # as where it was, in tests/workflow/test_train.py
 def test_aux_noise_is_bounded_and_a_function_of_seed_and_step():
-    from eaglenest.formats.feature_batches import Batch
-    from eaglenest.stages.train.train import with_aux_noise
+    from eaglenest.drafter.batches import Batch
+    from eaglenest.stages.train.feed import with_aux_noise
 
     def noised(seed: int, step: int, noise: float = 0.05) -> torch.Tensor:
         batch = Batch(torch.zeros(2, 5, 6), torch.zeros(2, 5, dtype=torch.long),

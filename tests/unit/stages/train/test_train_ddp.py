@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from support.drafter_sizes import CONFIG
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter import Eagle3Drafter
-from eaglenest.formats.feature_batches import Batch
+from eaglenest.drafter.batches import Batch
+from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.distributed import Processes, data_parallel
 from eaglenest.stages.train.train import Progress, Training, train_step

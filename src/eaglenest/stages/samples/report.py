@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from eaglenest.formats.tokens import TOKEN_SOURCES
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.target.tokenizer import TokenizeError
+from eaglenest.target_model.tokenizer import TokenizeError
 
 if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
-    from eaglenest.stages.tokenize.rows import ShardTally
-    from eaglenest.target.special_tokens import TargetTokens
+    from eaglenest.stages.samples.rows import ShardTally
+    from eaglenest.target_model.special_tokens import TargetTokens
 
 log = logging.getLogger(__name__)
 

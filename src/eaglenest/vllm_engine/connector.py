@@ -1,5 +1,5 @@
 """vLLM's hidden-states KV connector, made to run where the KV cache is in host memory (vLLM's CPU
-build), for the vLLM backend of the hidden-state stage (vllm_capture.py).
+build), for the vLLM backend of the hidden-state stage (vllm_engine/capture.py).
 
 Runs inside vLLM's worker processes, under vLLM's interpreter (`make vllm`): it imports vLLM and
 torch only. vLLM loads it by name (`kv_connector_module_path`).

@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from eaglenest.formats.token_counts import TokenCounts
 from eaglenest.formats.tokens import TokensSchema, empty_tokens_frame
-from eaglenest.target.tokenizer import TokenizeError
+from eaglenest.target_model.tokenizer import TokenizeError
 
 if TYPE_CHECKING:
-    from eaglenest.target.special_tokens import TargetTokens
+    from eaglenest.target_model.special_tokens import TargetTokens
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Dynamic batching generation engine behind `eaglenest serve`.
+"""The dynamic batcher behind `eaglenest serve`: generation in batches on one thread.
 
-One engine thread owns the model. It waits for a request, gathers whatever else arrives within a
+One batcher thread owns the model. It waits for a request, gathers whatever else arrives within a
 few milliseconds (up to `max_batch_size`), left-pads the prompts and runs a KV-cached decode loop
 over the batch. Each row has its own sampling parameters and torch.Generator, and leaves the batch
 as soon as it stops, so a short answer is not held back by a long one and finished rows cost
@@ -8,7 +8,7 @@ nothing. Requests that arrive while a batch runs wait for the next one (no conti
 merging caches of different lengths is not worth its complexity for a demo-sized target).
 
 Results go back to the aiohttp event loop with `loop.call_soon_threadsafe`, so the HTTP side
-stays a plain `await engine.generate(...)`.
+stays a plain `await batcher.generate(...)`.
 """
 
 from __future__ import annotations
@@ -73,17 +73,17 @@ def _set_future(future: asyncio.Future, result: Any, error: BaseException | None
 
 
 @dataclass
-class EngineStats:
+class BatcherStats:
     batches: int = 0
     requests: int = 0
     generated_tokens: int = 0
     max_batch_size_seen: int = 0
 
 
-_STOP = object()  # queue sentinel that ends the engine thread
+_STOP = object()  # queue sentinel that ends the batcher thread
 
 
-class BatchingEngine:
+class Batcher:
     """Owns a causal LM and serves generation requests in dynamic batches from one thread."""
 
     def __init__(
@@ -96,13 +96,13 @@ class BatchingEngine:
         gather_window_s: float = 0.005,
     ) -> None:
         if not stop_token_ids:
-            raise ValueError("the engine needs at least one stop token id (end of turn / eos)")
+            raise ValueError("the batcher needs at least one stop token id (end of turn / eos)")
         self.model = model
         self.stop_token_ids = frozenset(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.gather_window_s = gather_window_s
-        self.stats = EngineStats()
+        self.stats = BatcherStats()
         self.device = next(model.parameters()).device
         # Computing logits only for the last position saves a [B, T, V] tensor at prefill; models
         # loaded with trust_remote_code may not accept the argument.
@@ -111,7 +111,7 @@ class BatchingEngine:
         # transformers 5 renamed `past_key_values` to `cache`; remote-code models keep the old name.
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._serve_forever, name="eaglenest-engine")
+        self._thread = threading.Thread(target=self._serve_forever, name="eaglenest-batcher")
         self._thread.daemon = True
 
     def start(self) -> None:
@@ -134,7 +134,7 @@ class BatchingEngine:
         self._queue.put(pending)
         return await pending.future
 
-    # -- engine thread ------------------------------------------------------------------------
+    # -- batcher thread -----------------------------------------------------------------------
 
     def _serve_forever(self) -> None:
         while True:
@@ -144,7 +144,7 @@ class BatchingEngine:
             try:
                 with torch.inference_mode():
                     self._run_batch(batch)
-            except Exception as error:  # a failing batch must not kill the engine
+            except Exception as error:  # a failing batch must not kill the batcher
                 log.exception("generation failed for a batch of %d requests", len(batch))
                 for pending in batch:
                     pending.resolve(error=RuntimeError(f"generation failed: {error}"))

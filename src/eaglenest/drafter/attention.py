@@ -1,6 +1,6 @@
 """The drafter's attention in training-time test (TTT), in memory linear in the sample length.
 
-`training_attention` is the one entry point (`eaglenest.drafter.Attention.forward` calls it).
+`training_attention` is the one entry point (`eaglenest.drafter.layers.Attention.forward` calls it).
 Step i of TTT attends, at position t, to the step-0 keys of positions <= t (causal) and to the
 keys of steps 1..i at position t only (each position's own draft chain), as in the EAGLE-3
 reference training code. The causal part is `scaled_dot_product_attention` over the step-0 keys,

@@ -30,7 +30,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglenest.common.io import atomic_path, write_json
-from eaglenest.drafter import MLA_SIZES, DrafterConfig, Eagle3Drafter
+from eaglenest.drafter.config import MLA_SIZES, DrafterConfig
+from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.settings.train import DRAFTER_VARIANTS
 
 log = logging.getLogger(__name__)

@@ -1,19 +1,19 @@
 """The engine side of the vLLM backend of the hidden-state stage: runs under vLLM's interpreter
 (`make vllm`, or the `vllm.python` of the config), started by vllm_backend.py.
 
-    python -m eaglenest.stages.hidden_states.vllm_capture <request.json>
+    python -m eaglenest.vllm_engine.capture <request.json>
 
 The request names the target, the engine arguments, the layers to capture and a folder of token
 ids (ids.npy, offsets.npy: sample i is ids[offsets[i]:offsets[i+1]]). Each sample is one prompt of
 `max_tokens=1` through offline `vllm.LLM` with the `extract_hidden_states` speculative method;
-our connector (vllm_connector.py) writes one safetensors file per request into the folder.
+our connector (vllm_engine/connector.py) writes one safetensors file per request into the folder.
 
 Batches of `requests_per_batch`; after each, one line per request on stdout,
 `EAGLENEST {"index": i, "path": ...}`, then a wait for a line on stdin before the next batch: the
 packer deletes each file as it packs it, so at most one batch of files is ever on disk. vLLM logs
 to stdout too; the packer keeps only the lines with the marker and logs the others.
 
-Imports vLLM, torch, numpy and eaglenest.common.engine_process only (not the rest of eaglenest):
+Imports vLLM, torch, numpy and eaglenest.vllm_engine.process only (not the rest of eaglenest):
 vLLM's environment has its own transformers.
 """
 
@@ -24,15 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.common.engine_process import llm_arguments, say
+from eaglenest.vllm_engine.process import llm_arguments, say
 
-CONNECTOR_MODULE = "eaglenest.stages.hidden_states.vllm_connector"
+CONNECTOR_MODULE = "eaglenest.vllm_engine.connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
 
 
 def capture_arguments(request: dict, out_dir: Path) -> dict:
     """The engine arguments of a capture, the same for the offline engine and the capture server
-    (vllm_serve.py): `kv_transfer_config` as a dict (vLLM's server takes it as JSON)."""
+    (vllm_engine/serve.py): `kv_transfer_config` as a dict (vLLM's server takes it as JSON)."""
     return llm_arguments(
         request,
         # Both cut a request's captured states short or leave them incomplete (vLLM's docs of

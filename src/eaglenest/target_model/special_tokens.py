@@ -8,7 +8,7 @@ from typing import Any
 
 from eaglenest.client.reasoning import THINK_END, THINK_START
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.target.tokenizer import (
+from eaglenest.target_model.tokenizer import (
     TokenizeError,
     end_of_turn,
     model_dir,

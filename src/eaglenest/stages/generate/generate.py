@@ -22,15 +22,10 @@ bottleneck (bench/generate.py compares this client with a bare aiohttp loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import hashlib
 import json
 import logging
-import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,142 +34,31 @@ import aiohttp
 import polars as pl
 from tqdm import tqdm
 
-from eaglenest.client.chat import STREAM_FIELDS, RetryableError, TerminalError, post_once
+from eaglenest.client.chat import RetryableError, TerminalError, post_once
 from eaglenest.client.credentials import api_key_from_env, auth_headers, redact, url_secrets
 from eaglenest.client.endpoints import Endpoint, open_endpoints
+from eaglenest.client.journal import JournalMatch, match_journal, open_journal
 from eaglenest.client.pool import EndpointPool, Slot, activity_summary, watch_activity
-from eaglenest.client.reasoning import extract_reasoning
-from eaglenest.client.responses import extract_token_ids
 from eaglenest.common.io import read_json, write_json
-from eaglenest.formats.raw import RAW_SCHEMA, checked_token_ids, write_raw
+from eaglenest.formats.raw import write_raw
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
+from eaglenest.stages.generate.request import (
+    Attempt,
+    GenerationSettings,
+    failure_record,
+    record_from_response,
+    request_body,
+    timing,
+)
 
 log = logging.getLogger(__name__)
-
-# Fields that change how an answer travels, not what is asked: a journaled answer to a body that
-# differs only in these is the answer to the current request.
-TRANSPORT_FIELDS = frozenset(STREAM_FIELDS)
 
 
 class GenerationError(RuntimeError):
     """Too many terminal failures in a shard; what was answered is kept in the journal."""
 
 
-# The probe's token-id layouts (probe.json) of servers that send the ids in a stream too: vLLM's,
-# or none at all. SGLang's does not stream them, and "mixed" endpoints may include one.
-STREAMS_TOKEN_IDS = ("vllm", "None", None)
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """What one shard job runs with: the request settings (the rule's rerun trigger), the client
-    settings (no reason to rerun), whether to ask for token ids and whether to stream (what the
-    probe found)."""
-
-    request: RequestSettings
-    client: GenerationClientSettings
-    return_token_ids: bool
-    stream: bool
-
-    @classmethod
-    def from_parts(
-        cls,
-        request: RequestSettings,
-        client: GenerationClientSettings,
-        return_token_ids: bool,
-        layout: str | None = None,
-    ) -> GenerationSettings:
-        """`layout`: the token-id layout the probe found; `generation.stream: auto` streams
-        unless the server would drop the ids from a stream."""
-        stream = {"always": True, "never": False}.get(client.stream, layout in STREAMS_TOKEN_IDS)
-        return cls(request, client, return_token_ids, stream)
-
-
-def sample_seed(run_seed: int, sample_id: str) -> int:
-    """Per-sample sampling seed: stable for (run seed, sample), independent of order and shard."""
-    digest = hashlib.sha256(f"{run_seed}:{sample_id}".encode()).hexdigest()
-    return int(digest[:8], 16) & 0x7FFFFFFF
-
-
-def request_body(sample_id: str, messages: list[dict], settings: GenerationSettings) -> dict:
-    body: dict[str, Any] = {
-        "model": settings.request.target.model,
-        "messages": messages,
-        "temperature": settings.request.temperature,
-        "top_p": settings.request.top_p,
-        "max_tokens": settings.request.max_tokens,
-        "seed": sample_seed(settings.request.seed, sample_id),
-    }
-    if settings.request.target.chat_template_kwargs:
-        body["chat_template_kwargs"] = settings.request.target.chat_template_kwargs
-    if settings.return_token_ids:
-        body["return_token_ids"] = True
-    body.update(settings.request.extra_body)
-    return body
-
-
-def record_from_response(
-    sample_id: str,
-    endpoint: str,
-    body: dict,
-    response: dict,
-    response_text: str,
-    latency_s: float,
-    attempts: int,
-) -> dict[str, Any]:
-    choice = response["choices"][0]
-    message = choice.get("message") or {}
-    parts = extract_reasoning(message)
-    ids = extract_token_ids(response)
-    usage = response.get("usage") or {}
-    record = {
-        "id": sample_id,
-        "endpoint": endpoint,
-        "request": json.dumps(body, sort_keys=True),
-        "response": response_text,  # the body exactly as the server sent it
-        "reasoning": parts.reasoning,
-        "content": parts.content,
-        "reasoning_field": parts.field,
-        "finish_reason": choice.get("finish_reason"),
-        "prompt_token_ids": ids.prompt,
-        "completion_token_ids": ids.completion,
-        "token_layout": ids.layout,
-        "token_ids_error": None,
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "latency_s": round(latency_s, 4),
-        "slot_wait_s": None,
-        "attempts": attempts,
-        "error_kind": None,
-        "error": None,
-    }
-    return checked_token_ids(record)
-
-
-def failure_record(
-    sample_id: str,
-    endpoint: str,
-    body: dict,
-    kind: str,
-    error: str,
-    attempts: int,
-    spent: Attempt,
-) -> dict[str, Any]:
-    record = dict.fromkeys(RAW_SCHEMA)
-    record.update(
-        id=sample_id,
-        endpoint=endpoint,
-        request=json.dumps(body, sort_keys=True),
-        reasoning_field="none",
-        attempts=attempts,
-        error_kind=kind,
-        error=error,
-        **timing(spent),
-    )
-    return record
-
-
-# --- the shard --------------------------------------------------------------------------------
+# --- one prompt's attempts ---------------------------------------------------------------
 
 
 @dataclass
@@ -191,23 +75,6 @@ class Progress:
             errors=sum(self.errors.values()),
             refresh=False,
         )
-
-
-def _backoff_s(attempt: int, settings: GenerationSettings, server_wait_s: float | None) -> float:
-    backoff = min(
-        settings.client.backoff_max_s, settings.client.backoff_base_s * 2 ** (attempt - 1)
-    )
-    backoff *= random.uniform(0.5, 1.5)  # jitter: retries of a burst do not arrive together
-    # A server's wait is honoured up to a cap: one odd header must not park a worker for hours.
-    return max(backoff, min(server_wait_s or 0.0, settings.client.retry_after_max_s))
-
-
-@dataclass
-class Attempt:
-    """What one prompt's attempts cost: the seconds spent waiting for slots, and in flight."""
-
-    slot_wait_s: float = 0.0
-    in_flight_s: float = 0.0  # of the latest attempt: the answer's latency, not its queueing
 
 
 async def attempt_once(
@@ -268,8 +135,8 @@ async def request_with_retries(
             pool.release(slot, ok=False)
             last_kind, last_error = err.kind, str(err)
             progress.retries[err.kind] += 1
-            if attempt < settings.client.max_attempts:
-                await asyncio.sleep(_backoff_s(attempt, settings, err.retry_after_s))
+            if settings.retry.retries(attempt):
+                await asyncio.sleep(settings.retry.backoff_s(attempt, err.retry_after_s))
             continue
         except TerminalError as err:
             pool.release(slot, ok=True)  # the endpoint answered; the request is at fault
@@ -285,96 +152,7 @@ async def request_with_retries(
     return failure_record(sample_id, last_name, body, last_kind, error, attempts, spent)
 
 
-def timing(spent: Attempt) -> dict[str, float]:
-    return {
-        "latency_s": round(spent.in_flight_s, 4),
-        "slot_wait_s": round(spent.slot_wait_s, 4),
-    }
-
-
-def request_key(body: dict[str, Any]) -> str:
-    """What was asked, as one string: the body less transport-only fields, sorted."""
-    return json.dumps({k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}, sort_keys=True)
-
-
-def iter_journal(journal: Path) -> Iterator[dict[str, Any]]:
-    """Every record of the journal in order; a torn line (a kill mid-write) is skipped."""
-    if not journal.exists():
-        return
-    with journal.open() as lines:
-        for line in lines:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
-def encodable(record: dict[str, Any]) -> bool:
-    """Can the record be written as UTF-8? An answer journaled before answers were checked may
-    hold a lone surrogate (valid JSON, no UTF-8): it is asked again, never reused, or it would
-    fail the raw file on every rerun."""
-    try:
-        json.dumps(record, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def read_journal(journal: Path) -> dict[str, dict[str, Any]]:
-    """The latest-asked records by id, whatever they asked; answers win over failures."""
-    records: dict[str, dict[str, Any]] = {}
-    for record in iter_journal(journal):
-        previous = records.get(record["id"])
-        if previous is None or previous["error_kind"] is not None:
-            records[record["id"]] = record
-    return records
-
-
-@dataclass
-class JournalMatch:
-    """What the journal holds for the requests the current settings send."""
-
-    reused: dict[str, dict[str, Any]]  # id -> an answer to exactly this request
-    origins: dict[str, str]  # id -> why it is asked again: new, retry or settings_changed
-
-    def counts(self) -> dict[str, int]:
-        counted = Counter(self.origins.values())
-        return {"journal": len(self.reused)} | {k: counted[k] for k in REASK_ORIGINS}
-
-
-REASK_ORIGINS = ("new", "retry", "settings_changed")
-
-
-def match_journal(journal: Path, bodies: dict[str, dict[str, Any]]) -> JournalMatch:
-    """Match the journal against the request body each prompt id would be sent now.
-
-    An answer is reused only when it answered this very request; an answer to a request that the
-    settings have since changed (temperature, max_tokens, model, ...) stays in the journal but is
-    asked again. A matching failure means the request is retried.
-    """
-    keys = {sample_id: request_key(body) for sample_id, body in bodies.items()}
-    reused: dict[str, dict[str, Any]] = {}
-    failed, answered_otherwise = set(), set()
-    for record in iter_journal(journal):
-        sample_id = record["id"]
-        if sample_id not in keys or sample_id in reused:
-            continue
-        same_request = request_key(json.loads(record["request"])) == keys[sample_id]
-        if same_request and record["error_kind"] is None and encodable(record):
-            reused[sample_id] = record
-        elif same_request:
-            failed.add(sample_id)
-        elif record["error_kind"] is None:
-            answered_otherwise.add(sample_id)
-    origins = {}
-    for sample_id in keys.keys() - reused.keys():
-        if sample_id in failed:
-            origins[sample_id] = "retry"
-        elif sample_id in answered_otherwise:
-            origins[sample_id] = "settings_changed"
-        else:
-            origins[sample_id] = "new"
-    return JournalMatch(reused, origins)
+# --- the shard --------------------------------------------------------------------------------
 
 
 def _log_plan(
@@ -420,27 +198,6 @@ def _progress(shard: str, total: int, already_done: int) -> Progress:
         smoothing=0.1,
     )
     return Progress(bar)
-
-
-@contextlib.contextmanager
-def open_journal(journal: Path, shard: str) -> Iterator[TextIO]:
-    """The journal, open for appending by this job alone: a job of an interrupted run that is
-    still alive (an orphan of a killed Snakemake) would otherwise answer the same prompts again."""
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    with journal.open("a") as journal_file:
-        try:
-            fcntl.flock(journal_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GenerationError(
-                f"shard {shard}: another process is writing {journal} (a generation job of an "
-                "interrupted run still alive?); stop it, then rerun: nothing answered is lost"
-            ) from None
-        if journal_file.tell():
-            with journal.open("rb") as tail:
-                tail.seek(-1, 2)
-                if tail.read(1) != b"\n":
-                    journal_file.write("\n")  # end the line torn by a kill so the next parses
-        yield journal_file
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """What a vLLM capture engine is started with, for the offline engine of a shard job
-(vllm_capture.py) and for the run's capture server (capture_server.py, vllm_serve.py) alike, and
+(vllm_engine/capture.py) and for the run's capture server (capture_server.py, vllm_engine/serve.py) alike, and
 the name that server serves under."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eaglenest.common.engine_process import EngineError
-from eaglenest.settings.hidden import HiddenSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.vllm_engine.process import EngineError
 
 
 class VllmCaptureError(EngineError):

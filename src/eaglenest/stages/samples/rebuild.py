@@ -10,11 +10,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eaglenest.target.encoding import decode_batch, encode_batch
-from eaglenest.target.tokenizer import TokenizeError
+from eaglenest.target_model.encoding import decode_batch, encode_batch
+from eaglenest.target_model.tokenizer import TokenizeError
 
 if TYPE_CHECKING:
-    from eaglenest.target.special_tokens import TargetTokens
+    from eaglenest.target_model.special_tokens import TargetTokens
 
 
 def template_kwargs(request_json: str, default: dict[str, Any], sample_id: str) -> dict[str, Any]:

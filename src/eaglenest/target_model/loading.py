@@ -14,8 +14,8 @@ import torch
 
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import sha256_file
-from eaglenest.target.files import resolve_target_dir
-from eaglenest.target.remote_code import remote_code_errors
+from eaglenest.target_model.files import resolve_target_dir
+from eaglenest.target_model.remote_code import remote_code_errors
 
 _MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

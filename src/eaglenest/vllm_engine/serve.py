@@ -1,14 +1,14 @@
 """The engine side of the capture server (`eaglenest serve-capture`, capture_server.py): vLLM's
 OpenAI server with the `extract_hidden_states` method and our connector, under vLLM's interpreter.
 
-    python -m eaglenest.stages.hidden_states.vllm_serve <request.json>
+    python -m eaglenest.vllm_engine.serve <request.json>
 
-The request is the offline capture's (vllm_capture.py) plus `host`, `port` and `served_name`; the
+The request is the offline capture's (vllm_engine/capture.py) plus `host`, `port` and `served_name`; the
 engine arguments come from the same `capture_arguments`, CPU fixes included, so a shard captured
 through the server holds what the offline engine writes. They become the server's flags
-(vllm_cpu.server_flags) and vLLM's own `main` runs in this process.
+(cpu.server_flags) and vLLM's own `main` runs in this process.
 
-Imports what vllm_capture.py imports: vLLM, and of ours engine_process and vllm_cpu only.
+Imports what vllm_engine/capture.py imports: vLLM, and of ours process.py and cpu.py only.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from eaglenest.common.vllm_cpu import server_flags
-from eaglenest.stages.hidden_states.vllm_capture import capture_arguments
+from eaglenest.vllm_engine.capture import capture_arguments
+from eaglenest.vllm_engine.cpu import server_flags
 
 
 def server_argv(request: dict) -> list[str]:

@@ -1,5 +1,5 @@
 """What vLLM's CPU build needs to compute what its GPU build computes, decided once for every
-engine the pipeline starts (capture, evaluation: engine_process.llm_arguments) and for every
+engine the pipeline starts (capture, evaluation: process.llm_arguments) and for every
 server started by hand or by the tests (`server_flags`). On GPUs nothing changes.
 
 - **Rotary embedding.** Where vLLM uses its custom ops (`enforce_eager`, or `custom_ops` with

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.stages.tokenize.rebuild import rebuild_token_ids, template_kwargs
-from eaglenest.stages.tokenize.server_ids import describe_mismatch, server_completion
-from eaglenest.target.encoding import decode_batch
+from eaglenest.stages.samples.rebuild import rebuild_token_ids, template_kwargs
+from eaglenest.stages.samples.server_ids import describe_mismatch, server_completion
+from eaglenest.target_model.encoding import decode_batch
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from eaglenest.target.special_tokens import TargetTokens
+    from eaglenest.target_model.special_tokens import TargetTokens
 
 log = logging.getLogger(__name__)
 

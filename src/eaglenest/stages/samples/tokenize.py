@@ -20,7 +20,7 @@ would make the stage many times slower than the tokenizer itself.
 
 The modules: rebuild.py (the rebuild), server_ids.py (the server's ids against it), rows.py (one
 chunk's rows), frame.py (what the shard writes), report.py (its report and log lines); the
-target's tokenizer, its batched encode and the inserted tokens are in eaglenest.target.
+target's tokenizer, its batched encode and the inserted tokens are in eaglenest.target_model.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from tqdm import tqdm
 from eaglenest.common.io import atomic_path, read_json, write_json
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.settings.samples import TokenizeSettings
-from eaglenest.stages.tokenize.frame import (
+from eaglenest.stages.samples.frame import (
     check_tokens,
     count_loss_tokens,
     loss_token_counts,
     tokens_frame,
 )
-from eaglenest.stages.tokenize.report import TokenizeReport
-from eaglenest.stages.tokenize.rows import ShardTally, chunk_rows
-from eaglenest.target.special_tokens import TargetTokens, resolve_target_tokens
-from eaglenest.target.tokenizer import check_tokenizer_class, load_tokenizer, tokenizer_path
+from eaglenest.stages.samples.report import TokenizeReport
+from eaglenest.stages.samples.rows import ShardTally, chunk_rows
+from eaglenest.target_model.special_tokens import TargetTokens, resolve_target_tokens
+from eaglenest.target_model.tokenizer import check_tokenizer_class, load_tokenizer, tokenizer_path
 
 log = logging.getLogger(__name__)
 

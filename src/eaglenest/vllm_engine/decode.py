@@ -1,15 +1,15 @@
 """The engine side of the evaluation in vLLM (`evaluate.engine: vllm`): runs under vLLM's
 interpreter, started by vllm_evaluate.py, once per configuration.
 
-    python -m eaglenest.stages.evaluate.vllm_decode <request.json>
+    python -m eaglenest.vllm_engine.decode <request.json>
 
 Decodes the held-out prompts (token ids) at temperature 0 with offline `vllm.LLM`: plainly, or
 with EAGLE-3 speculative decoding by the exported drafter and K draft tokens. Answers one message
-(eaglenest.common.engine_process.say): the generated token ids per prompt, the wall time of
+(eaglenest.vllm_engine.process.say): the generated token ids per prompt, the wall time of
 `generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`), which are the
 figures users see in production.
 
-Imports vLLM and eaglenest.common.engine_process only.
+Imports vLLM and eaglenest.vllm_engine.process only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.common.engine_process import llm_arguments, say
+from eaglenest.vllm_engine.process import llm_arguments, say
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",

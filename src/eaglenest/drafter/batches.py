@@ -14,14 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from eaglenest.common.batching import pack_batches, packed_batches, packed_rows, pooled_batches
-from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
-from eaglenest.formats.target_head import TargetHead
+
+if TYPE_CHECKING:  # annotations only: the batches never load a head or a vocabulary
+    from eaglenest.formats.draft_vocab import DraftVocab
+    from eaglenest.formats.target_head import TargetHead
 
 HEAD_CHUNK_ROWS = 2048
 

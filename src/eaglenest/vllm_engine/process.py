@@ -3,7 +3,7 @@ and talking to it.
 
 vLLM pins another transformers than ours, so it never shares the project's environment: a stage
 that needs it starts `python -m <module>` from that environment, with our source on PYTHONPATH,
-and the module imports only the engine, torch, numpy, this file and vllm_cpu (stdlib only). The child
+and the module imports only the engine, torch, numpy, this file and cpu.py (stdlib only). The child
 writes messages to stdout as lines `EAGLENEST <json>` (`say`); every other line there is the
 engine's own log (vLLM logs to stdout), which the parent logs and keeps the end of for errors.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.common.vllm_cpu import config_uses_mla, cpu_engine_args
+from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args
 
 MARKER = "EAGLENEST "
 LOG_TAIL_LINES = 40

@@ -13,8 +13,8 @@ from eaglenest.client.reasoning import (
     THINK_END,
     THINK_START,
 )
-from eaglenest.target.files import resolve_target_dir, tokenizer_dir
-from eaglenest.target.remote_code import remote_code_errors
+from eaglenest.target_model.files import resolve_target_dir, tokenizer_dir
+from eaglenest.target_model.remote_code import remote_code_errors
 
 if TYPE_CHECKING:
     from eaglenest.settings.target import TargetSettings
@@ -42,7 +42,7 @@ def target_vocab_size_of(target: TargetSettings) -> int | None:
                 return int(section["vocab_size"])
     if not (target.tokenizer or target.path):
         return None
-    from eaglenest.target.tokenizer import load_tokenizer  # transformers: only when needed
+    from eaglenest.target_model.tokenizer import load_tokenizer  # transformers: only when needed
 
     return len(load_tokenizer(target))
 

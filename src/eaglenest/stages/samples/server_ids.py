@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eaglenest.target.encoding import decode_batch
+from eaglenest.target_model.encoding import decode_batch
 
 if TYPE_CHECKING:
-    from eaglenest.target.special_tokens import TargetTokens
+    from eaglenest.target_model.special_tokens import TargetTokens
 
 MISMATCH_WINDOW = 6  # ids shown on each side of a mismatch
 

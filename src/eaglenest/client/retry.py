@@ -1,0 +1,35 @@
+"""The one retry policy of every request the pipeline sends to a server: the probe's
+(eaglenest.stages.probe), generation's (eaglenest.client.chat, eaglenest.stages.generate.generate) and the
+capture client's (eaglenest.stages.hidden_states.capture_client). One set of HTTP statuses worth
+another attempt, one backoff: exponential from `backoff_base_s`, capped at `backoff_max_s`, with
+jitter, and never shorter than what the server asked for (`Retry-After`, up to a cap)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# Statuses of a server that may answer on another attempt: a timeout, rate limiting, overload or
+# a restart. Any other status is the request's fault and is not retried.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often to ask and how long to wait between attempts."""
+
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retry_after_max_s: float = 0.0  # 0: a server's Retry-After is not honoured
+
+    def backoff_s(self, attempt: int, server_wait_s: float | None = None) -> float:
+        """Seconds to wait after failed attempt `attempt` (1-based)."""
+        backoff = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        backoff *= random.uniform(0.5, 1.5)  # jitter: retries of a burst do not arrive together
+        # A server's wait is honoured up to a cap: one odd header must not park a worker for hours.
+        return max(backoff, min(server_wait_s or 0.0, self.retry_after_max_s))
+
+    def retries(self, attempt: int) -> bool:
+        """Is there another attempt after attempt `attempt`?"""
+        return attempt < self.max_attempts

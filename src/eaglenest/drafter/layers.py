@@ -1,0 +1,205 @@
+"""The drafter's building blocks, used by eaglenest.drafter.model: RMSNorm, rotary embeddings,
+what attention keeps across steps (the training-time-test stack of every step's keys and values,
+and the decoding cache), attention (Llama's, then DeepSeek-V3's MLA) and the MLP."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglenest.drafter.attention import training_attention
+from eaglenest.drafter.config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, T, head_dim] for integer positions [B, T]: Llama's half-split layout
+    (frequency i at dims i and i + d/2), or DeepSeek's interleaved pairs (at 2i and 2i + 1)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    )
+    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)[:, None]
+    else:
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): the interleaved layout's rotate_half."""
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+) -> torch.Tensor:
+    rotated = rotate_pairs(x) if interleaved else rotate_half(x)
+    return (x * cos.to(x.dtype)) + (rotated * sin.to(x.dtype))
+
+
+class TTTStack:
+    """Keys and values of every TTT step so far, [B, kv_heads, T, head_dim] each, and for rows
+    that pack several samples the step-0 keys each query may see ([B, 1, T, T]: causal, within
+    its own sample)."""
+
+    def __init__(self, visible: torch.Tensor | None = None) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.visible = visible
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class DecodeCache:
+    """Keys and values of a decoding drafter [1, kv_heads, S, head_dim]: the step-0 entries of the
+    verified context, then the current draft chain's (dropped with `truncate` after each round)."""
+
+    def __init__(self) -> None:
+        self.keys = torch.empty(0)
+        self.values = torch.empty(0)
+
+    def __len__(self) -> int:
+        return 0 if self.keys.numel() == 0 else self.keys.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if len(self) == 0:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)
+            self.values = torch.cat([self.values, v], dim=2)
+
+    def truncate(self, length: int) -> None:
+        self.keys = self.keys[:, :, :length]
+        self.values = self.values[:, :, :length]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(c.head_dim)  # SDPA's default for the query's head size
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.config.head_dim).transpose(1, 2)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        q = apply_rope(self._heads(self.q_proj(x), c.num_attention_heads), cos, sin)
+        k = apply_rope(self._heads(self.k_proj(x), c.num_key_value_heads), cos, sin)
+        v = self._heads(self.v_proj(x), c.num_key_value_heads)
+        return q, k, v
+
+    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: each key/value head serves heads // kv_heads query heads."""
+        return kv.repeat_interleave(
+            self.config.num_attention_heads // self.config.num_key_value_heads, 1
+        )
+
+    def _out(self, out: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: TTTStack
+    ) -> torch.Tensor:
+        """Training-time test: this step's keys join the cache of earlier steps (see module doc)."""
+        q, k, v = self._project(x, cos, sin)
+        cache.keys.append(k)
+        cache.values.append(v)
+        keys = [self._expand(key) for key in cache.keys]
+        values = [self._expand(value) for value in cache.values]
+        return self._out(training_attention(q, keys, values, cache.visible, self.scale))
+
+    def decode(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
+    ) -> torch.Tensor:
+        """Decoding: the new rows see every cached key and the new keys up to their own row."""
+        q, k, v = self._project(x, cos, sin)
+        cache.append(k, v)
+        n, total = x.shape[1], cache.keys.shape[2]
+        mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
+        out = F.scaled_dot_product_attention(
+            q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
+        )
+        return self._out(out)
+
+
+class MLAttention(Attention):
+    """DeepSeek-V3's multi-head latent attention with the input of an EAGLE-3 layer (2H), in its
+    plain form: the latent is expanded to per-head keys and values, so every attention path of
+    `Attention` (TTT, packed rows, decoding) runs on them unchanged; vLLM computes the same with
+    the latent absorbed. Names as DeepSeek's checkpoints and vLLM's deepseek_eagle3.py."""
+
+    def __init__(self, config: DrafterConfig):
+        nn.Module.__init__(self)
+        self.config = c = config
+        heads, rope, nope = c.num_attention_heads, c.qk_rope_head_dim, c.qk_nope_head_dim
+        if c.q_lora_rank:
+            self.q_a_proj = nn.Linear(2 * c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, heads * (nope + rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(2 * c.hidden_size, heads * (nope + rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(2 * c.hidden_size, c.kv_lora_rank + rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, heads * (nope + c.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * c.v_head_dim, c.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(nope + rope)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        b, t, _ = x.shape
+        heads, nope = c.num_attention_heads, c.qk_nope_head_dim
+        if c.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        q = q.view(b, t, heads, -1).transpose(1, 2)
+        q_pe = apply_rope(q[..., nope:], cos, sin, interleaved=True)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], -1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, heads, -1).transpose(1, 2)
+        k_nope, v = kv.split([nope, c.v_head_dim], dim=-1)
+        k_pe = apply_rope(k_pe[:, None], cos, sin, interleaved=True).expand(-1, heads, -1, -1)
+        q = torch.cat([q[..., :nope], q_pe], dim=-1)
+        return q, torch.cat([k_nope, k_pe], dim=-1), v
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,75 @@
+"""What each training step trains on: the batches of this process for every step from any step
+on (a function of the seed and the epoch, so a resumed run gets the batches the killed one would
+have), built ahead in a thread, with the aux noise of train.aux_noise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from eaglenest.drafter.batches import Batch, BatchPlan, SampleRef, build_batch, build_packed_batch
+from eaglenest.stages.train.distributed import Processes
+
+
+def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
+    """The batch with uniform noise in [-noise, noise] added to its aux states (a regulariser
+    against the drafter leaning on exact feature values), drawn from a generator of (seed,
+    step) so that a resumed run adds what the killed one would have."""
+    if noise == 0:
+        return batch
+    generator = torch.Generator(batch.aux.device).manual_seed(seed * 1_000_003 + step)
+    uniform = torch.rand(
+        batch.aux.shape, generator=generator, device=batch.aux.device, dtype=torch.float32
+    )
+    batch.aux = batch.aux + ((2 * uniform - 1) * noise).to(batch.aux.dtype)
+    return batch
+
+
+def step_batches(
+    plan: BatchPlan,
+    first_step: int,
+    total_steps: int,
+    epoch_steps: list[int],
+    processes: Processes,
+) -> Iterator[tuple[int, int, Batch]]:
+    """(epoch, position, batch) of this process for every step from first_step on. The batches
+    are a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
+    epoch, start = 0, 0  # the epoch of `step`, and its first step
+    order: list[list[SampleRef]] | None = None
+    for step in range(first_step, total_steps):
+        while step >= start + epoch_steps[epoch]:
+            start += epoch_steps[epoch]
+            epoch, order = epoch + 1, None
+        if order is None:
+            order = plan.epoch_order(epoch)
+        position = step - start
+        refs = order[position * processes.world_size + processes.rank]
+        if plan.packed:
+            yield epoch, position, build_packed_batch(refs, plan.shards, plan.max_batch_tokens)
+        else:
+            yield epoch, position, build_batch(refs, plan.shards)
+
+
+def prefetch(items: Iterator, depth: int) -> Iterator:
+    """Build the next `depth` items in a thread while the caller computes (reading shards
+    overlaps with the drafter's forward and backward on the GPU)."""
+    import queue
+    import threading
+
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                slots.put(item)
+        except Exception as error:  # noqa: BLE001 (re-raised in the caller's thread)
+            slots.put(error)
+        slots.put(done)
+
+    threading.Thread(target=fill, daemon=True, name="prefetch").start()
+    while (item := slots.get()) is not done:
+        if isinstance(item, Exception):
+            raise item
+        yield item
