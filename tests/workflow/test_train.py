@@ -18,9 +18,6 @@ from support.workflow import SMALL_RUN
 from transformers import AutoConfig
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter.model import ttt_forward
-from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
 from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
@@ -28,13 +25,16 @@ from eaglenest.drafter.batches import (
     build_packed_batch,
     open_shards,
 )
+from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
+from eaglenest.drafter.model import ttt_forward
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.distributed import Processes
+from eaglenest.stages.train.feed import step_batches
 from eaglenest.stages.train.initialise import build_drafter
 from eaglenest.stages.train.loss import ttt_loss
 from eaglenest.stages.train.train import TrainingDiverged, train_drafter
-from eaglenest.stages.train.feed import step_batches
 
 pytestmark = pytest.mark.slow
 
