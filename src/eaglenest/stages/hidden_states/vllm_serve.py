@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from eaglenest.common.engine_process import start_group_watchdog
 from eaglenest.common.vllm_cpu import server_flags
 from eaglenest.stages.hidden_states.vllm_capture import capture_arguments
 
@@ -29,6 +30,7 @@ def server_argv(request: dict) -> list[str]:
 
 
 def main(request_path: str) -> None:
+    start_group_watchdog()  # nothing vLLM starts outlives this process, kill -9 included
     request = json.loads(Path(request_path).read_text())
     sys.argv = server_argv(request)
     print("vLLM capture server:", " ".join(sys.argv[1:]), flush=True)
