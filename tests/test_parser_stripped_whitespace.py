@@ -64,7 +64,10 @@ def test_kimi_k2_stripping_is_counted_once_not_a_mismatch_per_sample(demo_target
     # Without token ids the rebuild cannot recover it: said once for the shard.
     no_ids = {**server, "token_ids": False}
     target = {"reasoning_parser": "kimi_k2"}
-    report, log = run_samples(workdir, demo_target_dir, "kimi-no-ids", server=no_ids, target=target)
+    probe = {"require_token_ids": False}
+    report, log = run_samples(
+        workdir, demo_target_dir, "kimi-no-ids", server=no_ids, target=target, probe=probe
+    )
     assert report["token_sources"]["rebuilt"] == report["written"] > 0
     assert report["rebuilt_without_stripped_whitespace"] == report["written"]
     assert report["reasoning_parser"] == "kimi_k2"
