@@ -1,4 +1,9 @@
 # Snakemake adapter for the draft vocabulary: see eaglenest.stages.vocab.
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.stages.vocab import build_draft_vocab

@@ -1,4 +1,9 @@
 # Snakemake adapter for the run report: see eaglenest.stages.report (report.py builds it).
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.stages.report.inputs import RunFiles
 from eaglenest.stages.report.report import PLOT_NAMES, build_report

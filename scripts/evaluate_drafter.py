@@ -1,5 +1,8 @@
 # Snakemake adapter for the evaluate stage: see eaglenest.stages.evaluate.evaluate.
-import torch
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
@@ -11,7 +14,6 @@ settings = EvaluateSettings.from_json(snakemake.params.settings)
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
-    torch.set_num_threads(snakemake.threads)
     evaluate_drafter(
         drafter_dir=snakemake.input.drafter.rsplit("/", 1)[0],
         heldout_hidden=list(snakemake.input.hidden),

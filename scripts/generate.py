@@ -1,5 +1,10 @@
 # Snakemake adapter for the generate stage (the shard's prompts, then their answers): see
 # eaglenest.stages.prompts.prompts.write_prompt_shard and eaglenest.stages.generate.
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.prompts import PromptOptions

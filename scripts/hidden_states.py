@@ -1,6 +1,9 @@
 # Snakemake adapter for the hidden-states stage: see eaglenest.stages.hidden_states (plan.py for
 # what both backends share, extract.py for the transformers backend, vllm_backend.py for vLLM).
-import torch
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
@@ -15,7 +18,6 @@ with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends (vLLM's
     # processes, started by this one, see the same CUDA_VISIBLE_DEVICES).
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
-    torch.set_num_threads(snakemake.threads)
     if settings.backend == "vllm":
         runtime = VllmRuntime.from_json(snakemake.params.runtime)
         capture_hidden_states_vllm(

@@ -1,6 +1,11 @@
 # Snakemake adapter for the samples stage: validate the shard's raw answers (eaglenest.stages.samples.validate),
 # then tokenize the samples that passed (eaglenest.stages.samples), last the lengths the report plots
 # (eaglenest.formats.lengths); one log for the job, each step's lines named by its module.
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.formats.lengths import write_shard_lengths
 from eaglenest.settings.samples import SamplesSettings

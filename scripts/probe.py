@@ -1,4 +1,9 @@
 # Snakemake adapter for the probe stage: see eaglenest.stages.probe.
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.stages.probe import probe_run

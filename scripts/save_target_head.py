@@ -1,4 +1,9 @@
 # Snakemake adapter: the target's embedding, LM head and final norm, once per run.
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
+
 from eaglenest.common.logs import log_to
 from eaglenest.formats.target_head import save_target_head
 from eaglenest.settings.hidden_states import TargetHeadSettings

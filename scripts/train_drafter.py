@@ -1,6 +1,9 @@
 # Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it
 # runs the same function under torchrun, one process per GPU.
-import torch
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
@@ -19,7 +22,6 @@ arguments = {
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
-    torch.set_num_threads(snakemake.threads)
     if settings.gpus > 1:
         run_under_torchrun(settings, arguments, snakemake.log[0])
     else:

@@ -1,6 +1,9 @@
 # Snakemake adapter for the hidden-state backend check: see
 # eaglenest.stages.hidden_states.verify (verify_backends).
-import torch
+from eaglenest.common.threads import use_threads
+
+# First: torch, polars and the tokenizers size their thread pools when they load.
+use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
@@ -10,7 +13,6 @@ from eaglenest.stages.hidden_states.verify import verify_backends
 
 with log_to(snakemake.log[0]):
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
-    torch.set_num_threads(snakemake.threads)
     verify_backends(
         tokens=snakemake.input.tokens,
         out=snakemake.output.verify,

@@ -6,6 +6,7 @@ with the OpenAI-style message and parameter); a backend answers it with a `Compl
 
     dialect  reasoning field              token ids (with "return_token_ids": true)
     vllm     message.reasoning            top-level prompt_token_ids, choices[i].token_ids
+    vllm_kimi_k2  as vllm, the reasoning's trailing whitespace stripped (vLLM's kimi_k2 parser)
     sglang   message.reasoning_content    choices[i].prompt_token_ids, choices[i].response_token_ids
     none     inline <think>…</think> in message.content; ids as vllm
 
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 from eaglenest.client.reasoning import split_think
 
-DIALECTS = ("vllm", "sglang", "none")
+DIALECTS = ("vllm", "vllm_kimi_k2", "sglang", "none")
 # Completion "ids" of the bad_token_ids fault: a string, a float, a null, a negative and an id
 # beyond any small vocabulary, as a broken server or proxy might send them.
 MALFORMED_TOKEN_IDS = ["12", 7.5, None, -1, 999999]
@@ -168,6 +169,10 @@ def build_response(
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if dialect == "vllm":
         message["reasoning"] = reasoning
+    elif dialect == "vllm_kimi_k2":
+        # vLLM 0.32's kimi_k2 parser rstrips the reasoning (strip_trailing_reasoning_whitespace,
+        # vllm/parser/engine/parser_engine.py); the token ids keep what the model wrote.
+        message["reasoning"] = reasoning.rstrip() if reasoning is not None else None
     elif dialect == "sglang":
         message["reasoning_content"] = reasoning
     message["tool_calls"] = []

@@ -16,6 +16,11 @@ Layout (checked against the loaders' code; see tests/workflow/test_train.py for 
   booleans (and `eagle_config.norm_before_fc`), which is where vLLM's llama_eagle3.py reads them.
   No embed_tokens: both servers share the target's embedding, and for a large target it would be
   the biggest tensor of the file.
+- A draft vocabulary that is the whole target vocabulary (`draft_vocab_size == vocab_size`, e.g.
+  the default 32,000 with a 32,000-token target) ships no d2t and no t2d: the head predicts target
+  ids directly, and vLLM's llama_eagle3.py and deepseek_eagle3.py create `draft_id_to_target_id`
+  only when the sizes differ, refusing a checkpoint that has it. Training and own evaluation keep
+  the identity mapping (d2t all 0, t2d all true) in the model, so both read it as the engine does.
 """
 
 from __future__ import annotations
@@ -112,10 +117,24 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
     }
 
 
+def is_full_vocab(config: DrafterConfig) -> bool:
+    """The draft vocabulary is the target's: the export has no d2t/t2d (vLLM refuses them)."""
+    return config.draft_vocab_size == config.vocab_size
+
+
 def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: str = "bfloat16") -> None:
     out_dir = Path(out_dir)
     tensors = {}
-    for name, value in model.trainable_state_dict().items():
+    state = model.trainable_state_dict()
+    if is_full_vocab(model.config):
+        if torch.any(state["d2t"] != 0) or not torch.all(state["t2d"]):
+            raise ExportError(
+                f"{out_dir}: draft_vocab_size equals vocab_size ({model.config.vocab_size}) but "
+                "d2t is not the identity mapping"
+            )
+        state = {k: v for k, v in state.items() if k not in INTEGER_TENSORS}
+        log.info("draft vocabulary = the target's (%d ids): no d2t/t2d", model.config.vocab_size)
+    for name, value in state.items():
         value = value.detach().cpu()
         tensors[name] = value if name in INTEGER_TENSORS else value.to(DTYPES[dtype])
         tensors[name] = tensors[name].contiguous()
@@ -184,6 +203,9 @@ def load_drafter(
     with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
         state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
     state["embed_tokens.weight"] = embed
+    if is_full_vocab(config) and "d2t" not in state:  # the identity mapping (see above)
+        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
     model.load_state_dict(
         {k: v.to(dtype) if k not in INTEGER_TENSORS else v for k, v in state.items()}
     )

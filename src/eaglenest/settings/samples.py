@@ -41,7 +41,13 @@ class TokenizeSettings(Settings):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TokenizeSettings:
         names = [f for f in cls.__dataclass_fields__ if f != "target"]
-        fields = ("path", "tokenizer", "trust_remote_code", "chat_template_kwargs")
+        fields = (
+            "path",
+            "tokenizer",
+            "trust_remote_code",
+            "chat_template_kwargs",
+            "reasoning_parser",
+        )
         target = TargetSettings.view(config, *fields)
         return cls(target=target, **{k: config["tokenize"][k] for k in names})
 

@@ -29,6 +29,7 @@ class TargetSettings(Settings):
     trust_remote_code: bool
     chat_template_kwargs: dict[str, Any]  # e.g. {"thinking": true}, in every request and render
     think_tokens: dict[str, Any]  # start, end, start_id, end_id
+    reasoning_parser: str | None  # the server's --reasoning-parser, when the config names it
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TargetSettings:

@@ -95,9 +95,10 @@ def build_draft_vocab(
         },
         "shards": len(counts_paths),
     }
-    if summary["draft_vocab_size"] < draft_vocab_size:
+    if summary["draft_vocab_size"] == counts.target_vocab_size:
         log.info(
-            "draft vocabulary capped at the target vocabulary: %d ids (asked %d)",
+            "draft vocabulary = the whole target vocabulary (%d ids, asked %d): the drafter "
+            "predicts target ids directly and its export ships no d2t/t2d, as vLLM expects",
             summary["draft_vocab_size"],
             draft_vocab_size,
         )

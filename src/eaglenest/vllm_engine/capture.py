@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.vllm_engine.process import llm_arguments, say
+from eaglenest.vllm_engine.process import llm_arguments, say, start_group_watchdog
 
 CONNECTOR_MODULE = "eaglenest.vllm_engine.connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
@@ -65,6 +65,7 @@ def engine(request: dict, out_dir: Path):
 
 
 def main(request_path: str) -> None:
+    start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
     import numpy as np
     from vllm import SamplingParams
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.vllm_engine.process import llm_arguments, say
+from eaglenest.vllm_engine.process import llm_arguments, say, start_group_watchdog
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -61,6 +61,7 @@ def spec_counters(llm) -> dict:
 
 
 def main(request_path: str) -> None:
+    start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
     from vllm import SamplingParams
 
     request = json.loads(Path(request_path).read_text())

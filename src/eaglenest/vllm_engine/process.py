@@ -3,9 +3,10 @@ and talking to it.
 
 vLLM pins another transformers than ours, so it never shares the project's environment: a stage
 that needs it starts `python -m <module>` from that environment, with our source on PYTHONPATH,
-and the module imports only the engine, torch, numpy, this file and cpu.py (stdlib only). The child
-writes messages to stdout as lines `EAGLENEST <json>` (`say`); every other line there is the
-engine's own log (vLLM logs to stdout), which the parent logs and keeps the end of for errors.
+and the module imports only the engine, torch, numpy, this file, threads and vllm_cpu (stdlib
+only). The child writes messages to stdout as lines `EAGLENEST <json>` (`say`); every other line
+there is the engine's own log (vLLM logs to stdout), which the parent logs and keeps the end of
+for errors.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from eaglenest.common.threads import engine_thread_env
 from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args
 
 MARKER = "EAGLENEST "
@@ -56,6 +58,36 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return in_child
+
+
+def start_group_watchdog() -> None:
+    """In the engine's process (the leader of its own process group), before the engine starts:
+    fork a watchdog that SIGKILLs the whole group when this process dies, however it dies.
+
+    PR_SET_PDEATHSIG (die_with_parent) kills this process with its parent, but not what the
+    engine starts: vLLM's `VLLM::EngineCore` and `VLLM::Worker` are this process's children, and
+    a kill -9 of `serve-capture` or of a job once left them running as orphans (620 MB here, on a
+    GPU node the GPUs a restarted server needs). They stay in this process group (vLLM starts no
+    session of its own), so the watchdog, told by its own PR_SET_PDEATHSIG that this process is
+    gone, kills the group. A stop of the group (stop_process_group's SIGTERM) ends it too."""
+    if not sys.platform.startswith("linux"):
+        return
+    prctl, leader = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    if os.fork():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        return
+    try:  # the watchdog: no threads, nothing of the engine's, no pipe of the parent's held open
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)
+        prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
+        if os.getppid() == leader:  # else the engine's process died before the prctl
+            signal.sigwait({signal.SIGUSR1})
+        os.killpg(leader, signal.SIGKILL)  # the watchdog is in the group: this ends it too
+    finally:
+        os._exit(0)
 
 
 def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
@@ -117,7 +149,9 @@ def engine_process(
     process = subprocess.Popen(
         [python, "-m", module, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **env, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
+        # In a job, vLLM's CPU build keeps to the job's threads (common.threads).
+        env={**os.environ, **engine_thread_env(), **env, "PYTHONPATH": pythonpath,
+             "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
         # Safe here: the child calls one function looked up before the fork, then execs.
         preexec_fn=die_with_parent(),  # noqa: PLW1509

@@ -17,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from eaglenest.vllm_engine.capture import capture_arguments
+from eaglenest.vllm_engine.process import start_group_watchdog
 from eaglenest.vllm_engine.cpu import server_flags
+from eaglenest.vllm_engine.capture import capture_arguments
 
 
 def server_argv(request: dict) -> list[str]:
@@ -29,6 +30,7 @@ def server_argv(request: dict) -> list[str]:
 
 
 def main(request_path: str) -> None:
+    start_group_watchdog()  # nothing vLLM starts outlives this process, kill -9 included
     request = json.loads(Path(request_path).read_text())
     sys.argv = server_argv(request)
     print("vLLM capture server:", " ".join(sys.argv[1:]), flush=True)

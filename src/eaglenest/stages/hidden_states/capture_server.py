@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from eaglenest.common.command import run_command
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -220,7 +221,6 @@ def serve(args: Any) -> int:
     config = merged_config(args.configfile)
     # SIGTERM (a scheduler ending the allocation) stops the server as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    command = None
     try:
         with capture_server(
             config,
@@ -235,10 +235,7 @@ def serve(args: Any) -> int:
                 while True:
                     time.sleep(3600)
             # Dies with this process, as the server does: a killed run leaves nothing behind.
-            command = subprocess.Popen(args.command, preexec_fn=die_with_parent())  # noqa: PLW1509
-            return command.wait()
+            # Stopped with SIGINT, never SIGTERM, which can deadlock Snakemake (common.command).
+            return run_command(args.command)
     except KeyboardInterrupt:
-        if command is not None and command.poll() is None:
-            command.terminate()
-            command.wait()
         return 130

@@ -90,8 +90,12 @@ def key_figures(data: RunData) -> dict[str, Any]:
         (r.get("agreement") or {}).get("compared", 0) for r in data.tokens_reports.values()
     )
     exact = sum((r.get("agreement") or {}).get("exact", 0) for r in data.tokens_reports.values())
+    stripped = sum(r.get("parser_stripped_whitespace", 0) for r in data.tokens_reports.values())
     if compared:
         figures["server/rebuild agreement"] = pct(exact / compared)
+    if stripped:
+        # Said apart from the agreement, which puts the stripped whitespace back first.
+        figures["whitespace stripped by the reasoning parser (samples)"] = stripped
     if data.draft_vocab:
         # Two decimals: a coverage of 0.9996 must not read as 100%.
         figures["draft vocabulary coverage"] = pct(data.draft_vocab["coverage"], 2)

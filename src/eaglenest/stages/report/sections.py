@@ -154,7 +154,8 @@ def _think_ids(think: dict) -> str:
 
 
 def agreement_block(data: RunData) -> str:
-    """Server ids against the rebuild: exact share per shard, first mismatches."""
+    """Server ids against the rebuild: exact share per shard, first mismatches; what the server's
+    reasoning parser stripped, per shard (the comparison puts it back first)."""
     rows, mismatches = [], []
     total = Counter()
     for shard, report in data.tokens_reports.items():
@@ -163,6 +164,7 @@ def agreement_block(data: RunData) -> str:
             k: agreement.get(k, 0)
             for k in ("compared", "exact", "prompt_exact", "completion_exact")
         }
+        counts["parser stripped"] = report.get("parser_stripped_whitespace", 0)
         total.update(counts)
         rows.append(
             [shard, *counts.values(), pct(agreement.get("share")) if counts["compared"] else "–"]
@@ -177,8 +179,25 @@ def agreement_block(data: RunData) -> str:
         )
     rows.append(["all", *total.values(), pct(total["exact"] / total["compared"])])
     out = "<h3>Server ids vs rebuild</h3>" + table(
-        ["shard", "compared", "exact", "prompt exact", "completion exact", "share exact"], rows
+        [
+            "shard",
+            "compared",
+            "exact",
+            "prompt exact",
+            "completion exact",
+            "parser stripped",
+            "share exact",
+        ],
+        rows,
     )
+    if total["parser stripped"]:
+        out += (
+            f"<p class='note'>The server's reasoning parser stripped trailing whitespace from the "
+            f"reasoning of {total['parser stripped']} samples (e.g. vLLM's kimi_k2 before "
+            "<code>&lt;/think&gt;</code>): their token ids hold it and are what is trained on; "
+            "the rebuild is compared with it put back. A run without token ids would lose it."
+            "</p>"
+        )
     if mismatches:
         shown = "\n".join(json.dumps(m, ensure_ascii=False) for m in mismatches[:5])
         out += f"<p>First mismatches:</p><pre>{html.escape(shown)}</pre>"

@@ -28,6 +28,8 @@ _COUNTED = (
     "dropped_rebuild_decode_mismatch",
     "rebuild_decode_mismatch",
     "server_ids_text_mismatch",
+    "parser_stripped_whitespace",
+    "rebuilt_without_stripped_whitespace",
     "end_of_turn_appended",
     "prompt_opens_think_block",
 )
@@ -35,7 +37,9 @@ _COUNTED = (
 
 @dataclass(frozen=True)
 class Agreement:
-    """How often the rebuild equals the server's ids, over the samples that have both."""
+    """How often the rebuild equals the server's ids, over the samples that have both; the
+    whitespace the server's reasoning parser stripped from the text is put back first (it is in
+    the ids, and the report says how often it was: TokenizeReport.parser_stripped_whitespace)."""
 
     compared: int
     exact: int
@@ -69,6 +73,13 @@ class TokenizeReport:
     dropped_rebuild_decode_mismatch: int
     rebuild_decode_mismatch: int
     server_ids_text_mismatch: int
+    # Samples whose ids hold whitespace the reasoning parser stripped from the text (not
+    # mismatches: the ids are what the model wrote), and which whitespace, by count.
+    parser_stripped_whitespace: int
+    stripped_whitespace: dict[str, int]
+    # Rebuilt samples (no ids) when target.reasoning_parser strips: their whitespace is lost.
+    rebuilt_without_stripped_whitespace: int
+    reasoning_parser: str | None
     end_of_turn_appended: int
     prompt_opens_think_block: int
     target_tokens: dict[str, Any]
@@ -112,6 +123,8 @@ class TokenizeReport:
             agreement=agreement,
             overlength=overlength,
             **{name: counts[name] for name in _COUNTED},
+            stripped_whitespace={repr(w): n for w, n in tally.stripped.most_common()},
+            reasoning_parser=settings.target.reasoning_parser,
             target_tokens=tokens.describe(),
             settings=json.loads(settings.to_json()),  # the target: the fields tokenize reads
         )
@@ -147,6 +160,7 @@ class TokenizeReport:
                 agreement.prompt_exact,
                 agreement.completion_exact,
             )
+        self._log_parser()
         for mismatch in agreement.first_mismatches:
             log.warning(
                 "mismatch in sample %s at %s position %d: server %s %r, rebuilt %s %r",
@@ -157,6 +171,28 @@ class TokenizeReport:
                 mismatch["server_text"],
                 mismatch["rebuilt_ids"],
                 mismatch["rebuilt_text"],
+            )
+
+    def _log_parser(self) -> None:
+        """Once per shard: what the server's reasoning parser changed, and what a rebuild lost."""
+        if self.parser_stripped_whitespace:
+            log.info(
+                "shard %s: the server's reasoning parser stripped trailing whitespace from the "
+                "reasoning of %d samples (%s); their ids hold it and are used, and the rebuild "
+                "is compared with it put back",
+                self.shard,
+                self.parser_stripped_whitespace,
+                ", ".join(f"{w} x{n}" for w, n in self.stripped_whitespace.items()),
+            )
+        if self.rebuilt_without_stripped_whitespace:
+            log.warning(
+                "shard %s: %d samples rebuilt from text without the server's ids; its reasoning "
+                "parser %s strips trailing whitespace from the reasoning, which a rebuild cannot "
+                "recover: those sequences lack any whitespace the model wrote before %s",
+                self.shard,
+                self.rebuilt_without_stripped_whitespace,
+                self.reasoning_parser,
+                self.target_tokens["think_end"]["token"],
             )
 
     def check_agreement(self, min_agreement: float) -> None:

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.samples.rebuild import rebuild_token_ids, template_kwargs
-from eaglenest.stages.samples.server_ids import describe_mismatch, server_completion
+from eaglenest.stages.samples.server_ids import (
+    STRIPPING_PARSERS,
+    describe_mismatch,
+    server_completion,
+    server_text_check,
+)
 from eaglenest.target_model.encoding import decode_batch
 
 if TYPE_CHECKING:
@@ -29,6 +34,7 @@ class ShardTally:
 
     counts: Counter = field(default_factory=Counter)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    stripped: Counter = field(default_factory=Counter)  # whitespace a parser stripped -> samples
 
 
 def chunk_rows(
@@ -56,23 +62,28 @@ def chunk_rows(
     has_server = [
         p is not None and c is not None for p, c in zip(server_prompts, server_completions)
     ]
+    with_ids = [k for k, s in enumerate(has_server) if s]
+    decoded = decode_batch(tokenizer, [server_completions[k] for k in with_ids])
+    counts = tally.counts
+    # What the server's ids hold beyond the text: whitespace its reasoning parser stripped.
+    stripped = {
+        k: _check_server_text(ids[k], text, reasonings[k], contents[k], tokens, settings, tally)
+        for k, text in zip(with_ids, decoded)
+    }
     to_rebuild = [k for k, s in enumerate(has_server) if not s or settings.verify_rebuild]
     rebuild = rebuild_token_ids(
         tokenizer,
         tokens,
         [messages[k] for k in to_rebuild],
-        [reasonings[k] for k in to_rebuild],
+        # Compared with the server's ids as the model wrote it: the stripped whitespace put back.
+        [reasonings[k] + (stripped.get(k) or "") for k in to_rebuild],
         [contents[k] for k in to_rebuild],
         [template_kwargs(requests[k], default_kwargs, ids[k]) for k in to_rebuild],
         [ids[k] for k in to_rebuild],
     )
     rebuilt_at = {k: j for j, k in enumerate(to_rebuild)}
-    with_ids = [k for k, s in enumerate(has_server) if s]
-    decoded = dict(
-        zip(with_ids, decode_batch(tokenizer, [server_completions[k] for k in with_ids]))
-    )
     stop_ids = {*tokenizer.all_special_ids, tokens.end_of_turn_id}
-    counts = tally.counts
+    parser_strips = settings.target.reasoning_parser in STRIPPING_PARSERS
     rows = []
     for k, sample_id in enumerate(ids):
         j = rebuilt_at.get(k)
@@ -87,14 +98,14 @@ def chunk_rows(
             )
             counts["end_of_turn_appended"] += appended
             prompt, source = list(server_prompts[k]), "server"
-            expected = reasonings[k] + tokens.think_end + contents[k]
-            _check_server_text(sample_id, decoded[k], expected, settings, counts)
             if rebuilt is not None:
                 agrees = _compare_with_rebuild(
                     tokenizer, sample_id, (prompt, completion), rebuilt, settings, tally
                 )
         elif rebuild.decodes_back[j]:
             (prompt, completion), source = rebuilt, "rebuilt"
+            # The whitespace the parser stripped is gone from the text, so from the rebuild.
+            counts["rebuilt_without_stripped_whitespace"] += parser_strips
         else:
             counts["dropped_rebuild_decode_mismatch"] += 1
             if counts["dropped_rebuild_decode_mismatch"] <= settings.max_mismatches_logged:
@@ -123,11 +134,24 @@ def _apply_max_length(
 
 
 def _check_server_text(
-    sample_id: str, decoded: str, expected: str, settings: TokenizeSettings, counts: Counter
-) -> None:
-    """The server's ids must decode to text holding its reasoning, `</think>` and content."""
-    if expected in decoded:
-        return
+    sample_id: str,
+    decoded: str,
+    reasoning: str,
+    content: str,
+    tokens: TargetTokens,
+    settings: TokenizeSettings,
+    tally: ShardTally,
+) -> str | None:
+    """The server's ids must decode to text holding its reasoning, `</think>` and content, or the
+    reasoning plus whitespace its parser stripped (counted, said once per shard by the report);
+    returns that whitespace ("" when none, None when the ids do not hold the text)."""
+    counts = tally.counts
+    whitespace = server_text_check(decoded, reasoning, tokens.think_end, content)
+    if whitespace:
+        counts["parser_stripped_whitespace"] += 1
+        tally.stripped[whitespace] += 1
+    if whitespace is not None:
+        return whitespace
     counts["server_ids_text_mismatch"] += 1
     if counts["server_ids_text_mismatch"] <= settings.max_mismatches_logged:
         log.warning(
@@ -136,6 +160,7 @@ def _check_server_text(
             sample_id,
             decoded[:300],
         )
+    return None
 
 
 def _compare_with_rebuild(

@@ -1,8 +1,10 @@
-"""The server's token ids of a sample: the end of turn it may leave out, and where they differ
-from the rebuild (the report shows the first mismatches, with their text)."""
+"""The server's token ids of a sample: the end of turn it may leave out, the whitespace its
+reasoning parser stripped from the text, and where they differ from the rebuild (the report shows
+the first mismatches, with their text)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from eaglenest.target_model.encoding import decode_batch
@@ -11,6 +13,23 @@ if TYPE_CHECKING:
     from eaglenest.target_model.special_tokens import TargetTokens
 
 MISMATCH_WINDOW = 6  # ids shown on each side of a mismatch
+
+# Reasoning parsers that strip trailing whitespace from the reasoning text, read from vLLM 0.32's
+# source: those of its parser engine whose config keeps strip_trailing_reasoning_whitespace (its
+# default) on (vllm/parser/*.py; qwen3's turns it off). The model's ids keep the whitespace.
+STRIPPING_PARSERS = frozenset({"kimi_k2", "mistral", "nemotron_v3", "step3p5", "inkling"})
+
+
+def server_text_check(decoded: str, reasoning: str, think_end: str, content: str) -> str | None:
+    """How the server's decoded completion ids hold the sample's text: "" when they hold
+    `reasoning + think_end + content` as they are, the whitespace W when they hold
+    `reasoning + W + think_end + content` (W stripped from the reasoning by the server's reasoning
+    parser, e.g. vLLM's kimi_k2: the ids are what the model wrote), None when neither."""
+    if reasoning + think_end + content in decoded:
+        return ""
+    pattern = re.escape(reasoning) + r"(\s+)" + re.escape(think_end + content)
+    found = re.search(pattern, decoded)
+    return found.group(1) if found else None
 
 
 def server_completion(

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from eaglenest.common.io import write_json
+from eaglenest.common.threads import job_threads, use_threads
 from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
@@ -454,8 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1")))
-    torch.set_num_threads(threads)
+    # The job's threads (its rule's, from the adapter's use_threads), shared by its processes.
+    use_threads(job_threads() // int(os.environ.get("WORLD_SIZE", "1")))
     train_drafter(**spec["arguments"], settings=TrainSettings.from_dict(spec["settings"]))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist

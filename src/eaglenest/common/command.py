@@ -1,0 +1,66 @@
+"""A command run for the length of something of ours (`eaglenest serve-capture -- snakemake ...`),
+stopped the way Ctrl-C stops it.
+
+Snakemake 9.27.1 must not be stopped with SIGTERM: its handler (`JobScheduler.exit_gracefully`)
+takes the scheduler's lock, a `threading.Lock`, which the main thread holds while it finishes or
+fails jobs; a SIGTERM landing then deadlocks it for good (docs/vllm-cpu.md, known issues). SIGINT
+has no handler of Snakemake's: it raises KeyboardInterrupt in the main thread (or, while the
+scheduler runs a job's postprocessing under asyncio.run, cancels that task at its next await,
+which asyncio turns into KeyboardInterrupt), which leaves the `with self._lock` blocks it crosses,
+releasing the lock, and reaches the scheduler's `except KeyboardInterrupt`, which cancels the
+jobs (tests/workflow/test_command_stop_snakemake.py). So the command runs in its own process group
+and is stopped as a terminal's Ctrl-C stops it: SIGINT to the whole group (Snakemake and its local
+jobs, which its cancel waits for), then SIGKILL to what is left after `stop_wait_s`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+
+from eaglenest.vllm_engine.process import die_with_parent
+
+STOP_WAIT_S = 60  # Snakemake's cancel waits for its jobs and cancels cluster jobs
+
+
+def start_command(argv: Sequence[str]) -> subprocess.Popen:
+    """`argv` in its own process group, killed if this process dies (kill -9 included)."""
+    return subprocess.Popen(
+        list(argv),
+        start_new_session=True,
+        preexec_fn=die_with_parent(),  # noqa: PLW1509 (one call looked up before the fork)
+    )
+
+
+def stop_command(process: subprocess.Popen, stop_wait_s: float = STOP_WAIT_S) -> int:
+    """Stop a command of `start_command` as Ctrl-C would, SIGKILL after `stop_wait_s`; returns
+    its exit status."""
+    for sig, wait_s in ((signal.SIGINT, stop_wait_s), (signal.SIGKILL, 10)):
+        if process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # jobs of the group left behind
+    return process.wait()
+
+
+def run_command(argv: Sequence[str], stop_wait_s: float = STOP_WAIT_S) -> int:
+    """Run `argv` to its end; SIGTERM or Ctrl-C to this process stops it with `stop_command`
+    (SIGINT) and returns 130. The caller's SIGTERM handler is restored afterwards."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    process = None
+    try:
+        process = start_command(argv)
+        return process.wait()
+    except KeyboardInterrupt:
+        if process is not None:
+            stop_command(process, stop_wait_s)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
