@@ -24,8 +24,8 @@ from safetensors import safe_open
 from support.vllm import VLLM_PYTHON, require_vllm_venv
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.drafter.export import export_drafter, load_drafter
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead, save_target_head
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.settings.hidden_states import TargetHeadSettings

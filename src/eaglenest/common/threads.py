@@ -46,14 +46,3 @@ def job_threads(default: int | None = None) -> int:
     `default`, else every core."""
     value = os.environ.get("EAGLENEST_THREADS")
     return max(1, int(value) if value else default or os.cpu_count() or 1)
-
-
-def engine_thread_env() -> dict[str, str]:
-    """The variables that keep vLLM's CPU build to the job's threads. By default
-    (VLLM_CPU_OMP_THREADS_BIND=auto) it pins one OpenMP thread to every core of the NUMA node,
-    whatever OMP_NUM_THREADS says (vllm/utils/ompmultiprocessing.py); `nobind` leaves the count
-    to OMP_NUM_THREADS, which use_threads set. Only inside a job (use_threads ran), and never
-    over a binding the user chose."""
-    if "EAGLENEST_THREADS" not in os.environ or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return {}
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.common.threads import engine_thread_env
 from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args
 
 MARKER = "EAGLENEST "
@@ -149,7 +148,7 @@ def engine_process(
     process = subprocess.Popen(
         [python, "-m", module, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # In a job, vLLM's CPU build keeps to the job's threads (common.threads).
+        # In a job, vLLM's CPU build keeps to the job's threads (engine_thread_env).
         env={**os.environ, **engine_thread_env(), **env, "PYTHONPATH": pythonpath,
              "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
@@ -196,3 +195,14 @@ def reply(process: subprocess.Popen, text: str = "next") -> None:
     assert process.stdin is not None
     process.stdin.write(text + "\n")
     process.stdin.flush()
+
+
+def engine_thread_env() -> dict[str, str]:
+    """The variables that keep vLLM's CPU build to the job's threads. By default
+    (VLLM_CPU_OMP_THREADS_BIND=auto) it pins one OpenMP thread to every core of the NUMA node,
+    whatever OMP_NUM_THREADS says (vllm/utils/ompmultiprocessing.py); `nobind` leaves the count
+    to OMP_NUM_THREADS, which common.threads.use_threads set. Only inside a job (use_threads ran), and never
+    over a binding the user chose."""
+    if "EAGLENEST_THREADS" not in os.environ or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}

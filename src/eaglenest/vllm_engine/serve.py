@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from eaglenest.vllm_engine.process import start_group_watchdog
-from eaglenest.vllm_engine.cpu import server_flags
 from eaglenest.vllm_engine.capture import capture_arguments
+from eaglenest.vllm_engine.cpu import server_flags
+from eaglenest.vllm_engine.process import start_group_watchdog
 
 
 def server_argv(request: dict) -> list[str]:
