@@ -22,11 +22,15 @@ SUBCOMMANDS = {
     "build-demo-target": ("eaglenest.demo.target", "build and train the tiny demo target model"),
     "serve-capture": (
         "eaglenest.stages.hidden_states.capture_server",
-        "one vLLM capture engine for every hidden-state shard of a run (vllm.capture_url)",
+        "one vLLM capture engine (one a node) for the hidden-state shards of a run (vllm.capture_urls)",
     ),
     "vllm-cpu-flags": (
         "eaglenest.common.vllm_cpu",
         "the flags a vLLM server on CPU needs to compute what it does on GPUs",
+    ),
+    "plan": (
+        "eaglenest.common.plan",
+        "shards, jobs, disk and hours per stage of a config, before anything runs",
     ),
     "config-docs": (
         "eaglenest.common.config_docs",
