@@ -48,9 +48,9 @@ def test_a_pool_where_no_server_answers_waits_its_time_then_names_every_url():
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
 
     async def capture() -> None:
-        async with CapturePool(urls, "eaglenest-capture-x", cap=1, wait_s=1.0) as pool:
-            async with pool.captured(np.arange(4), "eaglenest-test-0", 0):
-                pass
+        pool = CapturePool(urls, "eaglenest-capture-x", cap=1, wait_s=1.0)
+        async with pool, pool.captured(np.arange(4), "eaglenest-test-0", 0):
+            pass
 
     started = time.monotonic()
     with pytest.raises(CaptureServerError, match="no capture server answers") as failure:

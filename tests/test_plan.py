@@ -17,7 +17,9 @@ from eaglenest.stages.hidden_states.capture_server import merged_config
 KIMI = str(REPO / "config" / "examples" / "kimi-k2.5.yaml")
 DEMO = str(REPO / "config" / "config.yaml")
 KIMI_HIDDEN = 7168
-GPU_RATES = Rates(generate_tokens_per_s=2500, capture_tokens_per_s=50_000, train_tokens_per_s=20_000)
+GPU_RATES = Rates(
+    generate_tokens_per_s=2500, capture_tokens_per_s=50_000, train_tokens_per_s=20_000
+)
 
 
 def kimi_plan(samples: int | None = None, cache_gb: float = 1000.0):
@@ -91,3 +93,14 @@ def test_the_command_prints_every_stage_and_mode(capsys):
 def test_the_command_asks_for_a_hidden_size_it_cannot_read(capsys):
     assert main(["plan", "--configfile", KIMI]) == 2
     assert "--hidden-size" in capsys.readouterr().out
+
+
+def test_the_rates_come_from_a_finished_runs_files(finished_run):
+    from support.workflow import SMALL_RUN
+
+    from eaglenest.common.plan import rates_from_run
+
+    rates, bytes_per_token = rates_from_run(finished_run, SMALL_RUN)
+    assert set(rates) == set(DEMO_RATES) and all(0 < r < 1e7 for r in rates.values())
+    # The raw answers keep the server's JSON: more bytes a token than the token ids alone.
+    assert bytes_per_token["raw"] > bytes_per_token["tokens"] > 0

@@ -215,6 +215,11 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
             f"{rates.capture_tokens_per_s:,.0f} per engine, train "
             f"{rates.train_tokens_per_s:,.0f} per process"
         ),
+        (
+            "capture hours: on the capture servers, over all epochs (none and budget capture "
+            "what they do not store again every epoch, while training runs); held-out shards "
+            "once"
+        ),
         "hidden.store none and budget are planned here but not built yet: only files runs today",
         "not counted: the prompt list, vocab, target head, drafter and journals (GBs at most)",
     ]
@@ -339,7 +344,7 @@ def format_plan(plan: RunPlan) -> str:
         disk = human_bytes(row.disk_bytes) if row.disk_bytes else "-"
         note = f" ({row.note})" if row.note else ""
         lines.append(
-            f"{row.stage:<12} {jobs:>7,} {row.shards or '-':>7} {disk:>13} "
+            f"{row.stage:<12} {jobs:>7,} {f'{row.shards:,}' if row.shards else '-':>7} {disk:>13} "
             f"{human_hours(row.hours):>10}  {rules}{note}"
         )
     header = (
@@ -351,11 +356,12 @@ def format_plan(plan: RunPlan) -> str:
         label = {"files": "files", "none": "none", "budget": f"budget {a.cache_gb:,.0f} GB"}
         state = "" if row.built else "not built yet"
         kept = f"{row.stored_shards:,} shards stored" if row.mode == "budget" else ""
-        lines.append(
+        line = (
             f"{label[row.mode]:<14} {row.extract_jobs:>12,} {human_bytes(row.hidden_bytes):>12} "
             f"{human_bytes(row.total_bytes):>11} {human_hours(row.capture_hours):>14}  "
             f"{'; '.join(x for x in (kept, state) if x)}"
         )
+        lines.append(line.rstrip())
     lines += ["", *(f"- {note}" for note in plan.notes)]
     return "\n".join(lines)
 

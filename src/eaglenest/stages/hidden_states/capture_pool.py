@@ -14,7 +14,7 @@ answers with the right name it takes requests again. When no server answers, the
 for `vllm.capture_wait_s` after the last one went quiet, then the job fails naming the URLs (as
 generation benches an endpoint that fails, client/pool.py, but here a server is expected back:
 restarted, or its node replaced). A server's answer with a retryable HTTP status is retried,
-on any server, at most ATTEMPTS times a sample.
+on any server, at most ATTEMPTS times a sample; a sample dropped MOVES_MAX times fails the job.
 
 Training without stored states (hidden.store none/budget) asks the same pool for a batch's states:
 `captured(prompt, request_id, row)` is the one call it needs.
@@ -45,6 +45,9 @@ RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 ATTEMPTS = 3  # answers with a retryable status, per sample, before the job fails
 REQUEST_TIMEOUT_S = 600  # one prompt's forward pass; a 32K-token sample takes seconds on a GPU
 PROBE_S = 2.0  # how often a server that stopped answering is asked again
+# Sends of one sample to servers that dropped it: past this, servers that answer the probe but
+# drop every request (a crash each time) fail the job instead of taking the sample forever.
+MOVES_MAX = 10
 # Raised by a request to a server that does not answer; its request goes to another server.
 GONE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 
@@ -261,6 +264,11 @@ class CapturePool:
                 self._release(server, index)
                 server.moved += 1
                 self._set_down(server, f"{type(err).__name__}: {err}")
+                if sent - retried >= MOVES_MAX:
+                    raise CaptureServerError(
+                        f"sample row {row}: sent {sent - retried} times to servers that dropped "
+                        f"it (the last: {server.name}, {type(err).__name__}: {err})"
+                    ) from err
                 continue
             if status != 200:
                 self._release(server, index)
