@@ -28,15 +28,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-# Measured on the small demo here (config/tests/demo-small.yaml, two CPU cores, the embedded
-# demo server and transformers capture) by rates_from_run; see docs/cluster.md.
+# Measured by rates_from_run on a finished small demo run here (config/tests/demo-small.yaml: the
+# embedded demo server generating, the transformers capture, 2 epochs of training) on the shared
+# two-core machine under load: whole jobs (start-up included) of a tiny run, so they only size
+# the demo itself; a cluster passes its own (docs/cluster.md).
 DEMO_RATES = {
-    "generate_tokens_per_s": 1.0,
-    "capture_tokens_per_s": 1.0,
-    "train_tokens_per_s": 1.0,
+    "generate_tokens_per_s": 11.9,
+    "capture_tokens_per_s": 126.0,
+    "train_tokens_per_s": 65.0,
 }
 # Bytes per token of the files every shard keeps besides its hidden states (same run).
-DEMO_BYTES_PER_TOKEN = {"raw": 0.0, "samples": 0.0, "tokens": 0.0}
+DEMO_BYTES_PER_TOKEN = {"raw": 10.5, "samples": 7.6, "tokens": 3.1}
 STORE_MODES = ("files", "none", "budget")
 DEFAULT_CACHE_GB = 1000.0  # budget mode, when the config has no hidden.cache_gb yet
 AUX_LAYERS = 3
@@ -355,7 +357,7 @@ def format_plan(plan: RunPlan) -> str:
     for row in plan.stores:
         label = {"files": "files", "none": "none", "budget": f"budget {a.cache_gb:,.0f} GB"}
         state = "" if row.built else "not built yet"
-        kept = f"{row.stored_shards:,} shards stored" if row.mode == "budget" else ""
+        kept = f"{row.stored_shards:,} shard(s) stored" if row.mode == "budget" else ""
         line = (
             f"{label[row.mode]:<14} {row.extract_jobs:>12,} {human_bytes(row.hidden_bytes):>12} "
             f"{human_bytes(row.total_bytes):>11} {human_hours(row.capture_hours):>14}  "
