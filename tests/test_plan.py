@@ -11,8 +11,8 @@ import pytest
 from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
 
 from eaglenest.cli import main
+from eaglenest.common.config import merged_config
 from eaglenest.common.plan import DEMO_RATES, Assumptions, Rates, format_plan, plan_run
-from eaglenest.stages.hidden_states.capture_server import merged_config
 
 KIMI = str(REPO / "config" / "examples" / "kimi-k2.5.yaml")
 DEMO = str(REPO / "config" / "config.yaml")

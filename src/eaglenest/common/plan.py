@@ -135,82 +135,124 @@ def split_shards(config: dict[str, Any]) -> tuple[int, int]:
     return shards - heldout, heldout
 
 
+@dataclass(frozen=True)
+class Scale:
+    """What the hours divide by: endpoints, capture engines, training processes."""
+
+    endpoints: int
+    capture_servers: int  # 0: no capture server (an engine per shard job, or transformers)
+    processes: int
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Scale:
+        from eaglenest.settings.vllm import capture_urls
+
+        vllm_backend = config["hidden"]["backend"] == "vllm"
+        return cls(
+            endpoints=1 if config["server"]["enabled"] else max(1, len(config["endpoints"])),
+            capture_servers=len(capture_urls(config["vllm"])) if vllm_backend else 0,
+            processes=config["train"]["gpus"] * config["train"].get("nodes", 1),
+        )
+
+
+def hours(n_tokens: float, tokens_per_s: float, parallel: int) -> float:
+    return n_tokens / (tokens_per_s * max(1, parallel)) / 3600
+
+
 def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
     """The plan of a validated config (schema defaults filled in)."""
-    prompts, generation = config["prompts"], config["generation"]
+    prompts = config["prompts"]
     train_shards, eval_shards = split_shards(config)
     shards = train_shards + eval_shards
-    samples = prompts["max_samples"]
-    tokens = samples * assumptions.tokens_per_sample
-    train_tokens = tokens * train_shards / shards
-    rates = assumptions.rates
+    tokens = prompts["max_samples"] * assumptions.tokens_per_sample
     per_token = hidden_bytes_per_token(config, assumptions.hidden_size)
-    hidden_bytes = tokens * per_token
-    endpoints = 1 if config["server"]["enabled"] else max(1, len(config["endpoints"]))
-    vllm = config["vllm"]
-    from eaglenest.settings.vllm import capture_urls
-
-    servers = len(capture_urls(vllm)) if config["hidden"]["backend"] == "vllm" else 0
-    engines = max(1, servers)
-    processes = config["train"]["gpus"] * config["train"].get("nodes", 1)
+    scale = Scale.of(config)
+    stages = stage_rows(config, assumptions, scale, (train_shards, eval_shards), tokens, per_token)
+    other_bytes = sum(row.disk_bytes for row in stages if row.stage != "hidden")
     epochs = config["train"]["epochs"]
-    demo = config["demo_target"]["enabled"]
-    verify = config["hidden"]["backend"] == "vllm" and config["hidden"]["verify_samples"] > 0
+    stores = plan_stores(
+        shards, train_shards, tokens, per_token, other_bytes, epochs, assumptions,
+        max(1, scale.capture_servers),
+    )  # fmt: skip
+    return RunPlan(
+        config["run"], prompts["max_samples"], prompts["shard_size"], train_shards, eval_shards,
+        tokens, per_token, assumptions, stages, stores, plan_notes(config, assumptions),
+    )  # fmt: skip
 
-    def hours(n_tokens: float, rate: float, parallel: int) -> float:
-        return n_tokens / (rate * parallel) / 3600
 
-    per_shard_bytes = {k: tokens * b for k, b in DEMO_BYTES_PER_TOKEN.items()}
-    stages = [
-        StageRow("demo target", {"build_demo_target": int(demo)}, 0, 0.0, None),
+def stage_rows(
+    config: dict[str, Any],
+    assumptions: Assumptions,
+    scale: Scale,
+    split: tuple[int, int],
+    tokens: float,
+    per_token: int,
+) -> list[StageRow]:
+    """Jobs (rule by rule, as rules/*.smk plan them), shards, disk and hours of every stage."""
+    train_shards, eval_shards = split
+    shards = train_shards + eval_shards
+    rates, epochs = assumptions.rates, config["train"]["epochs"]
+    hidden = config["hidden"]
+    verify = hidden["backend"] == "vllm" and hidden["verify_samples"] > 0
+    files = {name: tokens * b for name, b in DEMO_BYTES_PER_TOKEN.items()}
+    servers = scale.capture_servers
+    capture_note = f"{servers} capture server(s)" if servers else "1 engine at a time"
+    hidden_jobs = {"extract_hidden_states": shards, "verify_hidden_states": int(verify),
+                   "save_target_head": 1}  # fmt: skip
+    train_tokens = tokens * train_shards / shards * epochs
+    return [
+        StageRow(
+            "demo target",
+            {"build_demo_target": int(config["demo_target"]["enabled"])},
+            0,
+            0.0,
+            None,
+        ),
         StageRow("prompts", {"prepare_prompts": 1}, shards, 0.0, None),
         StageRow("probe", {"probe_endpoints": 1}, 0, 0.0, None),
         StageRow(
             "generate",
             {"generate_responses": shards},
             shards,
-            per_shard_bytes["raw"],
-            hours(tokens, rates.generate_tokens_per_s, endpoints),
-            f"{endpoints} endpoint(s)",
+            files["raw"],
+            hours(tokens, rates.generate_tokens_per_s, scale.endpoints),
+            f"{scale.endpoints} endpoint(s)",
         ),
         StageRow(
             "samples",
             {"prepare_samples": shards, "build_draft_vocab": 1},
             shards,
-            per_shard_bytes["samples"] + per_shard_bytes["tokens"],
+            files["samples"] + files["tokens"],
             None,
         ),
         StageRow(
             "hidden",
-            {
-                "extract_hidden_states": shards,
-                "verify_hidden_states": int(verify),
-                "save_target_head": 1,
-            },
+            hidden_jobs,
             shards,
-            hidden_bytes,
-            hours(tokens, rates.capture_tokens_per_s, engines),
-            f"{servers} capture server(s)" if servers else "1 engine at a time",
+            tokens * per_token,
+            hours(tokens, rates.capture_tokens_per_s, servers),
+            capture_note,
         ),
         StageRow(
             "train",
             {"train_drafter": 1},
             train_shards,
             0.0,
-            hours(train_tokens * epochs, rates.train_tokens_per_s, processes),
-            f"{epochs} epochs on {processes} process(es)",
+            hours(train_tokens, rates.train_tokens_per_s, scale.processes),
+            f"{epochs} epochs on {scale.processes} process(es)",
         ),
         StageRow("evaluate", {"evaluate_drafter": 1}, eval_shards, 0.0, None),
         StageRow("report", {"build_report": 1}, shards, 0.0, None),
     ]
-    other_bytes = sum(row.disk_bytes for row in stages if row.stage != "hidden")
-    stores = plan_stores(
-        shards, train_shards, tokens, per_token, other_bytes, epochs, assumptions, engines
-    )
-    notes = [
+
+
+def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
+    rates = assumptions.rates
+    return [
         (
             f"tokens per sample: {assumptions.tokens_per_sample:,.0f} (assumed; "
-            f"generation.max_tokens is {generation['max_tokens']:,}; --tokens-per-sample)"
+            f"generation.max_tokens is {config['generation']['max_tokens']:,}; "
+            "--tokens-per-sample)"
         ),
         (
             f"rates: generate {rates.generate_tokens_per_s:,.0f} tokens/s per endpoint, capture "
@@ -225,10 +267,6 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
         "hidden.store none and budget are planned here but not built yet: only files runs today",
         "not counted: the prompt list, vocab, target head, drafter and journals (GBs at most)",
     ]
-    return RunPlan(
-        config["run"], samples, prompts["shard_size"], train_shards, eval_shards, tokens,
-        per_token, assumptions, stages, stores, notes,
-    )  # fmt: skip
 
 
 def plan_stores(
@@ -412,8 +450,7 @@ def overridden(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:
 def run(args: Any) -> int:
     import yaml
 
-    from eaglenest.common.config import ConfigError, validate_config
-    from eaglenest.stages.hidden_states.capture_server import merged_config
+    from eaglenest.common.config import ConfigError, merged_config, validate_config
 
     try:
         config = merged_config(args.configfile)

@@ -37,9 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.common.config import ConfigError, merged_config
 from eaglenest.common.engine_process import (
     EngineError,
     die_with_parent,
@@ -58,32 +56,6 @@ log = logging.getLogger(__name__)
 SERVE_MODULE = "eaglenest.stages.hidden_states.vllm_serve"
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 STOP_WAIT_S = 30
-
-
-def merged_config(paths: list[str]) -> dict[str, Any]:
-    """The config Snakemake runs with for `--configfile paths...`: each file updates the one
-    before it section by section, then the schema's defaults; the demo's target is built at
-    results/{run}/target (rules/common.smk)."""
-    config: dict[str, Any] = {}
-    for path in paths:
-        update = yaml.safe_load(Path(path).read_text()) or {}
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(config.get(key), dict):
-                config[key] = _updated(config[key], value)
-            else:
-                config[key] = value
-    validate_config(config)
-    if config["demo_target"]["enabled"] and not config["target"]["path"]:
-        config["target"]["path"] = f"results/{config['run']}/target"
-    return config
-
-
-def _updated(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _updated(out[key], value) if both else value
-    return out
 
 
 def server_address(config: dict[str, Any], host: str | None, port: int | None) -> tuple[str, int]:
