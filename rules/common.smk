@@ -41,7 +41,7 @@ from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vocab import VocabSettings
-from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.settings.vllm import VllmRuntime, capture_urls
 
 try:
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
@@ -153,8 +153,8 @@ def get_hidden_verification(ancient_only=False):
 
 def get_hidden_states_gpus():
     """GPUs a hidden-state job claims: one for transformers, the tensor-parallel group for vLLM,
-    none when a capture server (vllm.capture_url) holds them."""
-    if config["hidden"]["backend"] == "vllm" and config["vllm"]["capture_url"]:
+    none when capture servers (vllm.capture_urls, vllm.capture_url) hold them."""
+    if config["hidden"]["backend"] == "vllm" and capture_urls(config["vllm"]):
         return 0
     if config["hidden"]["backend"] == "vllm":
         return config["vllm"]["tensor_parallel_size"]

@@ -18,7 +18,9 @@ rule train_drafter:
         "../envs/eaglenest.yaml"
     threads: 2
     resources:
-        gpu=config["train"]["gpus"],
+        # Under SLURM: --nodes, and --gpus for all of them (profiles/slurm).
+        gpu=config["train"]["gpus"] * config["train"]["nodes"],
+        nodes=config["train"]["nodes"],
     params:
         settings=settings_json(TrainSettings),
         # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.

@@ -1,5 +1,5 @@
-# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 it
-# runs the same function under torchrun, one process per GPU.
+# Snakemake adapter for the train stage: see eaglenest.stages.train.train. With train.gpus > 1 or
+# train.nodes > 1 it runs the same function under torchrun, one process per GPU on each node.
 from eaglenest.common.threads import use_threads
 
 # First: torch, polars and the tokenizers size their thread pools when they load.
@@ -20,9 +20,11 @@ arguments = {
     "journal_dir": snakemake.params.journal,
 }
 with log_to(snakemake.log[0]):
-    # Distinct GPUs for jobs that share a machine; held until this job's process ends.
-    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
-    if settings.gpus > 1:
+    # Distinct GPUs for jobs that share a machine; held until this job's process ends. Several
+    # nodes are a scheduler's allocation, whose GPUs it chose.
+    if settings.nodes == 1:
+        gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
+    if settings.gpus > 1 or settings.nodes > 1:
         run_under_torchrun(settings, arguments, snakemake.log[0])
     else:
         train_drafter(**arguments, settings=settings)

@@ -28,11 +28,15 @@ SUBCOMMANDS = {
     "build-demo-target": ("eaglenest.demo.target", "Build and train the tiny demo target model."),
     "serve-capture": (
         "eaglenest.stages.hidden_states.capture_server",
-        "Start one vLLM capture engine for every hidden-state shard of a run (vllm.capture_url).",
+        "Start one vLLM capture engine a node for the hidden-state shards (vllm.capture_urls).",
     ),
     "vllm-cpu-flags": (
         "eaglenest.vllm_engine.cpu",
         "Print the flags a vLLM server on CPU needs to compute what it computes on GPUs.",
+    ),
+    "plan": (
+        "eaglenest.common.plan",
+        "Print the shards, jobs, disk and hours per stage of a config, before anything runs.",
     ),
     "config-docs": (
         "eaglenest.common.config_docs",

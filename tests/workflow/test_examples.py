@@ -46,7 +46,7 @@ EXPECTED = {
         "runtime": {
             "tensor_parallel_size": 8,
             "max_model_len": 40961,
-            "capture_url": "http://127.0.0.1:8765",
+            "capture_urls": ["http://127.0.0.1:8765"],
         },
         "live": False,
     },
@@ -60,7 +60,7 @@ EXPECTED = {
             "top_k": 1,
             "engine": None,
         },
-        "runtime": {"tensor_parallel_size": 1, "max_model_len": None, "capture_url": None},
+        "runtime": {"tensor_parallel_size": 1, "max_model_len": None, "capture_urls": []},
         "live": True,
     },
 }

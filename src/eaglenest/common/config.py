@@ -102,3 +102,30 @@ def settings_from_sections(settings_class: type[SettingsT], **sections: Any) -> 
     every other value is the schema's default. For tests and tools that run a stage outside the
     workflow."""
     return settings_class.from_config(validate_config(copy.deepcopy(sections)))
+
+
+def merged_config(paths: list[str]) -> dict[str, Any]:
+    """The config Snakemake runs with for `--configfile paths...`: each file updates the one
+    before it section by section, then the schema's defaults; the demo's target is built at
+    results/{run}/target (rules/common.smk). For commands run beside the workflow
+    (`serve-capture`, `plan`)."""
+    config: dict[str, Any] = {}
+    for path in paths:
+        update = yaml.safe_load(Path(path).read_text()) or {}
+        for key, value in update.items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = _updated(config[key], value)
+            else:
+                config[key] = value
+    validate_config(config)
+    if config["demo_target"]["enabled"] and not config["target"]["path"]:
+        config["target"]["path"] = f"results/{config['run']}/target"
+    return config
+
+
+def _updated(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _updated(out[key], value) if both else value
+    return out

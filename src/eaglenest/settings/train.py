@@ -77,7 +77,8 @@ class TrainSettings(Settings):
     log_every: int
     eval_every: int  # 0: held-out loss and accuracy at the end only
     seed: int
-    gpus: int  # above 1: one process per GPU under torchrun
+    gpus: int  # per node; above 1 (or several nodes): one process per GPU under torchrun
+    nodes: int  # above 1: a torchrun agent on each node of the allocation (distributed.py)
     device: str  # "auto" (eaglenest.common.devices.resolve_device) or a torch device
     precision: str  # auto = bf16 autocast on CUDA, float32 on CPU
     export_dtype: str

@@ -33,14 +33,32 @@ class VllmRuntime(Settings):
     gpu_memory_utilization: float | None
     cpu_kvcache_space_gb: float
     requests_per_batch: int
-    # The capture server (`eaglenest serve-capture`) shard jobs send their samples to; None: each
-    # job starts an engine of its own. Where the engine runs, not what it computes: the server's
-    # served name says what it computes (capture_client.served_name).
-    capture_url: str | None
-    slots_dir: str | None  # generation.slots_dir: the capture server's cap is held there too
+    # The capture servers (`eaglenest serve-capture`, one a node) shard jobs send their samples
+    # to: `vllm.capture_urls` and the single `vllm.capture_url`, in that order, each once; empty:
+    # each job starts an engine of its own. Where the engines run, not what they compute: each
+    # server's served name says what it computes (engine_request.served_name).
+    capture_urls: tuple[str, ...]
+    # How long a shard job waits for a capture server to answer again when none does.
+    capture_wait_s: float
+    slots_dir: str | None  # generation.slots_dir: each capture server's cap is held there too
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> VllmRuntime:
         section = config["vllm"]
-        values = {k: section[k] for k in cls.__dataclass_fields__ if k != "slots_dir"}
-        return cls(**values, slots_dir=config["generation"]["slots_dir"])
+        skip = ("slots_dir", "capture_urls")
+        values = {k: section[k] for k in cls.__dataclass_fields__ if k not in skip}
+        return cls(
+            **values,
+            capture_urls=capture_urls(section),
+            slots_dir=config["generation"]["slots_dir"],
+        )
+
+
+def capture_urls(section: Mapping[str, Any]) -> tuple[str, ...]:
+    """`vllm.capture_urls` then `vllm.capture_url`, each URL once (a trailing slash ignored)."""
+    listed = [*(section.get("capture_urls") or []), section.get("capture_url")]
+    urls: list[str] = []
+    for url in listed:
+        if url and url.rstrip("/") not in urls:
+            urls.append(url.rstrip("/"))
+    return tuple(urls)

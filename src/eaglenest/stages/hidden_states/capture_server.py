@@ -5,11 +5,11 @@
 
 starts vLLM's OpenAI server over the run's target with the `extract_hidden_states` method and
 our connector (vllm_engine/serve.py: the offline capture's engine arguments, CPU fixes included, chunked
-prefill and prefix caching off), at the address of the config's `vllm.capture_url`, waits until
-it answers, runs the command, and stops the server when the command ends, fails or is
-interrupted, so nothing of it outlives the run. Without a command it serves until stopped
-(Ctrl-C, SIGTERM): on a cluster, inside the allocation that runs the capture jobs, with
-`--storage-dir` on a filesystem those jobs see.
+prefill and prefix caching off), at this node's address among the config's `vllm.capture_urls`
+(server_address), waits until it answers, runs the command, and stops the server when the command
+ends, fails or is interrupted, so nothing of it outlives the run. Without a command it serves
+until stopped (Ctrl-C, SIGTERM): on a cluster, one a node, inside the allocation that runs the
+capture jobs, with `--storage-dir` on a filesystem those jobs see.
 
 The server writes one state file per request into the storage directory (by default a fresh
 temporary one, removed when it stops); each shard job reads and deletes its own
@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -36,12 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eaglenest.common.command import run_command
-from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.common.config import ConfigError, merged_config
 from eaglenest.settings.hidden_states import HiddenSettings
-from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.settings.vllm import VllmRuntime, capture_urls
 from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
 from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target_model.loading import load_text_config
@@ -60,40 +59,33 @@ DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 STOP_WAIT_S = 30
 
 
-def merged_config(paths: list[str]) -> dict[str, Any]:
-    """The config Snakemake runs with for `--configfile paths...`: each file updates the one
-    before it section by section, then the schema's defaults; the demo's target is built at
-    results/{run}/target (rules/common.smk)."""
-    config: dict[str, Any] = {}
-    for path in paths:
-        update = yaml.safe_load(Path(path).read_text()) or {}
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(config.get(key), dict):
-                config[key] = _updated(config[key], value)
-            else:
-                config[key] = value
-    validate_config(config)
-    if config["demo_target"]["enabled"] and not config["target"]["path"]:
-        config["target"]["path"] = f"results/{config['run']}/target"
-    return config
-
-
-def _updated(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _updated(out[key], value) if both else value
-    return out
-
-
 def server_address(config: dict[str, Any], host: str | None, port: int | None) -> tuple[str, int]:
-    """Host and port: given, else those of `vllm.capture_url`, else 127.0.0.1:8765."""
-    url = config["vllm"]["capture_url"]
-    parts = urllib.parse.urlsplit(url) if url else None
+    """Host and port: given, else those of this node's capture URL (the one URL of
+    `vllm.capture_urls`/`capture_url`; of several, the one naming this machine, narrowed by the
+    port when given), else 127.0.0.1:8765."""
+    urls = [urllib.parse.urlsplit(url) for url in capture_urls(config["vllm"])]
+    chosen = urls[0] if len(urls) == 1 else None
+    if len(urls) > 1:
+        names = local_names()
+        mine = [u for u in urls if u.hostname in names and port in (None, u.port)]
+        if len(mine) == 1:
+            chosen = mine[0]
+        elif not (host and port):
+            raise EngineError(
+                f"serve-capture: {len(mine)} of the {len(urls)} URLs of vllm.capture_urls name "
+                f"this machine ({socket.gethostname()}{f', port {port}' if port else ''}): pass "
+                "--host and --port (the address this node's server answers at)"
+            )
     return (
-        host or (parts.hostname if parts else None) or DEFAULT_HOST,
-        port or (parts.port if parts else None) or DEFAULT_PORT,
+        host or (chosen.hostname if chosen else None) or DEFAULT_HOST,
+        port or (chosen.port if chosen else None) or DEFAULT_PORT,
     )
+
+
+def local_names() -> set[str]:
+    """What a capture URL may call this machine."""
+    name = socket.gethostname()
+    return {name, name.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
 
 
 def server_request(config: dict[str, Any], storage: Path, host: str, port: int) -> dict:
@@ -201,8 +193,8 @@ def wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path) 
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--configfile", nargs="+", required=True, help="the run's config files")
-    parser.add_argument("--host", help="default: vllm.capture_url's, else 127.0.0.1")
-    parser.add_argument("--port", type=int, help="default: vllm.capture_url's, else 8765")
+    parser.add_argument("--host", help="default: this node's capture URL's, else 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: this node's capture URL's, else 8765")
     parser.add_argument("--storage-dir", help="state files (default: a temp dir, removed)")
     parser.add_argument("--log", help="vLLM's log (default: discarded)")
     parser.add_argument("--startup-timeout-s", type=float, default=1800)

@@ -4,7 +4,7 @@ plan.py lays out, the same `hidden/{shard}.safetensors` as the transformers back
 
 vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours): either
 as a child process of this job running vllm_engine/capture.py, the only module of ours it imports
-besides the connector, or as the run's capture server (`vllm.capture_url`, capture_client.py).
+besides the connector, or as the run's capture servers (`vllm.capture_urls`, capture_client.py).
 Either writes one state file per request, `hidden_states` [T, 4, H] (the three aux layers and
 layer N, the output of the last decoder layer *before* the final norm) and `token_ids` [T]; this
 module packs each file as it comes and deletes it:
@@ -178,7 +178,7 @@ def capture_offline(
 def capture_through_server(
     request: dict, runtime: VllmRuntime, plan: ShardPlan, out: str | Path, pack: RequestPacker
 ) -> float:
-    """The shard through the run's capture server (`vllm.capture_url`, capture_client.py)."""
+    """The shard through the run's capture servers (`vllm.capture_urls`, capture_client.py)."""
     import asyncio
 
     from eaglenest.client.credentials import redacted_url
@@ -191,16 +191,18 @@ def capture_through_server(
     from eaglenest.vllm_engine.capture_request import served_name
 
     job = CaptureJob(
-        url=runtime.capture_url,
+        urls=list(runtime.capture_urls),
         model=served_name(request),
         prompts=[np.asarray(ids, dtype=np.int64) for ids in plan.frame["input_ids"].to_list()],
         pack=pack,
         cap=runtime.requests_per_batch,
         key=shard_key(out),
+        wait_s=runtime.capture_wait_s,
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
     )
     n = len(plan.frame)
-    log.info("capturing %d samples through %s (%s)", n, redacted_url(job.url), job.model)
+    names = ", ".join(redacted_url(url) for url in job.urls)
+    log.info("capturing %d samples through %s (%s)", n, names, job.model)
     try:
         return asyncio.run(run_capture(job))
     except CaptureServerError as err:
@@ -266,7 +268,7 @@ def capture_hidden_states_vllm(
     )
     with open_shard(output, plan, settings, settings.model_dtype) as writer:
         pack = RequestPacker(writer, plan, signal)
-        if runtime.capture_url:
+        if runtime.capture_urls:
             generate_s = capture_through_server(request, runtime, plan, out, pack)
         else:
             generate_s = capture_offline(request, runtime, plan, pack)

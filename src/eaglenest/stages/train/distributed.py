@@ -1,11 +1,25 @@
 """The processes a run trains in and their devices: one process, or torchrun's group (WORLD_SIZE
-> 1) with the model wrapped in DDP; sums over the processes; mixed precision per device."""
+> 1) with the model wrapped in DDP; sums over the processes; mixed precision per device.
+
+How the group starts (run_under_torchrun): one node (`train.nodes` 1) runs `torchrun --standalone`
+with `train.gpus` processes, as it always has. Several nodes run one torchrun agent a node, each
+with `train.gpus` processes, meeting at a c10d rendezvous: under SLURM the nodes are the job's
+allocation (SLURM_JOB_NODELIST, which the train rule's `nodes` resource asks for), `srun` starts
+the agents, the first node hosts the rendezvous and the job id names it. Ranks are global and the
+data split depends on the rank alone, so W processes train the same over any number of nodes.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +27,12 @@ from eaglenest.common.devices import resolve_device
 
 if TYPE_CHECKING:
     from eaglenest.drafter.model import Eagle3Drafter
+    from eaglenest.settings.train import TrainSettings
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_PORT = 29400  # torchrun's own default for c10d, on the allocation's first node
+ENTRY_MODULE = "eaglenest.stages.train.train"  # its main(): one process of the group
 
 
 @dataclass(frozen=True)
@@ -72,3 +92,84 @@ def data_parallel(model: Eagle3Drafter, processes: Processes) -> torch.nn.Module
 def autocast(device: str, precision: str):
     bf16 = precision == "bf16" or (precision == "auto" and device.startswith("cuda"))
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
+
+
+# --- starting the group ---------------------------------------------------------------------
+
+
+def write_torchrun_args(settings: TrainSettings, arguments: dict[str, Any]) -> Path:
+    """The file every process of the group reads its arguments from (in the journal: every
+    node of a cluster sees it)."""
+    journal = Path(arguments["journal_dir"])
+    journal.mkdir(parents=True, exist_ok=True)
+    args_file = journal / "torchrun_args.json"
+    spec = {"arguments": arguments, "settings": json.loads(settings.to_json())}
+    args_file.write_text(json.dumps(spec, default=str))
+    return args_file
+
+
+def torchrun_command(
+    settings: TrainSettings,
+    args_file: Path,
+    rendezvous: str | None = None,
+    rendezvous_id: str = "eaglenest-train",
+) -> list[str]:
+    """One node's torchrun agent: standalone on one node; with several, a c10d rendezvous at
+    `rendezvous` (host:port) that every node's agent joins."""
+    command = [sys.executable, "-m", "torch.distributed.run"]
+    if settings.nodes == 1:
+        command += ["--standalone", f"--nproc_per_node={settings.gpus}"]
+    else:
+        if not rendezvous:
+            raise ValueError(
+                f"train.nodes {settings.nodes}: the agents need a rendezvous host:port"
+            )
+        command += [
+            f"--nnodes={settings.nodes}",
+            f"--nproc_per_node={settings.gpus}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rendezvous}",
+            f"--rdzv-id={rendezvous_id}",
+        ]
+    return [*command, "-m", ENTRY_MODULE, str(args_file)]
+
+
+def allocation_hosts(environ: dict[str, str] | os._Environ) -> list[str]:
+    """The hosts of the SLURM allocation this job runs in (SLURM_JOB_NODELIST expanded)."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return []
+    listed = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return listed.stdout.split()
+
+
+def multi_node_command(settings: TrainSettings, args_file: Path, environ=os.environ) -> list[str]:
+    """`srun` over the allocation's nodes, one torchrun agent each, meeting on the first node."""
+    hosts = allocation_hosts(environ) if shutil.which("scontrol") else []
+    if len(hosts) < settings.nodes:
+        raise RuntimeError(
+            f"train.nodes {settings.nodes}: training over several nodes runs inside a SLURM "
+            f"allocation of that many nodes (the train rule asks for them under profiles/slurm); "
+            f"this job's allocation has {len(hosts)} (SLURM_JOB_NODELIST "
+            f"{environ.get('SLURM_JOB_NODELIST')!r})"
+        )
+    rendezvous = f"{hosts[0]}:{RENDEZVOUS_PORT}"
+    job_id = environ.get("SLURM_JOB_ID", "eaglenest-train")
+    srun = ["srun", f"--nodes={settings.nodes}", f"--ntasks={settings.nodes}",
+            "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]  # fmt: skip
+    return [*srun, *torchrun_command(settings, args_file, rendezvous, f"eaglenest-{job_id}")]
+
+
+def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
+    """train_drafter in `settings.gpus` processes on each of `settings.nodes` nodes (DDP);
+    their output goes to log_path."""
+    args_file = write_torchrun_args(settings, arguments)
+    if settings.nodes == 1:
+        command = torchrun_command(settings, args_file)
+    else:
+        command = multi_node_command(settings, args_file)
+    log.info("running %s", " ".join(command))
+    with open(log_path, "a") as stream:
+        subprocess.run(command, check=True, stdout=stream, stderr=stream)

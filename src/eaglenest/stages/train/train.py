@@ -6,7 +6,7 @@ weights and the schedule in initialise.py, the batches of every step in feed.py.
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
 
-Several GPUs: under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
+Several GPUs, on one node or several (train.gpus, train.nodes): under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
 W-th batch of the epoch's order; one step = one batch per rank. The step's loss is the mean over
 the positions of all ranks' batches, however unequal (`ttt_loss`), and the logged loss and
 accuracy are those of all ranks (`global_step`). Rank 0 writes everything.
@@ -52,6 +52,7 @@ from eaglenest.stages.train.distributed import (
     all_reduce_sum,
     autocast,
     data_parallel,
+    run_under_torchrun,  # noqa: F401 (scripts and tests reach the launch through this module)
     setup_processes,
 )
 from eaglenest.stages.train.feed import prefetch, step_batches, with_aux_noise
@@ -421,31 +422,7 @@ def train_drafter(
     return finish(training, progress, metrics, Path(out_dir), shard_names)
 
 
-# --- torchrun ---------------------------------------------------------------------------------
-
-
-def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
-    """Run train_drafter in `settings.gpus` processes (DDP); their output goes to log_path."""
-    import subprocess
-
-    journal = Path(arguments["journal_dir"])
-    journal.mkdir(parents=True, exist_ok=True)
-    args_file = journal / "torchrun_args.json"
-    spec = {"arguments": arguments, "settings": json.loads(settings.to_json())}
-    args_file.write_text(json.dumps(spec, default=str))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={settings.gpus}",
-        "-m",
-        "eaglenest.stages.train.train",
-        str(args_file),
-    ]
-    log.info("running %s", " ".join(command))
-    with open(log_path, "a") as stream:
-        subprocess.run(command, check=True, stdout=stream, stderr=stream)
+# --- torchrun: one process of the group (distributed.py launches them) -------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
