@@ -17,8 +17,9 @@ hidden_norm(h), not h) and `norm_output` (the next step gets norm(h''), not h'')
 Training-time test: step i feeds step i-1's output hidden states back at every position at once,
 with the tokens shifted by one more. A query at position t sees the step-0 keys of positions
 <= t (causal) and the keys of steps 1..i at position t only (each position's own draft chain);
-rows that pack several samples (`segments`) see only their own sample's keys. That attention,
-in memory linear in T, is eaglenest.drafter_attention's `training_attention`.
+rows that pack several samples (`segments`) see only their own sample's keys; a `sliding_window`
+keeps the keys of the last W rotary positions. That attention, in memory linear in T, is
+eaglenest.drafter_attention's `training_attention`.
 
 Order: the config, RMSNorm, rotary embeddings, the caches, attention (Llama, then DeepSeek-V3's
 MLA), the MLP and the EAGLE-3 decoder layer, the drafter, then the TTT helpers.
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eaglenest.drafter_attention import training_attention
+from eaglenest.drafter_attention import training_attention, window_mask
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class DrafterConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # A sliding window of the decoder layer's attention, in positions (None: full attention);
+    # eaglenest.drafter_attention's module doc says what a TTT step sees through it.
+    sliding_window: int | None = None
 
     @property
     def rope_dim(self) -> int:
@@ -280,16 +284,18 @@ class Attention(nn.Module):
         cache.values.append(v)
         keys = [self._expand(key) for key in cache.keys]
         values = [self._expand(value) for value in cache.values]
-        return self._out(training_attention(q, keys, values, cache.visible, self.scale))
+        window = self.config.sliding_window
+        return self._out(training_attention(q, keys, values, cache.visible, self.scale, window))
 
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
     ) -> torch.Tensor:
-        """Decoding: the new rows see every cached key and the new keys up to their own row."""
+        """Decoding: the new rows see every cached key and the new keys up to their own row (or
+        the last sliding_window of them: cache index is position)."""
         q, k, v = self._project(x, cos, sin)
         cache.append(k, v)
-        n, total = x.shape[1], cache.keys.shape[2]
-        mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
+        index = torch.arange(cache.keys.shape[2], device=x.device)
+        mask = window_mask(index[-x.shape[1] :], index, self.config.sliding_window)
         out = F.scaled_dot_product_attention(
             q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
         )

@@ -11,6 +11,7 @@ import torch
 
 from eaglenest.drafter import DrafterConfig, Eagle3Drafter
 from eaglenest.formats.drafter_export import check_exportable
+from eaglenest.settings.train import drafter_window
 
 if TYPE_CHECKING:
     from eaglenest.formats.draft_vocab import DraftVocab
@@ -25,7 +26,7 @@ def build_drafter(
         target_config,
         draft_vocab_size=len(vocab.d2t),
         aux_layer_ids=tuple(head.aux_layer_ids),
-        overrides=settings.drafter,
+        overrides={**settings.drafter, "sliding_window": drafter_window(settings.drafter)},
     )
     check_exportable(config)  # before training, not after it
     torch.manual_seed(settings.seed)
