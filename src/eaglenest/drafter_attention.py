@@ -144,7 +144,7 @@ class _WindowedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, span: int, scale: float):
         b, h, t, _ = q.shape
         out = q.new_empty(b, h, t, v.shape[-1])
-        for first, last, lo in _window_chunks(t, b, h, span):
+        for first, last, lo in _window_chunks(t, 1, span):
             mask = _band(first, last, lo, span, q.device)
             out[:, :, first:last] = F.scaled_dot_product_attention(
                 q[:, :, first:last], k[:, :, lo:last], v[:, :, lo:last], attn_mask=mask,
@@ -157,10 +157,10 @@ class _WindowedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         q, k, v = ctx.saved_tensors
-        b, h, t, _ = q.shape
+        t = q.shape[2]
         wide = torch.promote_types(q.dtype, torch.float32)
         grads = [torch.zeros(x.shape, dtype=wide, device=x.device) for x in (q, k, v)]
-        for first, last, lo in _window_chunks(t, b, h, ctx.span):
+        for first, last, lo in _window_chunks(t, 1, ctx.span):
             chunk = [q[:, :, first:last], k[:, :, lo:last], v[:, :, lo:last]]
             chunk = [x.detach().requires_grad_() for x in chunk]
             with torch.enable_grad():
@@ -202,21 +202,17 @@ def _chunk_scores(
     return scores.masked_fill_(~seen, float("-inf"))
 
 
-def _lse_chunks(t: int, b: int, h: int):
-    """(first, last) rows of each chunk of queries: LSE_CHUNK_SCORES scores at most a chunk."""
-    rows = max(1, LSE_CHUNK_SCORES // (b * h * t))
-    return [(first, min(first + rows, t)) for first in range(0, t, rows)]
-
-
-def _window_chunks(t: int, b: int, h: int, window: int | None) -> list[tuple[int, int, int]]:
+def _window_chunks(t: int, copies: int, window: int | None) -> list[tuple[int, int, int]]:
     """(first, last, lo) of each chunk of queries first..last-1, whose keys are lo..last-1:
-    all earlier ones (no window), else the ones their window reaches. A windowed chunk holds
-    up to `window` queries (at least 128: fewer calls), so it computes under twice the scores
-    its window needs, and at most LSE_CHUNK_SCORES of them."""
+    all earlier ones (no window), else the ones their window reaches. A chunk's [queries, keys]
+    block, `copies` times (batch x heads for scores, 1 for a mask), has at most LSE_CHUNK_SCORES
+    elements; a windowed chunk holds up to `window` queries (at least 128: fewer calls), so it
+    computes under twice the scores its window needs."""
     if window is None:
-        return [(first, last, 0) for first, last in _lse_chunks(t, b, h)]
+        rows = max(1, LSE_CHUNK_SCORES // (copies * t))
+        return [(first, min(first + rows, t), 0) for first in range(0, t, rows)]
     rows = min(t, max(window, 128))
-    rows = max(1, min(rows, LSE_CHUNK_SCORES // (b * h * (rows + window))))
+    rows = max(1, min(rows, LSE_CHUNK_SCORES // (copies * (rows + window))))
     return [
         (first, min(first + rows, t), max(0, first - window + 1)) for first in range(0, t, rows)
     ]
@@ -235,7 +231,7 @@ class _CausalLogSumExp(torch.autograd.Function):
         b, h, t, _ = q.shape
         wide = torch.promote_types(q.dtype, torch.float32)
         lse = torch.empty(b, h, t, dtype=wide, device=q.device)
-        for first, last, lo in _window_chunks(t, b, h, window):
+        for first, last, lo in _window_chunks(t, b * h, window):
             scores = _chunk_scores(
                 q[:, :, first:last], k[:, :, lo:last], first, lo, scale, matmul_dtype, visible,
                 window,
@@ -255,7 +251,7 @@ class _CausalLogSumExp(torch.autograd.Function):
         grad_q = torch.zeros(q.shape, dtype=wide, device=q.device)
         grad_k = torch.zeros(k.shape, dtype=wide, device=k.device)
         grad = grad.to(wide) * scale
-        for first, last, lo in _window_chunks(t, b, h, window):
+        for first, last, lo in _window_chunks(t, b * h, window):
             q_chunk, k_seen = q[:, :, first:last], k[:, :, lo:last]
             weights = _chunk_scores(
                 q_chunk, k_seen, first, lo, scale, matmul_dtype, visible, window
