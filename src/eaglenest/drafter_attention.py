@@ -206,12 +206,12 @@ def _window_chunks(t: int, copies: int, window: int | None) -> list[tuple[int, i
     """(first, last, lo) of each chunk of queries first..last-1, whose keys are lo..last-1:
     all earlier ones (no window), else the ones their window reaches. A chunk's [queries, keys]
     block, `copies` times (batch x heads for scores, 1 for a mask), has at most LSE_CHUNK_SCORES
-    elements; a windowed chunk holds up to `window` queries (at least 128: fewer calls), so it
-    computes under twice the scores its window needs."""
+    elements; a windowed chunk holds up to a quarter of `window` queries (at least 128: fewer
+    calls), so it computes about 1.25 times the scores its window needs."""
     if window is None:
         rows = max(1, LSE_CHUNK_SCORES // (copies * t))
         return [(first, min(first + rows, t), 0) for first in range(0, t, rows)]
-    rows = min(t, max(window, 128))
+    rows = min(t, max(window // 4, 128))
     rows = max(1, min(rows, LSE_CHUNK_SCORES // (copies * (rows + window))))
     return [
         (first, min(first + rows, t), max(0, first - window + 1)) for first in range(0, t, rows)
