@@ -35,6 +35,7 @@ REPO = BENCH_DIR.parent
 # Sizes for a CI-size run (`--quick`); a bench not listed runs at its defaults.
 QUICK_ARGS = {
     "dag": ["--shards", "100", "500"],
+    "drafter_window": ["--lengths", "512", "--windows", "128"],
     "generate": [
         "--requests-a",
         "320",

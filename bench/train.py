@@ -212,14 +212,17 @@ def resident_mib() -> float:
         return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def long_context_step(length: int, device: str, checkpointed: bool = False) -> dict:
-    """One TTT training step on one sample of `length` tokens, in this (fresh) process."""
+def long_context_step(
+    length: int, device: str, checkpointed: bool = False, sliding_window: int | None = None
+) -> dict:
+    """One TTT training step on one sample of `length` tokens, in this (fresh) process; the
+    drafter's attention within `sliding_window` positions when given (bench/drafter_window.py)."""
     s = LONG_CONTEXT_SIZES["cuda" if device.startswith("cuda") else "cpu"]
     config = DrafterConfig(
         hidden_size=s["hidden"], target_hidden_size=s["hidden"], intermediate_size=s["mlp"],
         num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
         head_dim=s["hidden"] // s["heads"], vocab_size=s["vocab"], draft_vocab_size=s["draft"],
-        aux_layer_ids=(2, 4, 6), max_position_embeddings=length + 8,
+        aux_layer_ids=(2, 4, 6), max_position_embeddings=length + 8, sliding_window=sliding_window,
     )  # fmt: skip
     torch.manual_seed(0)
     model = Eagle3Drafter(config).to(device).train()

@@ -41,6 +41,9 @@ class DrafterConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # A sliding window of the decoder layer's attention, in positions (None: full attention);
+    # eaglenest.drafter.attention's module doc says what a TTT step sees through it.
+    sliding_window: int | None = None
 
     @property
     def rope_dim(self) -> int:

@@ -21,6 +21,10 @@ Layout (checked against the loaders' code; see tests/workflow/test_train.py for 
   ids directly, and vLLM's llama_eagle3.py and deepseek_eagle3.py create `draft_id_to_target_id`
   only when the sizes differ, refusing a checkpoint that has it. Training and own evaluation keep
   the identity mapping (d2t all 0, t2d all true) in the model, so both read it as the engine does.
+- A sliding window: `layer_types: ["sliding_attention"]` and `sliding_window: N`. vLLM's
+  LlamaAttention (model_executor/models/llama.py) windows a draft layer only when `layer_types`
+  names it sliding (indexed past the target's `target_layer_count`), then with `sliding_window`;
+  without `layer_types` it falls back to the cache config's window, not the drafter's.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ def check_exportable(config: DrafterConfig) -> None:
             f"{MLA_ARCHITECTURE} has no input norm before fc and would serve the drafter "
             "without it; set train.drafter.norm_before_fc: false"
         )
+    if config.attention == "mla" and config.sliding_window is not None:
+        raise ExportError(
+            "train.drafter.sliding_window: vLLM's "
+            f"{MLA_ARCHITECTURE} builds its attention without a window and would serve the "
+            "drafter with full attention; set sliding_window: null or attention: llama"
+        )
 
 
 def _mla_config(config: DrafterConfig) -> dict[str, Any]:
@@ -85,6 +95,9 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
         if config.attention == "mla"
         else {"architectures": [ARCHITECTURE], "model_type": "llama"}
     )
+    if config.sliding_window is not None:
+        architecture["layer_types"] = ["sliding_attention"]
+        architecture["sliding_window"] = config.sliding_window
     return {
         **architecture,
         "hidden_act": "silu",
@@ -169,6 +182,14 @@ def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
         max_position_embeddings=config["max_position_embeddings"],
         **{name: bool(config.get(name, False)) for name in DRAFTER_VARIANTS},
         **_mla_from_export(config),
+        sliding_window=_window_from_export(config),
+    )
+
+
+def _window_from_export(config: dict[str, Any]) -> int | None:
+    """The window vLLM applies to the drafter's one layer (see the module doc)."""
+    return (
+        config.get("sliding_window") if config.get("layer_types") == ["sliding_attention"] else None
     )
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglenest.drafter.attention import training_attention
+from eaglenest.drafter.attention import training_attention, window_mask
 from eaglenest.drafter.config import DrafterConfig
 
 
@@ -138,16 +138,18 @@ class Attention(nn.Module):
         cache.values.append(v)
         keys = [self._expand(key) for key in cache.keys]
         values = [self._expand(value) for value in cache.values]
-        return self._out(training_attention(q, keys, values, cache.visible, self.scale))
+        window = self.config.sliding_window
+        return self._out(training_attention(q, keys, values, cache.visible, self.scale, window))
 
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DecodeCache
     ) -> torch.Tensor:
-        """Decoding: the new rows see every cached key and the new keys up to their own row."""
+        """Decoding: the new rows see every cached key and the new keys up to their own row (or
+        the last sliding_window of them: cache index is position)."""
         q, k, v = self._project(x, cos, sin)
         cache.append(k, v)
-        n, total = x.shape[1], cache.keys.shape[2]
-        mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
+        index = torch.arange(cache.keys.shape[2], device=x.device)
+        mask = window_mask(index[-x.shape[1] :], index, self.config.sliding_window)
         out = F.scaled_dot_product_attention(
             q, self._expand(cache.keys), self._expand(cache.values), attn_mask=mask
         )

@@ -17,8 +17,9 @@ hidden_norm(h), not h) and `norm_output` (the next step gets norm(h''), not h'')
 Training-time test: step i feeds step i-1's output hidden states back at every position at once,
 with the tokens shifted by one more. A query at position t sees the step-0 keys of positions
 <= t (causal) and the keys of steps 1..i at position t only (each position's own draft chain);
-rows that pack several samples (`segments`) see only their own sample's keys. That attention,
-in memory linear in T, is eaglenest.drafter.attention's `training_attention`.
+rows that pack several samples (`segments`) see only their own sample's keys; a `sliding_window`
+keeps the keys of the last W rotary positions. That attention, in memory linear in T, is
+eaglenest.drafter.attention's `training_attention`.
 
 Here: the EAGLE-3 decoder layer, the drafter, then the TTT helpers. Its config is
 eaglenest.drafter.config; RMSNorm, rotary embeddings, the TTT stack and the decoding cache,

@@ -39,11 +39,13 @@ class DrafterSettings(Settings):
     head_dim: int | None
     max_position_embeddings: int | None
     rope_theta: float | None
+    sliding_window: int | None  # the decoder layer's window in positions (None: full attention)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DrafterSettings:
         values = config["train"]["drafter"]
-        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
+        fields = {f.name: values.get(f.name) for f in dataclasses.fields(cls)}
+        return cls(**{**fields, "sliding_window": drafter_window(values)})
 
     def overrides(self) -> dict[str, Any]:
         """What the drafter's config takes over the target's: the variant, the attention and
@@ -100,3 +102,29 @@ class TrainSettings(Settings):
         drafter = DrafterSettings.from_config(config)
         adam_betas = tuple(values["adam_betas"])
         return cls(**{**values, "adam_betas": adam_betas, "drafter": drafter, "target": target})
+
+
+# The drafter's decoder layers: one, as every EAGLE-3 drafter vLLM and SGLang load.
+DRAFTER_LAYERS = 1
+
+
+def drafter_window(drafter: Mapping[str, Any]) -> int | None:
+    """`train.drafter.sliding_window` as the drafter's one window (None: full attention): N, or a
+    list with one entry (N or null) per decoder layer. Raises ValueError naming the key for what
+    the drafter cannot be trained or served with."""
+    value = drafter.get("sliding_window")
+    if isinstance(value, list):
+        if len(value) != DRAFTER_LAYERS:
+            raise ValueError(
+                f"train.drafter.sliding_window: {value} has {len(value)} entries, but the drafter "
+                f"has {DRAFTER_LAYERS} decoder layer (one entry per layer, or one number)"
+            )
+        value = value[0]
+    if value is not None and drafter.get("attention", "llama") == "mla":
+        # deepseek_eagle3.py builds its MLA attention without a window (vLLM 0.32), and the
+        # CPU MLA backend refuses one: vLLM would serve the drafter with full attention.
+        raise ValueError(
+            "train.drafter.sliding_window: vLLM serves the MLA drafter (attention: mla) with "
+            "full attention only; set sliding_window: null or attention: llama"
+        )
+    return value

@@ -388,6 +388,8 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     get = settings.get
     variant = [name for name in DRAFTER_VARIANTS if drafter.get(name)]
     architecture = "EAGLE-3 with " + ", ".join(variant) if variant else "EAGLE-3 (plain)"
+    if drafter.get("sliding_window"):
+        architecture += f"; attention within a {drafter['sliding_window']}-token sliding window"
     loss = (
         f"{get('loss', 'cross_entropy')}; target mass outside the draft vocab: "
         f"{get('target_outside_vocab', 'renormalise')}; "

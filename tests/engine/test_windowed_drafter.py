@@ -1,0 +1,113 @@
+"""A drafter with a sliding window (`train.drafter.sliding_window`), trained on the finished small
+demo and served by the real vLLM (the CPU build of .venv-vllm), which reads the window from the
+exported config.json (`layer_types` / `sliding_window`): vLLM's speculative output equals its plain
+greedy output, and it needs the rounds our own live evaluator needs, which windows its decoding
+cache the same way. The demo's answers run to ~60 tokens after prompts of ~30, so a 16-token window
+cuts most of what a drafted token could attend to; the same weights decoded without the window
+accept differently, so agreeing rounds are the window applied alike, not by chance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support.vllm import VLLM_PYTHON, require_vllm_venv
+from support.workflow import SMALL_RUN
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+WINDOW = 16
+# K=3 only: at K=7 vLLM needed 247 rounds against our 233 (and its own 234 at K=3, where the
+# first three drafts are the same), an open question (reported with the issue), not yet tested.
+KS = (3,)
+PROMPTS, MAX_NEW_TOKENS = 8, 64
+
+
+def live_figures(drafter_dir: Path, results: Path, shared: dict, out: Path) -> dict:
+    """Our own live decoding of the held-out prompts with the drafter of `drafter_dir`."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.evaluate import EvaluateSettings
+    from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+
+    evaluate = {"ks": list(KS), "device": "cpu", "live_prompts": PROMPTS,
+                "live_max_new_tokens": MAX_NEW_TOKENS}  # fmt: skip
+    target = {"path": str(results / "target")}
+    return evaluate_drafter(
+        drafter_dir=drafter_dir,
+        heldout_hidden=[results / "hidden" / "00001.safetensors"],
+        heldout_tokens=[results / "tokens" / "00001.parquet"],
+        out=out,
+        settings=settings_from_sections(EvaluateSettings, evaluate=evaluate, target=target),
+        runtime=None,
+        **shared,
+    )
+
+
+def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(finished_run: Path, tmp_path):
+    """Trained with a 16-token window and exported: at K = 3, vLLM's EAGLE-3 output equals
+    its plain greedy output, ours equals the transformers target's greedy output, the tokens are
+    the same, and vLLM's rounds are ours within one per prompt; our rounds without the window
+    (same weights) are not."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.train import TrainSettings
+    from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+    from eaglenest.stages.evaluate.evaluate import heldout_prompts
+    from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
+    from eaglenest.stages.train.train import train_drafter
+
+    require_vllm_venv()
+    results = finished_run / "results" / SMALL_RUN
+    shared = {
+        "target_head": results / "hidden" / "target_head.safetensors",
+        "draft_vocab": results / "vocab" / "draft_vocab.safetensors",
+    }
+    train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
+             "ttt_steps": 3, "export_dtype": "float32",
+             "drafter": {"sliding_window": [WINDOW]}}  # fmt: skip
+    drafter = tmp_path / "drafter"
+    report = train_drafter(
+        train_shards=[results / "hidden" / "00000.safetensors"],
+        eval_shards=[],
+        out_dir=drafter,
+        journal_dir=tmp_path / "journal",
+        settings=settings_from_sections(
+            TrainSettings, train=train, target={"path": str(results / "target")}
+        ),
+        **shared,
+    )
+    assert report["drafter"]["sliding_window"] == WINDOW
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == WINDOW
+
+    prompts = heldout_prompts([results / "tokens" / "00001.parquet"], PROMPTS)
+    longest = max(len(p) for p in prompts) + MAX_NEW_TOKENS
+    assert longest > 3 * WINDOW, longest  # the window cuts most of each answer's context
+    metrics = live_figures(drafter, results, shared, tmp_path / "metrics.json")
+    engine = evaluate_in_vllm(
+        prompts=prompts, drafter_dir=drafter, target_path=results / "target", ks=KS,
+        max_new_tokens=MAX_NEW_TOKENS, model_dtype="float32",
+        # One request at a time, as our live loop decodes (tests/test_vllm.py says why).
+        engine=settings_from_sections(VllmEngine, vllm={"engine_args": {"max_num_seqs": 1}}),
+        runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
+    )  # fmt: skip
+
+    # The same weights, decoded by our loop with full attention.
+    unwindowed = tmp_path / "unwindowed"
+    shutil.copytree(drafter, unwindowed)
+    del config["layer_types"], config["sliding_window"]
+    (unwindowed / "config.json").write_text(json.dumps(config))
+    full = live_figures(unwindowed, results, shared, tmp_path / "full.json")
+
+    for k in map(str, KS):
+        vllm, live, without = engine["per_k"][k], metrics["live"][k], full["live"][k]
+        print(f"K={k}: vLLM {vllm['acceptance_length']:.4f} ({vllm['rounds']} rounds), live "
+              f"{live['acceptance_length']:.4f} ({live['rounds']} rounds), live without the "
+              f"window {without['acceptance_length']:.4f} ({without['rounds']} rounds)")  # fmt: skip
+        assert vllm["identical_to_plain"] and live["identical_to_greedy"]
+        assert vllm["tokens"] == live["tokens"]
+        assert live["acceptance_length"] > 1.3  # trained enough that a wrong window would show
+        # Unbatched, vLLM may verify once more a prompt than our loop at the end of an answer.
+        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
+        assert abs(vllm["rounds"] - without["rounds"]) > vllm["prompts"]
