@@ -89,12 +89,12 @@ def test_make_check_runs_the_check_lane():
 
 
 def test_the_suites_snakemake_and_vllm_tests_are_out_of_the_check_lane():
-    modules = ("workflow", "vllm", "lint", "config", "vocab", "io")
-    paths = [f"tests/test_{m}.py" for m in modules]
+    modules = ("workflow", "lint", "config", "vocab", "io")
+    paths = [f"tests/test_{m}.py" for m in modules] + ["tests/engine/test_vllm_generation.py"]
     every = collected(*paths)
     quick = collected("-m", CHECK_LANE, *paths)
     assert quick and set(quick) < set(every)
-    for module in ("test_workflow.py", "test_vllm.py"):  # every test runs Snakemake or vLLM
+    for module in ("test_workflow.py", "engine/test_vllm_generation.py"):  # Snakemake or vLLM
         assert not [n for n in quick if n.startswith(f"tests/{module}::")], module
     # Not marked by hand: each found by what its code runs (snakefmt stays in, it is no Snakemake).
     assert names(n for n in quick if "test_lint.py::" in n) == {"test_snakefmt_check_passes"}
