@@ -56,7 +56,7 @@ $(VLLM_STAMP):
 run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
 
-# Creates .venv-vllm too (once; later runs reuse it): tests/test_vllm.py runs against a real vLLM,
+# Creates .venv-vllm too (once; later runs reuse it): tests/engine/ runs against a real vLLM,
 # and in CI (CI=true) fails rather than skips without it.
 test: $(STAMP) $(VLLM_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.vllm import VLLM_PYTHON, require_vllm_venv
+from support.vllm import require_vllm_venv
 from support.workflow import SMALL_RUN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -45,14 +45,15 @@ def live_figures(drafter_dir: Path, results: Path, shared: dict, out: Path) -> d
     )
 
 
-def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(finished_run: Path, tmp_path):
+def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
+    finished_run: Path, plain_decoding: dict, tmp_path: Path
+):
     """Trained with a 16-token window and exported: at K = 3, vLLM's EAGLE-3 output equals
     its plain greedy output, ours equals the transformers target's greedy output, the tokens are
     the same, and vLLM's rounds are ours within one per prompt; our rounds without the window
     (same weights) are not."""
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.train import TrainSettings
-    from eaglenest.settings.vllm import VllmEngine, VllmRuntime
     from eaglenest.stages.evaluate.evaluate import heldout_prompts
     from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
     from eaglenest.stages.train.train import train_drafter
@@ -85,13 +86,13 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(finished_ru
     longest = max(len(p) for p in prompts) + MAX_NEW_TOKENS
     assert longest > 3 * WINDOW, longest  # the window cuts most of each answer's context
     metrics = live_figures(drafter, results, shared, tmp_path / "metrics.json")
+    # The engine's arguments and plain decoding of the held-out prompts are the shared ones
+    # (tests/engine/conftest.py: one request at a time, eager): no second plain engine.
+    assert plain_decoding["arguments"]["prompts"] == prompts
+    assert plain_decoding["arguments"]["max_new_tokens"] == MAX_NEW_TOKENS
     engine = evaluate_in_vllm(
-        prompts=prompts, drafter_dir=drafter, target_path=results / "target", ks=KS,
-        max_new_tokens=MAX_NEW_TOKENS, model_dtype="float32",
-        # One request at a time, as our live loop decodes (tests/test_vllm.py says why).
-        engine=settings_from_sections(VllmEngine, vllm={"engine_args": {"max_num_seqs": 1}}),
-        runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
-    )  # fmt: skip
+        **plain_decoding["arguments"], drafter_dir=drafter, ks=KS, plain=plain_decoding["plain"]
+    )
 
     # The same weights, decoded by our loop with full attention.
     unwindowed = tmp_path / "unwindowed"

@@ -16,7 +16,6 @@ from pathlib import Path
 from support.lanes import (
     CHECK_LANE,
     COLLECTED,
-    LANE_FOLDERS,
     SNAKEMAKE,
     TESTS_DIR,
     VLLM,
@@ -26,11 +25,6 @@ from support.lanes import (
 REPO = TESTS_DIR.parent
 # The engine modules at the top of tests/ until they move to tests/engine/ (issue 37), marked
 # `vllm` by hand there; a file is "relative to" itself, so they count as the engine folder.
-ENGINE_MODULES_NOT_YET_MOVED = (
-    TESTS_DIR / "test_vllm.py",
-    TESTS_DIR / "test_vllm_capture_server.py",
-)
-
 # A new test module as someone might write it, none of its tests marked by hand.
 NEW_MODULE = """
 import subprocess, sys
@@ -180,8 +174,7 @@ def test_no_test_outside_the_workflow_and_engine_folders_reaches_snakemake_or_vl
         )
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
         return
-    folders = {lane: (*f, *ENGINE_MODULES_NOT_YET_MOVED) for lane, f in LANE_FOLDERS.items()}
-    violations = lane_violations(items, folders=folders)
+    violations = lane_violations(items)
     assert violations == [], (
         "these tests start Snakemake or vLLM outside tests/workflow/ (Snakemake) or tests/engine/"
         " (vLLM), where the quick lane would run them; move them to their lane's folder:\n"

@@ -68,7 +68,7 @@ TEST_CONFIGS = sorted((REPO / "config" / "tests").glob("*.yaml"))
 # What a test config exists to change; the rest is demo-small's (its small demo target included,
 # which the workflow tests build once and copy into each run).
 OWN_SECTIONS = ("run", "server", "probe")
-# Configs of another target, run end to end on their own (tests/test_vllm.py): DeepSeek-V3.
+# Configs of another target, run end to end on their own (tests/engine/): DeepSeek-V3.
 OWN_TARGET = ("deepseek-v3",)
 
 

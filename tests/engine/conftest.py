@@ -1,0 +1,175 @@
+"""The engine lane: tests against a real vLLM (the CPU build of `make vllm`, .venv-vllm). Every
+test in this folder is marked `vllm` and `slow`; each is skipped without .venv-vllm, except in CI
+(CI=true), where `make test` creates it first and a missing one is a failure.
+
+What vLLM costs here is its engine start (~15-40 s eager on two busy cores), so the lane shares
+every engine and every run it can, session-scoped (built once per test run, on first use):
+- `vllm_target_dir`: the small demo target (tests/conftest.py's `demo_target_dir`) where vLLM's
+  CPU attention takes its head size;
+- `vllm_captured_run`: a copy of `finished_run` (tests/conftest.py) whose hidden-state shards
+  the offline vLLM backend rewrote, one engine per shard job: compared with transformers
+  (test_vllm_capture_backend.py) and the reference of the capture server's
+  (test_vllm_capture_server.py);
+- `plain_decoding`: the small demo target's held-out prompts decoded plainly by vLLM, once for
+  the acceptance test and every EAGLE-3 variant;
+- `deepseek_target_dir`: the DeepSeek-V3 demo target (config/tests/deepseek-v3.yaml, the
+  architecture of Kimi-K2 and Kimi-K2.5), built by real Snakemake in `deepseek_workdir`. A test
+  that serves or wraps that target (a Kimi-K2.5 layout around it, say) asks for this fixture
+  alone and does not pay for the run; it must not write into the directory;
+- `deepseek_run`: the whole DeepSeek-V3 pipeline through vLLM on that target (the workdir, the
+  config), in the order a user runs it.
+Tests treat them as read-only: a test that changes files copies first (as `finished_run`).
+
+Every engine the tests or the pipeline start runs eager (support.vllm.EAGER, PIPELINE_VLLM);
+no test starts an engine another has started with the same arguments.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from support.vllm import (
+    CAPTURE_SHARDS,
+    DEEPSEEK,
+    DEEPSEEK_RUN,
+    EAGER,
+    VLLM_PYTHON,
+    capture_config,
+    engine_starts,
+    hidden_targets,
+    require_vllm_venv,
+    vllm_server,
+)
+from support.workflow import (
+    SMALL_DEMO,
+    SMALL_RUN,
+    copy_workflow,
+    job_logs,
+    merged,
+    planned_jobs,
+    snakemake,
+)
+
+ENGINE_DIR = Path(__file__).parent
+# vLLM's CPU attention takes these head sizes only (CPUAttentionBackend.get_supported_head_sizes).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+SMALL_TARGET = {key: value for key, value in SMALL_DEMO["demo_target"].items() if key != "enabled"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(ENGINE_DIR):
+            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def vllm_target_dir(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
+    """The small demo target of the other tests (tests/conftest.py) where vLLM can serve it on
+    the CPU; else the same with 2 attention heads (hidden 64 over 4 heads is a head size of 16)."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.demo.target import build_demo_target
+    from eaglenest.settings.demo_target import DemoTargetSettings
+
+    require_vllm_venv()
+    if SMALL_TARGET["hidden_size"] // SMALL_TARGET["num_heads"] in CPU_HEAD_SIZES:
+        return request.getfixturevalue("demo_target_dir")
+    out_dir = tmp_path_factory.mktemp("vllm-target") / "target"
+    sizes = {**SMALL_TARGET, "num_heads": 2, "num_kv_heads": 1}
+    build_demo_target(out_dir, settings_from_sections(DemoTargetSettings, demo_target=sizes))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def vllm_captured_run(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A copy of `finished_run` whose hidden-state shards `hidden.backend: vllm` rewrote through
+    Snakemake (the offline backend: an engine per shard job), nothing upstream rerun; timed and
+    its engine starts counted, for the capture server's comparison."""
+    require_vllm_venv()
+    workdir = tmp_path_factory.mktemp("vllm-capture") / "workflow"
+    shutil.copytree(finished_run, workdir, symlinks=True)
+    config = capture_config()
+    dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
+    assert planned_jobs(dry) == {"extract_hidden_states": len(CAPTURE_SHARDS)}, dry.stdout[-2000:]
+    for path in (workdir / "logs").rglob("*.log"):
+        path.unlink()  # the transformers run's
+    started = time.monotonic()
+    result = snakemake(workdir, *hidden_targets(), config=config, timeout_s=1800)
+    offline_s = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    starts = engine_starts(*(workdir / "logs").rglob("*.log"))
+    return {"workdir": workdir, "config": config, "offline_s": offline_s, "offline_starts": starts}
+
+
+@pytest.fixture(scope="session")
+def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`finished_run`'s held-out prompts decoded plainly by vLLM, once for every test that
+    compares a drafter's decoding with it; with the arguments every such engine gets."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+    from eaglenest.stages.evaluate.evaluate import heldout_prompts
+    from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request
+
+    require_vllm_venv()
+    results = finished_run / "results" / SMALL_RUN
+    engine_args = {**EAGER, "max_num_seqs": 1}
+    arguments = {
+        "prompts": heldout_prompts([results / "tokens" / "00001.parquet"], 8),
+        "target_path": results / "target",
+        "max_new_tokens": 64,
+        "model_dtype": "float32",
+        # One request at a time, as our live loop decodes: batched, vLLM's CPU build drafts a
+        # little differently (2-3% lower acceptance here, more on other CPUs), so only unbatched
+        # runs compare the two loops themselves; per prompt they then agree to a draft or so.
+        "engine": settings_from_sections(VllmEngine, vllm={"engine_args": engine_args}),
+        "runtime": settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
+    }
+    request = engine_request(**arguments, drafter_dir=results / "drafter")
+    work = tmp_path_factory.mktemp("plain")
+    return {
+        "arguments": arguments,
+        "plain": decode({**request, "k": None}, arguments["runtime"], work),
+    }
+
+
+@pytest.fixture(scope="session")
+def deepseek_workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A workflow copy where config/tests/deepseek-v3.yaml's target is built (real Snakemake,
+    `--until build_demo_target`), and the config that built it."""
+    require_vllm_venv()
+    workdir = copy_workflow(tmp_path_factory.mktemp("deepseek") / "workflow")
+    config = merged(DEEPSEEK, {"vllm": {"python": VLLM_PYTHON}})
+    built = snakemake(workdir, "--until", "build_demo_target", config=config, timeout_s=1500)
+    assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
+    return workdir, config
+
+
+@pytest.fixture(scope="session")
+def deepseek_target_dir(deepseek_workdir: tuple[Path, dict]) -> Path:
+    """The DeepSeek-V3 demo target in Hugging Face layout (MLA, MoE with a shared expert, the
+    first layer dense; `demo_metrics.json` beside it). Read-only: `deepseek_run` goes on from it."""
+    workdir, _ = deepseek_workdir
+    return workdir / "results" / DEEPSEEK_RUN / "target"
+
+
+@pytest.fixture(scope="session")
+def deepseek_run(
+    deepseek_workdir: tuple[Path, dict], deepseek_target_dir: Path, tmp_path_factory
+) -> tuple[Path, dict]:
+    """config/tests/deepseek-v3.yaml through real Snakemake, in the order a user runs it: the
+    target built, vLLM serves it for probe, generation and samples, then (the server stopped)
+    vLLM captures, training, vLLM and the live loop evaluate, the report."""
+    workdir, built = deepseek_workdir
+    config = dict(built)
+    server_log = tmp_path_factory.mktemp("deepseek-server") / "server.log"
+    # eager, as the pipeline's own engines run (batched: the server takes 16 requests at once)
+    with vllm_server(deepseek_target_dir, server_log, DEEPSEEK["target"]["model"], EAGER) as url:
+        config["endpoints"] = [{"url": url, "max_concurrency": 16}]
+        result = snakemake(workdir, "--until", "prepare_samples", config=config)
+        assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    result = snakemake(workdir, config=config, timeout_s=2400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    return workdir, config
