@@ -7,8 +7,8 @@ finished small demo run:
   requests go to the other server, and every sample is captured exactly once (the servers'
   answers sum to the samples: nothing duplicated; the shards equal the reference: nothing lost).
 
-Skipped without .venv-vllm. Four engines start here (two offline shard jobs, two servers), eager
-(`enforce_eager`) to start sooner; the servers are started once for the module.
+Skipped without .venv-vllm. Two engines start here (the servers, once for the module), eager
+(`enforce_eager`) to start sooner; the offline reference is the lane's shared capture.
 """
 
 from __future__ import annotations
@@ -127,9 +127,10 @@ def state_files(directory: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def pool(finished_run: Path, tmp_path_factory: pytest.TempPathFactory):
+def pool(finished_run: Path, vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory):
     """A workdir with the finished run's files (its hidden states removed), the offline backend's
-    shards as the reference, and two capture servers for the run, answering."""
+    shards as the reference (the lane's shared `vllm_captured_run`: the same capture settings,
+    an engine per shard job), and two capture servers for the run, answering."""
     require_vllm_venv()
     tmp = tmp_path_factory.mktemp("capture-pool")
     workdir = copy_workflow(tmp / "work")
@@ -141,15 +142,12 @@ def pool(finished_run: Path, tmp_path_factory: pytest.TempPathFactory):
     offline = run_config([])
     dry = snakemake(workdir, *hidden_targets(), "-n", config=offline)
     assert planned_jobs(dry) == {"extract_hidden_states": len(SHARDS)}, dry.stdout[-3000:]
-    started = time.monotonic()
-    result = snakemake(workdir, *hidden_targets(), config=offline, timeout_s=1800)
-    offline_s = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+    captured = vllm_captured_run["workdir"] / "results" / SMALL_RUN / "hidden"
     reference = tmp / "reference"
     reference.mkdir()
     for shard in SHARDS:
-        shutil.move(hidden / f"{shard}.safetensors", reference / f"{shard}.safetensors")
-        (hidden / f"{shard}.json").unlink()
+        shutil.copy2(captured / f"{shard}.safetensors", reference / f"{shard}.safetensors")
+    offline_s = vllm_captured_run["offline_s"]
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     # One request at a time per server: the run lasts long enough to kill a server in its middle.
