@@ -101,8 +101,17 @@ def serve_capture_and_run(
     command = [sys.executable, "-m", "eaglenest.cli", "serve-capture", "--configfile", *files,
                "--log", str(log), "--startup-timeout-s", "600", "--",
                sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", *files]  # fmt: skip
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)  # fmt: skip
+    # Its own process group, stopped whole on a timeout (Snakemake and its jobs with it). vLLM's
+    # engine runs in a group of its own that serve-capture must stop: after a SIGKILL of
+    # serve-capture it outlives it (issue 40, break 6, seen here after a timeout).
+    process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
