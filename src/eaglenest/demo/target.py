@@ -27,6 +27,7 @@ from typing import Any
 
 from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import held_temp_beside, write_json
+from eaglenest.demo.kimi_layout import LAYOUTS, wrap_kimi_k25
 from eaglenest.demo.target_heldout import MAX_NEW_TOKENS, check_reasoning_share, evaluate_model
 from eaglenest.demo.target_model import ARCHITECTURES, make_model
 from eaglenest.demo.target_tokenizer import (
@@ -159,11 +160,17 @@ def build_demo_target(
     blocks. The directory appears only when complete, and replaces an existing one. `threads`:
     see `torch_threads`; in a pipeline job the adapter has already set the rule's threads.
     `architecture`: qwen3 (dense) or deepseek_v3 (MLA + MoE, sized by `deepseek_v3` over
-    DEEPSEEK_V3_DEFAULTS; `num_kv_heads` unused).
+    DEEPSEEK_V3_DEFAULTS; `num_kv_heads` unused). `layout` kimi_k25 saves it wrapped as
+    Kimi-K2.5 (eaglenest.demo.kimi_layout).
     """
     import torch
 
     say = log or logger.info
+    if settings.layout == "kimi_k25" and settings.architecture != "deepseek_v3":
+        raise ValueError(
+            "demo_target.layout kimi_k25 wraps a DeepSeek-V3 text model, as Kimi-K2.5 does: "
+            f"set demo_target.architecture deepseek_v3 (not {settings.architecture!r})"
+        )
     started = time.perf_counter()
     seed, train_steps, batch_size = settings.seed, settings.train_steps, settings.batch_size
     architecture, vocab_size = settings.architecture, settings.vocab_size
@@ -208,6 +215,9 @@ def build_demo_target(
     check_reasoning_share(metrics, settings.min_reasoning_share, train_steps)
     with atomic_directory(Path(out_dir)) as tmp_dir:
         _save(model, tokenizer, tmp_dir)
+        if settings.layout == "kimi_k25":
+            wrap_kimi_k25(tmp_dir, tmp_dir)
+            say("saved in Kimi-K2.5's layout (KimiK25ForConditionalGeneration)")
         metrics["total_seconds"] = time.perf_counter() - started
         write_json(tmp_dir / METRICS_FILE, metrics)
     say(f"demo target written to {out_dir} in {metrics['total_seconds']:.0f} s")
@@ -235,6 +245,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int)
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--architecture", choices=ARCHITECTURES)
+    parser.add_argument("--layout", choices=LAYOUTS, help="plain, or kimi_k25 (deepseek_v3)")
     parser.add_argument(
         "--min-reasoning-share",
         type=float,

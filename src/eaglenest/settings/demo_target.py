@@ -14,6 +14,7 @@ from eaglenest.settings import Settings
 class DemoTargetSettings(Settings):
     seed: int
     architecture: str
+    layout: str
     num_layers: int
     hidden_size: int
     num_heads: int

@@ -7,6 +7,7 @@ A multimodal target nests its language model's config: Kimi-K2.5's config.json i
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import sha256_file
 from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.target_model.remote_code import remote_code_errors
+
+log = logging.getLogger(__name__)
 
 _MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,14 +55,40 @@ def resolve_model_dtype(model_dtype: str, device: str) -> torch.dtype:
     return _MODEL_DTYPES[model_dtype]
 
 
+def text_model_key_mapping(target_dir: Path) -> dict[str, str]:
+    """Checkpoint names of a wrapped language model -> the text model's own names: from where
+    the checkpoint keeps the embedding and the LM head (Kimi-K2.5: `language_model.model.` and
+    `language_model.lm_head`; transformers' multimodal models: `model.language_model.` and
+    `lm_head`). {} when the names are the text model's already."""
+    import re
+
+    from eaglenest.target_model.checkpoint import checkpoint_weight_map, find_head_tensors
+
+    names = find_head_tensors(*checkpoint_weight_map(target_dir))
+    mapping = {}
+    embedding, head = names["embed_tokens.weight"], names["lm_head.weight"]
+    if embedding is not None and embedding != "model.embed_tokens.weight":
+        prefix = embedding.removesuffix("embed_tokens.weight")
+        mapping[f"^{re.escape(prefix)}"] = "model."
+    if head is not None and head != "lm_head.weight":
+        mapping[f"^{re.escape(head)}$"] = "lm_head.weight"
+    return mapping
+
+
 def load_target(
     path: str | Path,
     device: str = "auto",
     model_dtype: str = "auto",
     trust_remote_code: bool = False,
 ):
-    """The target in eval mode, on `device` (device_map=auto over several GPUs)."""
-    from transformers import AutoModelForCausalLM
+    """The target's language model in eval mode, on `device` (device_map=auto over several GPUs).
+
+    A multimodal wrapper (Kimi-K2.5's `KimiK25ForConditionalGeneration`: `text_config` and the
+    text model's tensors under `language_model.`) has no class under AutoModelForCausalLM; its
+    text model is loaded alone, as the causal LM its `text_config` names, from the wrapper's
+    tensors renamed (`text_model_key_mapping`); the vision tower's are not read into it. Its
+    logits and hidden states are the wrapper's on text (what every stage feeds it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     device = resolve_device(device)
     dtype = resolve_model_dtype(model_dtype, device)
@@ -67,7 +96,14 @@ def load_target(
     several_gpus = device == "cuda" and torch.cuda.device_count() > 1
     if several_gpus:
         kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_target_dir(path)), **kwargs)
+    target_dir = resolve_target_dir(path)
+    with remote_code_errors("config", str(path), target_dir):
+        config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
+    text = text_config(config)
+    if text is not config:
+        kwargs |= {"config": text, "key_mapping": text_model_key_mapping(target_dir)}
+        log.info("%s: %s's text model, %s", path, type(config).__name__, type(text).__name__)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), **kwargs)
     if not several_gpus:
         model.to(device)
     model.eval()

@@ -68,8 +68,9 @@ TEST_CONFIGS = sorted((REPO / "config" / "tests").glob("*.yaml"))
 # What a test config exists to change; the rest is demo-small's (its small demo target included,
 # which the workflow tests build once and copy into each run).
 OWN_SECTIONS = ("run", "server", "probe")
-# Configs of another target, run end to end on their own (tests/engine/): DeepSeek-V3.
-OWN_TARGET = ("deepseek-v3",)
+# Configs of another target, run end to end on their own (tests/engine/):
+# DeepSeek-V3, and the same in Kimi-K2.5's layout.
+OWN_TARGET = ("deepseek-v3", "kimi-k2.5-layout")
 
 
 @pytest.mark.parametrize("path", TEST_CONFIGS, ids=[p.stem for p in TEST_CONFIGS])

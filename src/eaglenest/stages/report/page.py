@@ -105,6 +105,14 @@ def key_figures(data: RunData) -> dict[str, Any]:
         figures["training steps"] = data.train_report["steps"]
         figures["held-out accuracy per TTT step"] = data.train_report.get("heldout_acc")
     if data.eval:
+        # The serving engine's figure first: the one users get in production (our live loop can
+        # part from it, docs/vllm-cpu.md known issues).
+        engine = data.eval.get("engine") or {}
+        for k in (str(k) for k in data.eval["ks"]):
+            served = (engine.get("per_k") or {}).get(k)
+            if served:
+                name = engine.get("engine", "engine")
+                figures[f"acceptance length K={k} ({name})"] = served["acceptance_length"]
         for k in (str(k) for k in data.eval["ks"]):
             figures[f"acceptance length K={k} (simulated)"] = data.eval["simulated"][k][
                 "acceptance_length"

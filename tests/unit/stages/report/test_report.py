@@ -110,8 +110,12 @@ def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Pat
         },
     }  # fmt: skip
     write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": engine})
-    page, _ = build(run)
+    page, figures = build(run)
     text = page.read_text()
+    # The engine's figure leads the key figures: what the drafter delivers where it is served.
+    acceptance = [name for name in figures if name.startswith("acceptance length")]
+    assert acceptance[:2] == ["acceptance length K=3 (vllm)", "acceptance length K=7 (vllm)"]
+    assert figures["acceptance length K=3 (vllm)"] == 2.3456
     assert "In the serving engine (vllm)" in text
     assert "vllm&#x27;s own acceptance length" in text and "<td>2.35</td>" in text
     assert "0.812" in text
