@@ -4,6 +4,7 @@ number of AdamW steps (warmup + cosine), deterministic for a seed."""
 from __future__ import annotations
 
 import math
+import random
 import sys
 from typing import Any
 
@@ -97,6 +98,59 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+WINDOW_CONTEXT_TOKENS = 16  # a window's first tokens lack the line before: not trained on
+
+
+def window_rows(
+    encoded: list[tuple[list[int], int]], window_tokens: int, rng: random.Random
+) -> list[tuple[list[int], list[int], int]]:
+    """Each example as its prompt plus one window of `window_tokens` completion tokens, kept at
+    their true positions: (ids, position ids, index of the first token trained on).
+
+    A long answer costs a window's compute instead of its whole length, while RoPE still sees
+    the window's real distance to the prompt (where the count's end or the list is). A quarter
+    of the windows start the answer, a quarter end it (where it stops), the rest lie anywhere.
+    """
+    rows = []
+    for ids, prompt_len in encoded:
+        if len(ids) - prompt_len <= window_tokens:
+            rows.append((ids, list(range(len(ids))), prompt_len))
+            continue
+        draw = rng.random()
+        last_start = len(ids) - window_tokens
+        start = prompt_len if draw < 0.25 else last_start if draw < 0.5 else None
+        if start is None:
+            start = rng.randint(prompt_len, last_start)
+        kept = ids[:prompt_len] + ids[start : start + window_tokens]
+        positions = list(range(prompt_len)) + list(range(start, start + window_tokens))
+        first = prompt_len + (0 if start == prompt_len else WINDOW_CONTEXT_TOKENS)
+        rows.append((kept, positions, first))
+    return rows
+
+
+def pad_rows(rows: list[tuple[list[int], list[int], int]], pad_id: int) -> dict[str, Any]:
+    """Right-padded input ids, attention mask, position ids and labels of window rows. The mask
+    is given, so transformers takes the jump in positions for RoPE, not for a packed sequence."""
+    import torch
+
+    width = max(len(ids) for ids, _, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for r, (ids, positions, first) in enumerate(rows):
+        input_ids[r, : len(ids)] = torch.tensor(ids)
+        attention_mask[r, : len(ids)] = 1
+        position_ids[r, : len(ids)] = torch.tensor(positions)
+        labels[r, first : len(ids)] = torch.tensor(ids[first:])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "labels": labels,
+    }
+
+
 def train_model(
     model: Any,
     tokenizer: Any,
@@ -105,9 +159,11 @@ def train_model(
     train_steps: int,
     batch_size: int,
     learning_rate: float,
+    window_tokens: int | None = None,
 ) -> float:
     """Train for exactly `train_steps` steps (AdamW, warmup + cosine); return the final loss
-    (an average over the last ten or so steps, so one lucky batch does not decide it)."""
+    (an average over the last ten or so steps, so one lucky batch does not decide it).
+    `window_tokens`: train on windows of long answers (window_rows) instead of whole ones."""
     import torch
     from tqdm import tqdm
 
@@ -127,11 +183,16 @@ def train_model(
         chunk = encode_training_batch(
             tokenizer, examples[step * batch_size : (step + 1) * batch_size]
         )
-        input_ids, position_ids, labels = pack_batch(chunk, ROW_TOKENS, pad_id)
-        # No cache: transformers builds the per-example (packed) attention mask only without one.
-        loss = model(
-            input_ids=input_ids, position_ids=position_ids, labels=labels, use_cache=False
-        ).loss
+        if window_tokens:
+            rows = window_rows(chunk, window_tokens, random.Random(f"window-{step}"))
+            loss = model(**pad_rows(rows, pad_id), use_cache=False).loss
+        else:
+            input_ids, position_ids, labels = pack_batch(chunk, ROW_TOKENS, pad_id)
+            # No cache: transformers builds the per-example (packed) attention mask only without
+            # one.
+            loss = model(
+                input_ids=input_ids, position_ids=position_ids, labels=labels, use_cache=False
+            ).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
