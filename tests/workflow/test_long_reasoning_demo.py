@@ -50,7 +50,9 @@ TINY_LONG = {
 
 def test_the_long_reasoning_demo_runs_every_stage_and_measures_acceptance_by_depth(tmp_path):
     workdir = copy_workflow(tmp_path / "workflow")
-    result = snakemake(workdir, config=TINY_LONG, timeout_s=900)
+    # One torch thread a job (two jobs at once): threads waiting on each other crawl on shared
+    # cores, and this run's jobs are many small steps.
+    result = snakemake(workdir, "--max-threads", "1", config=TINY_LONG, timeout_s=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
     results: Path = workdir / "results" / "long-tiny"
     metrics = json.loads((results / "target" / "demo_metrics.json").read_text())
