@@ -4,6 +4,7 @@ as it was; and training on windows of them, kept at their true positions."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -33,7 +34,7 @@ def test_each_line_of_a_count_follows_from_the_one_before_and_the_end_is_in_the_
     for example in training_examples(3, 6, "long")[:2]:
         lines = example.reasoning.strip("\n").split("\n")
         step = 1 if example.family == "count_up" else -1
-        assert all(int(b) - int(a) == step for a, b in zip(lines, lines[1:]))
+        assert all(int(b) - int(a) == step for a, b in itertools.pairwise(lines))
         assert example.prompt.endswith(f"to {lines[-1]}.") and example.answer == lines[-1]
 
 

@@ -20,8 +20,8 @@ TINY_LONG = {
         LONG,
         {
             "demo_target": {
-                "train_steps": 60,
-                "batch_size": 8,
+                "train_steps": 150,
+                "batch_size": 16,
                 "train_window_tokens": 128,
                 "max_position_embeddings": 2048,
                 "heldout_prompts": 1,
