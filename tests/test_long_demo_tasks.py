@@ -9,9 +9,15 @@ import random
 import statistics
 
 import pytest
+import torch
 
 from eaglenest.demo.long_tasks import LONG_FAMILIES
-from eaglenest.demo.target_training import WINDOW_CONTEXT_TOKENS, pad_rows, window_rows
+from eaglenest.demo.target_training import (
+    ANSWER_HEAD_TOKENS,
+    WINDOW_CONTEXT_TOKENS,
+    pad_rows,
+    window_rows,
+)
 from eaglenest.demo.tasks import (
     TASK_FAMILIES,
     heldout_examples,
@@ -55,21 +61,29 @@ def test_long_held_out_prompts_are_never_trained_on_and_the_short_suite_is_uncha
         suite_families("medium")
 
 
-def test_a_window_keeps_the_prompt_and_a_stretch_of_the_answer_at_their_true_positions():
+def test_a_window_keeps_the_prompt_the_answers_head_and_a_stretch_at_their_true_positions():
     prompt_len, length, window = 10, 500, 64
+    head_end = prompt_len + ANSWER_HEAD_TOKENS
     encoded = [(list(range(length)), prompt_len), (list(range(40)), 8)]
     starts = set()
     for seed in range(40):
-        (ids, positions, first), short = window_rows(encoded, window, random.Random(seed))
-        assert short == (list(range(40)), list(range(40)), 8)  # a short answer stays whole
-        assert len(ids) == prompt_len + window and ids == positions  # ids here are positions
-        assert positions[:prompt_len] == list(range(prompt_len))
-        start = positions[prompt_len]
-        assert positions[prompt_len:] == list(range(start, start + window))
-        assert first == prompt_len + (0 if start == prompt_len else WINDOW_CONTEXT_TOKENS)
+        (ids, positions, trained), short = window_rows(encoded, window, random.Random(seed))
+        # A short answer stays whole, trained from its first token.
+        assert short == (list(range(40)), list(range(40)), [i >= 8 for i in range(40)])
+        assert len(ids) == head_end + window and ids == positions  # ids here are positions
+        assert positions[:head_end] == list(range(head_end))
+        start = positions[head_end]
+        assert positions[head_end:] == list(range(start, start + window))
+        # The prompt is never trained on, the answer's head always is.
+        assert trained[:head_end] == [i >= prompt_len for i in range(head_end)]
+        detached = start > head_end
+        assert trained[head_end:] == [
+            not detached or j >= WINDOW_CONTEXT_TOKENS for j in range(window)
+        ]
         starts.add(start)
-    # Windows at the answer's start, at its end (where it stops) and between.
-    assert {prompt_len, length - window} <= starts and len(starts) > 5
+    # Windows at the answer's end (where it stops) and anywhere between.
+    assert length - window in starts and len(starts) > 5
     batch = pad_rows(window_rows(encoded, window, random.Random(0)), pad_id=0)
     assert batch["attention_mask"][1].sum() == 40 and (batch["labels"][1, :8] == -100).all()
-    assert batch["position_ids"][0, prompt_len] >= prompt_len
+    assert (batch["labels"][0, prompt_len:head_end] == torch.arange(prompt_len, head_end)).all()
+    assert batch["position_ids"][0, head_end] >= head_end

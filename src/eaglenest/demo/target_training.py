@@ -99,36 +99,37 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
 
 
 WINDOW_CONTEXT_TOKENS = 16  # a window's first tokens lack the line before: not trained on
+ANSWER_HEAD_TOKENS = 16  # every row keeps the answer's start (`<think>` and its first line)
 
 
 def window_rows(
     encoded: list[tuple[list[int], int]], window_tokens: int, rng: random.Random
-) -> list[tuple[list[int], list[int], int]]:
-    """Each example as its prompt plus one window of `window_tokens` completion tokens, kept at
-    their true positions: (ids, position ids, index of the first token trained on).
+) -> list[tuple[list[int], list[int], list[bool]]]:
+    """Each example as its prompt, the head of its answer and one window of `window_tokens`
+    answer tokens, kept at their true positions: (ids, position ids, which tokens are trained).
 
     A long answer costs a window's compute instead of its whole length, while RoPE still sees
-    the window's real distance to the prompt (where the count's end or the list is). A quarter
-    of the windows start the answer, a quarter end it (where it stops), the rest lie anywhere.
+    the window's real distance to the prompt (where the count's end or the list is). Every row
+    keeps the answer's first tokens, so the model learns how an answer starts as often as a
+    whole-example batch teaches it; a quarter of the windows end the answer (where it stops).
     """
     rows = []
     for ids, prompt_len in encoded:
-        if len(ids) - prompt_len <= window_tokens:
-            rows.append((ids, list(range(len(ids))), prompt_len))
+        head_end = prompt_len + ANSWER_HEAD_TOKENS
+        if len(ids) - head_end <= window_tokens:
+            rows.append((ids, list(range(len(ids))), [i >= prompt_len for i in range(len(ids))]))
             continue
-        draw = rng.random()
         last_start = len(ids) - window_tokens
-        start = prompt_len if draw < 0.25 else last_start if draw < 0.5 else None
-        if start is None:
-            start = rng.randint(prompt_len, last_start)
-        kept = ids[:prompt_len] + ids[start : start + window_tokens]
-        positions = list(range(prompt_len)) + list(range(start, start + window_tokens))
-        first = prompt_len + (0 if start == prompt_len else WINDOW_CONTEXT_TOKENS)
-        rows.append((kept, positions, first))
+        start = last_start if rng.random() < 0.25 else rng.randint(head_end, last_start)
+        kept = [*range(head_end), *range(start, start + window_tokens)]
+        trained = [prompt_len <= i < head_end for i in range(head_end)]
+        # A window right after the head continues it; a detached one first needs a line back.
+        trained += [start == head_end or j >= WINDOW_CONTEXT_TOKENS for j in range(window_tokens)]
+        rows.append(([ids[i] for i in kept], kept, trained))
     return rows
 
 
-def pad_rows(rows: list[tuple[list[int], list[int], int]], pad_id: int) -> dict[str, Any]:
+def pad_rows(rows: list[tuple[list[int], list[int], list[bool]]], pad_id: int) -> dict[str, Any]:
     """Right-padded input ids, attention mask, position ids and labels of window rows. The mask
     is given, so transformers takes the jump in positions for RoPE, not for a packed sequence."""
     import torch
@@ -138,11 +139,11 @@ def pad_rows(rows: list[tuple[list[int], list[int], int]], pad_id: int) -> dict[
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for r, (ids, positions, first) in enumerate(rows):
+    for r, (ids, positions, trained) in enumerate(rows):
         input_ids[r, : len(ids)] = torch.tensor(ids)
         attention_mask[r, : len(ids)] = 1
         position_ids[r, : len(ids)] = torch.tensor(positions)
-        labels[r, first : len(ids)] = torch.tensor(ids[first:])
+        labels[r, : len(ids)] = torch.where(torch.tensor(trained), torch.tensor(ids), -100)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
