@@ -28,7 +28,7 @@ from typing import Any
 from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import held_temp_beside, write_json
 from eaglenest.demo.kimi_layout import LAYOUTS, wrap_kimi_k25
-from eaglenest.demo.target_heldout import MAX_NEW_TOKENS, check_reasoning_share, evaluate_model
+from eaglenest.demo.target_heldout import check_reasoning_share, evaluate_model
 from eaglenest.demo.target_model import ARCHITECTURES, make_model
 from eaglenest.demo.target_tokenizer import (
     THINK_TOKENS,
@@ -40,6 +40,7 @@ from eaglenest.demo.target_training import train_model
 from eaglenest.demo.tasks import (
     END_OF_TURN,
     PAD_TOKEN,
+    TASK_SUITES,
     DemoExample,
     heldout_examples,
     training_examples,
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 METRICS_FILE = "demo_metrics.json"
 
 
-def _save(model: Any, tokenizer: Any, directory: Path) -> None:
+def _save(model: Any, tokenizer: Any, directory: Path, max_new_tokens: int) -> None:
     from transformers import GenerationConfig
 
     eos_ids = [
@@ -62,7 +63,7 @@ def _save(model: Any, tokenizer: Any, directory: Path) -> None:
         eos_token_id=eos_ids,
         pad_token_id=eos_ids[1],
         do_sample=False,
-        max_new_tokens=MAX_NEW_TOKENS,
+        max_new_tokens=max_new_tokens,
     )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -114,7 +115,9 @@ def _train_and_evaluate(
     train_steps: int,
     batch_size: int,
     learning_rate: float,
-    heldout_prompts: int,
+    window_tokens: int | None,
+    heldout: list[DemoExample],
+    heldout_max_new_tokens: int,
     threads: int,
 ) -> dict[str, Any]:
     """Train `model` on `examples`, evaluate it on `heldout_prompts` held-out prompts; return the
@@ -128,10 +131,11 @@ def _train_and_evaluate(
         train_steps=train_steps,
         batch_size=batch_size,
         learning_rate=learning_rate,
+        window_tokens=window_tokens,
     )
     train_seconds = time.perf_counter() - train_started
     eval_started = time.perf_counter()
-    metrics = evaluate_model(model, tokenizer, heldout_examples(seed, heldout_prompts))
+    metrics = evaluate_model(model, tokenizer, heldout, heldout_max_new_tokens)
     metrics.update(
         architecture=model.config.model_type,
         seed=seed,
@@ -176,7 +180,7 @@ def build_demo_target(
     architecture, vocab_size = settings.architecture, settings.vocab_size
     with torch_threads(threads) as threads_used:
         torch.manual_seed(seed)
-        examples = training_examples(seed, train_steps * batch_size)
+        examples = training_examples(seed, train_steps * batch_size, settings.tasks)
         tokenizer = build_demo_tokenizer(
             tokenizer_corpus(examples[:TOKENIZER_CORPUS_EXAMPLES]), vocab_size
         )
@@ -190,6 +194,10 @@ def build_demo_target(
             num_heads=settings.num_heads,
             num_kv_heads=settings.num_kv_heads,
             intermediate_size=settings.intermediate_size,
+            max_position_embeddings=settings.max_position_embeddings,
+        )
+        tokenizer.model_max_length = max(
+            tokenizer.model_max_length, settings.max_position_embeddings
         )
         say(
             f"demo target ({architecture}): {len(tokenizer)} tokens, "
@@ -204,7 +212,9 @@ def build_demo_target(
             train_steps=train_steps,
             batch_size=batch_size,
             learning_rate=settings.learning_rate,
-            heldout_prompts=settings.heldout_prompts,
+            window_tokens=settings.train_window_tokens,
+            heldout=heldout_examples(seed, settings.heldout_prompts, settings.tasks),
+            heldout_max_new_tokens=settings.heldout_max_new_tokens,
             threads=threads_used,
         )
     say(
@@ -214,7 +224,7 @@ def build_demo_target(
     )
     check_reasoning_share(metrics, settings.min_reasoning_share, train_steps)
     with atomic_directory(Path(out_dir)) as tmp_dir:
-        _save(model, tokenizer, tmp_dir)
+        _save(model, tokenizer, tmp_dir, settings.heldout_max_new_tokens)
         if settings.layout == "kimi_k25":
             wrap_kimi_k25(tmp_dir, tmp_dir)
             say("saved in Kimi-K2.5's layout (KimiK25ForConditionalGeneration)")
@@ -234,7 +244,10 @@ INT_OPTIONS = (
     "num-kv-heads",
     "intermediate-size",
     "vocab-size",
+    "max-position-embeddings",
     "heldout-prompts",
+    "heldout-max-new-tokens",
+    "train-window-tokens",
 )
 
 
@@ -246,6 +259,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--architecture", choices=ARCHITECTURES)
     parser.add_argument("--layout", choices=LAYOUTS, help="plain, or kimi_k25 (deepseek_v3)")
+    parser.add_argument("--tasks", choices=TASK_SUITES)
     parser.add_argument(
         "--min-reasoning-share",
         type=float,

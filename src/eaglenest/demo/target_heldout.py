@@ -9,7 +9,6 @@ from eaglenest.client.reasoning import split_think
 from eaglenest.demo.tasks import (
     END_OF_TURN,
     PAD_TOKEN,
-    TASK_FAMILIES,
     DemoExample,
     check_answer,
     is_well_formed,
@@ -65,13 +64,24 @@ def generate_completions(
     return completions
 
 
-def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> dict[str, Any]:
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    examples: list[DemoExample],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> dict[str, Any]:
     """Share of well-formed think blocks and of correct answers, overall and per family."""
-    completions = generate_completions(model, tokenizer, [e.prompt for e in examples])
-    well_formed, correct, reasoned = [], [], []
-    per_family: dict[str, list[bool]] = {family: [] for family in TASK_FAMILIES}
+    prompts = [e.prompt for e in examples]
+    # Long answers one at a time: a batch would pad every row to the longest answer.
+    batch_size = 64 if max_new_tokens <= MAX_NEW_TOKENS else 1
+    completions = generate_completions(
+        model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens
+    )
+    well_formed, correct, reasoned, lengths = [], [], [], []
+    per_family: dict[str, list[bool]] = {e.family: [] for e in examples}
     for example, completion in zip(examples, completions):
         ok_form = is_well_formed(completion)
+        lengths.append(len(tokenizer(completion, add_special_tokens=False)["input_ids"]))
         reasoning, content = split_think(completion)
         reasoned.append(bool(reasoning and reasoning.strip()))
         if content is not None:
@@ -86,6 +96,7 @@ def evaluate_model(model: Any, tokenizer: Any, examples: list[DemoExample]) -> d
         "well_formed_share": sum(well_formed) / n,
         "reasoning_share": sum(reasoned) / n,
         "correct_share": sum(correct) / n,
+        "completion_tokens": lengths,
         "correct_share_per_family": {
             family: (sum(v) / len(v) if v else None) for family, v in per_family.items()
         },

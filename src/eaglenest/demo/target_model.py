@@ -68,6 +68,7 @@ def make_model(
     num_heads: int,
     num_kv_heads: int,
     intermediate_size: int,
+    max_position_embeddings: int = 1024,
     deepseek_v3: dict[str, Any] | None = None,
 ) -> Any:
     from transformers import DeepseekV3ForCausalLM, Qwen3ForCausalLM
@@ -84,7 +85,7 @@ def make_model(
         "intermediate_size": intermediate_size,
         "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
-        "max_position_embeddings": 1024,
+        "max_position_embeddings": max_position_embeddings,
         "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         "eos_token_id": tokenizer.convert_tokens_to_ids(END_OF_TURN),
         "bos_token_id": None,

@@ -4,6 +4,7 @@ number of AdamW steps (warmup + cosine), deterministic for a seed."""
 from __future__ import annotations
 
 import math
+import random
 import sys
 from typing import Any
 
@@ -97,6 +98,60 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+WINDOW_CONTEXT_TOKENS = 16  # a window's first tokens lack the line before: not trained on
+ANSWER_HEAD_TOKENS = 16  # every row keeps the answer's start (`<think>` and its first line)
+
+
+def window_rows(
+    encoded: list[tuple[list[int], int]], window_tokens: int, rng: random.Random
+) -> list[tuple[list[int], list[int], list[bool]]]:
+    """Each example as its prompt, the head of its answer and one window of `window_tokens`
+    answer tokens, kept at their true positions: (ids, position ids, which tokens are trained).
+
+    A long answer costs a window's compute instead of its whole length, while RoPE still sees
+    the window's real distance to the prompt (where the count's end or the list is). Every row
+    keeps the answer's first tokens, so the model learns how an answer starts as often as a
+    whole-example batch teaches it; a quarter of the windows end the answer (where it stops).
+    """
+    rows = []
+    for ids, prompt_len in encoded:
+        head_end = prompt_len + ANSWER_HEAD_TOKENS
+        if len(ids) - head_end <= window_tokens:
+            rows.append((ids, list(range(len(ids))), [i >= prompt_len for i in range(len(ids))]))
+            continue
+        last_start = len(ids) - window_tokens
+        start = last_start if rng.random() < 0.25 else rng.randint(head_end, last_start)
+        kept = [*range(head_end), *range(start, start + window_tokens)]
+        trained = [prompt_len <= i < head_end for i in range(head_end)]
+        # A window right after the head continues it; a detached one first needs a line back.
+        trained += [start == head_end or j >= WINDOW_CONTEXT_TOKENS for j in range(window_tokens)]
+        rows.append(([ids[i] for i in kept], kept, trained))
+    return rows
+
+
+def pad_rows(rows: list[tuple[list[int], list[int], list[bool]]], pad_id: int) -> dict[str, Any]:
+    """Right-padded input ids, attention mask, position ids and labels of window rows. The mask
+    is given, so transformers takes the jump in positions for RoPE, not for a packed sequence."""
+    import torch
+
+    width = max(len(ids) for ids, _, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for r, (ids, positions, trained) in enumerate(rows):
+        input_ids[r, : len(ids)] = torch.tensor(ids)
+        attention_mask[r, : len(ids)] = 1
+        position_ids[r, : len(ids)] = torch.tensor(positions)
+        labels[r, : len(ids)] = torch.where(torch.tensor(trained), torch.tensor(ids), -100)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "labels": labels,
+    }
+
+
 def train_model(
     model: Any,
     tokenizer: Any,
@@ -105,9 +160,11 @@ def train_model(
     train_steps: int,
     batch_size: int,
     learning_rate: float,
+    window_tokens: int | None = None,
 ) -> float:
     """Train for exactly `train_steps` steps (AdamW, warmup + cosine); return the final loss
-    (an average over the last ten or so steps, so one lucky batch does not decide it)."""
+    (an average over the last ten or so steps, so one lucky batch does not decide it).
+    `window_tokens`: train on windows of long answers (window_rows) instead of whole ones."""
     import torch
     from tqdm import tqdm
 
@@ -127,11 +184,16 @@ def train_model(
         chunk = encode_training_batch(
             tokenizer, examples[step * batch_size : (step + 1) * batch_size]
         )
-        input_ids, position_ids, labels = pack_batch(chunk, ROW_TOKENS, pad_id)
-        # No cache: transformers builds the per-example (packed) attention mask only without one.
-        loss = model(
-            input_ids=input_ids, position_ids=position_ids, labels=labels, use_cache=False
-        ).loss
+        if window_tokens:
+            rows = window_rows(chunk, window_tokens, random.Random(f"window-{step}"))
+            loss = model(**pad_rows(rows, pad_id), use_cache=False).loss
+        else:
+            input_ids, position_ids, labels = pack_batch(chunk, ROW_TOKENS, pad_id)
+            # No cache: transformers builds the per-example (packed) attention mask only without
+            # one.
+            loss = model(
+                input_ids=input_ids, position_ids=position_ids, labels=labels, use_cache=False
+            ).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -107,7 +107,8 @@ def _parity(rng: random.Random) -> DemoExample:
     return DemoExample("parity", f"Is {n} even or odd?", reasoning, word)
 
 
-_FAMILIES: dict[str, Callable[[random.Random], DemoExample]] = {
+Family = Callable[[random.Random], DemoExample]
+_FAMILIES: dict[str, Family] = {
     "addition": _addition,
     "count_letter": _count_letter,
     "sort": _sort,
@@ -115,13 +116,28 @@ _FAMILIES: dict[str, Callable[[random.Random], DemoExample]] = {
     "parity": _parity,
 }
 TASK_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+# The short tasks of the embedded demo, and the long ones of the long-reasoning demo
+# (long_tasks.py): `demo_target.tasks`, and the prompt sources `demo` and `demo-long`.
+TASK_SUITES = ("short", "long")
 
 
-def make_example(rng: random.Random, family: str) -> DemoExample:
-    """Draw one example of `family` (one of TASK_FAMILIES) from `rng`."""
-    if family not in _FAMILIES:
-        raise ValueError(f"unknown demo task family {family!r}; known: {', '.join(TASK_FAMILIES)}")
-    return _FAMILIES[family](rng)
+def suite_families(suite: str) -> dict[str, Family]:
+    """The task families of `suite` (one of TASK_SUITES), in their round-robin order."""
+    if suite == "short":
+        return _FAMILIES
+    if suite == "long":
+        from eaglenest.demo.long_tasks import LONG_FAMILIES
+
+        return LONG_FAMILIES
+    raise ValueError(f"unknown demo task suite {suite!r}; known: {', '.join(TASK_SUITES)}")
+
+
+def make_example(rng: random.Random, family: str, suite: str = "short") -> DemoExample:
+    """Draw one example of `family` (one of `suite`'s families) from `rng`."""
+    families = suite_families(suite)
+    if family not in families:
+        raise ValueError(f"unknown demo task family {family!r}; known: {', '.join(families)}")
+    return families[family](rng)
 
 
 def is_heldout_prompt(prompt: str) -> bool:
@@ -130,15 +146,19 @@ def is_heldout_prompt(prompt: str) -> bool:
     return int.from_bytes(digest[:8], "big") % HELDOUT_BUCKETS == 0
 
 
-def _draw(seed: int, n: int, heldout: bool, distinct: bool) -> list[DemoExample]:
+def _draw(seed: int, n: int, heldout: bool, distinct: bool, suite: str) -> list[DemoExample]:
     # A string seed keeps the train and held-out streams independent for the same integer seed.
-    rng = random.Random(f"eaglenest-demo-{'heldout' if heldout else 'train'}-{seed}")
+    stream = f"{'heldout' if heldout else 'train'}-{seed}"
+    rng = random.Random(
+        f"eaglenest-demo-{stream}" if suite == "short" else f"eaglenest-{suite}-{stream}"
+    )
+    families = tuple(suite_families(suite))
     examples: list[DemoExample] = []
     seen: set[str] = set()
     for i in range(n):
-        family = TASK_FAMILIES[i % len(TASK_FAMILIES)]
+        family = families[i % len(families)]
         for _ in range(_MAX_DRAWS_PER_EXAMPLE):
-            example = make_example(rng, family)
+            example = make_example(rng, family, suite)
             if is_heldout_prompt(example.prompt) != heldout:
                 continue
             if distinct and example.prompt in seen:
@@ -151,14 +171,14 @@ def _draw(seed: int, n: int, heldout: bool, distinct: bool) -> list[DemoExample]
     return examples
 
 
-def training_examples(seed: int, n: int) -> list[DemoExample]:
+def training_examples(seed: int, n: int, suite: str = "short") -> list[DemoExample]:
     """`n` training examples, families round-robin; never a held-out prompt (repeats allowed)."""
-    return _draw(seed, n, heldout=False, distinct=False)
+    return _draw(seed, n, heldout=False, distinct=False, suite=suite)
 
 
-def heldout_examples(seed: int, n: int) -> list[DemoExample]:
+def heldout_examples(seed: int, n: int, suite: str = "short") -> list[DemoExample]:
     """`n` distinct held-out examples, families round-robin; none of them is ever trained on."""
-    return _draw(seed, n, heldout=True, distinct=True)
+    return _draw(seed, n, heldout=True, distinct=True, suite=suite)
 
 
 def check_answer(example: DemoExample, content: str | None) -> bool:

@@ -13,6 +13,7 @@ from eaglenest.settings import Settings
 @dataclass(frozen=True)
 class DemoTargetSettings(Settings):
     seed: int
+    tasks: str  # "short" (the embedded demo) or "long" (the long-reasoning demo)
     architecture: str
     layout: str
     num_layers: int
@@ -21,10 +22,13 @@ class DemoTargetSettings(Settings):
     num_kv_heads: int
     intermediate_size: int
     vocab_size: int
+    max_position_embeddings: int
     train_steps: int
     batch_size: int
     learning_rate: float
+    train_window_tokens: int | None
     heldout_prompts: int
+    heldout_max_new_tokens: int
     min_reasoning_share: float
     deepseek_v3: dict[str, Any]
 

@@ -15,6 +15,7 @@ from eaglenest.settings.vllm import VllmEngine
 @dataclass(frozen=True)
 class EvaluateSettings(Settings):
     ks: tuple[int, ...]
+    depths: tuple[int, ...]  # context depths of the by-depth table (empty: none)
     live: bool
     live_prompts: int
     live_max_new_tokens: int
@@ -29,9 +30,11 @@ class EvaluateSettings(Settings):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EvaluateSettings:
         section = config["evaluate"]
-        names = [f for f in cls.__dataclass_fields__ if f not in ("ks", "seed", "vllm", "target")]
+        fixed = ("ks", "depths", "seed", "vllm", "target")
+        names = [f for f in cls.__dataclass_fields__ if f not in fixed]
         return cls(
             ks=tuple(section["ks"]),
+            depths=tuple(section["depths"]),
             seed=config["train"]["seed"],
             vllm=VllmEngine.from_config(config) if section["engine"] == "vllm" else None,
             target=TargetSettings.view(config, "path", "trust_remote_code"),

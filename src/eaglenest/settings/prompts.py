@@ -12,6 +12,8 @@ from typing import Any
 from eaglenest.settings import Settings
 
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+# The demo prompt sources and the task suite (eaglenest.demo.tasks) each draws from.
+DEMO_SOURCES = {"demo": "short", "demo-long": "long"}
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def source_kind(source: str | Sequence[str]) -> str:
     directory or a hub name, both read with datasets.load_dataset)."""
     if not isinstance(source, str):
         return "files"
-    if source == "demo":
+    if source in DEMO_SOURCES:
         return "demo"
     path = Path(source)
     if path.is_dir():

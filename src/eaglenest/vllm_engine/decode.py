@@ -7,7 +7,9 @@ Decodes the held-out prompts (token ids) at temperature 0 with offline `vllm.LLM
 with EAGLE-3 speculative decoding by the exported drafter and K draft tokens. Answers one message
 (eaglenest.vllm_engine.process.say): the generated token ids per prompt, the wall time of
 `generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`), which are the
-figures users see in production.
+figures users see in production. The request's `groups` (name -> prompts; the prompts cut at each
+depth) are decoded after, by the same engine, one `generate` each, with the counters' growth over
+that call as the group's own.
 
 Imports vLLM and eaglenest.vllm_engine.process only.
 """
@@ -60,6 +62,32 @@ def spec_counters(llm) -> dict:
     return found
 
 
+def counters_since(after: dict, before: dict) -> dict:
+    """The growth of vLLM's counters between two readings (lists element by element)."""
+    grown: dict = {}
+    for name, value in after.items():
+        previous = before.get(name)
+        if isinstance(value, list):
+            previous = previous or [0] * len(value)
+            grown[name] = [a - b for a, b in zip(value, previous, strict=True)]
+        else:
+            grown[name] = value - (previous or 0)
+    return grown
+
+
+def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
+    """Tokens, wall time and the counters' growth of one `generate` over `prompts`."""
+    before = spec_counters(llm)
+    tick = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
+    wall_s = time.perf_counter() - tick
+    return {
+        "tokens": [list(output.outputs[0].token_ids) for output in outputs],
+        "wall_s": round(wall_s, 4),
+        "spec": counters_since(spec_counters(llm), before),
+    }
+
+
 def main(request_path: str) -> None:
     start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
     from vllm import SamplingParams
@@ -69,16 +97,12 @@ def main(request_path: str) -> None:
     llm = engine(request)
     say({"engine_ready_s": round(time.perf_counter() - started, 3)})
     sampling = SamplingParams(max_tokens=request["max_new_tokens"], temperature=0.0)
-    prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
-    tick = time.perf_counter()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    wall_s = time.perf_counter() - tick
-    say({
-        "done": True,
-        "tokens": [list(output.outputs[0].token_ids) for output in outputs],
-        "wall_s": round(wall_s, 4),
-        "spec": spec_counters(llm),
-    })  # fmt: skip
+    answer = decode_prompts(llm, request["prompts"], sampling)
+    groups = {
+        name: decode_prompts(llm, prompts, sampling)
+        for name, prompts in (request.get("groups") or {}).items()
+    }
+    say({"done": True, **answer, "groups": groups})
 
 
 if __name__ == "__main__":  # LLM(...) starts its workers with spawn

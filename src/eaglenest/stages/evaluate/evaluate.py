@@ -40,6 +40,7 @@ from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.stages.evaluate.depths import DepthCut, cut_at_depths, depth_table
 from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     Generation,
@@ -117,9 +118,14 @@ def simulate(
     signal: TargetSignal,
     ks: tuple[int, ...],
     device: str = "cpu",
+    depths: tuple[int, ...] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Simulated acceptance for each proposer (a drafter, or an int = prompt-lookup n-gram)."""
+    """Simulated acceptance for each proposer (a drafter, or an int = prompt-lookup n-gram).
+    With `depths`, also the first proposer's at the positions at or past each depth, under
+    "by_depth": depth (str) -> K (str) -> figures."""
     counts = {name: {k: AcceptanceCounts(k) for k in ks} for name in proposers}
+    first = next(iter(proposers))
+    by_depth = {d: {k: AcceptanceCounts(k) for k in ks} for d in depths}
     kmax = max(ks)
     for refs in plan.epoch_order(0):
         on_device = signal.fill(build_batch(refs, plan.shards).to(device))
@@ -140,12 +146,20 @@ def simulate(
                 )
             for k in ks:
                 where = chain_positions(batch.loss_mask, lengths, k)
-                counts[name][k].add(
-                    predicted[..., :k][where],
-                    shifted_stack(greedy, 1, k)[where],
-                    shifted_stack(batch.input_ids, 2, k)[where],
-                )
-    return {name: {str(k): c.result() for k, c in per_k.items()} for name, per_k in counts.items()}
+                chains = (predicted[..., :k], shifted_stack(greedy, 1, k))
+                data_next = shifted_stack(batch.input_ids, 2, k)
+                counts[name][k].add(chains[0][where], chains[1][where], data_next[where])
+                for depth in depths if name == first else ():
+                    deep = where & (torch.arange(where.shape[1])[None] >= depth)
+                    by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep])
+    results = {
+        name: {str(k): c.result() for k, c in per_k.items()} for name, per_k in counts.items()
+    }
+    if depths:
+        results["by_depth"] = {
+            str(d): {str(k): c.result() for k, c in per_k.items()} for d, per_k in by_depth.items()
+        }
+    return results
 
 
 def lookup_predictions(
@@ -265,9 +279,10 @@ def untrained_like(model: Eagle3Drafter, seed: int) -> Eagle3Drafter:
 
 def live_metrics(
     drafter, prompts, settings: EvaluateSettings, target_path, device: str, model_dtype: str,
-    trust_remote_code: bool, layer_ids: list[int],
+    trust_remote_code: bool, layer_ids: list[int], cuts: list[DepthCut] = (),
 ) -> dict[str, Any]:  # fmt: skip
-    """Greedy and speculative decoding with the transformers target, EAGLE-3 and prompt lookup."""
+    """Greedy and speculative decoding with the transformers target, EAGLE-3 and prompt lookup;
+    EAGLE-3 also from each depth cut (`live_by_depth`: depth -> K -> figures)."""
     from eaglenest.target_model.loading import load_target
 
     target = load_target(target_path, device, model_dtype, trust_remote_code)
@@ -275,13 +290,22 @@ def live_metrics(
         "eagle3": EagleProposer(drafter),
         "prompt_lookup": PromptLookupProposer(settings.prompt_lookup_ngram),
     }
+    eos_ids = eos_token_ids(target_path, target)
     results = live(
-        target, proposers, prompts, settings.ks, settings.live_max_new_tokens,
-        eos_token_ids(target_path, target), layer_ids,
-    )  # fmt: skip
+        target, proposers, prompts, settings.ks, settings.live_max_new_tokens, eos_ids, layer_ids
+    )
+    by_depth = {}
+    for cut in cuts:
+        if cut.prompts:
+            log.info("live at depth %d: %d prompts", cut.depth, len(cut.prompts))
+            by_depth[str(cut.depth)] = live(
+                target, {"eagle3": EagleProposer(drafter)}, cut.prompts, settings.ks,
+                settings.live_max_new_tokens, eos_ids, layer_ids,
+            )["eagle3"]  # fmt: skip
     return {
         "live": results["eagle3"],
         "live_baselines": {"prompt_lookup": results["prompt_lookup"]},
+        "live_by_depth": by_depth,
     }
 
 
@@ -315,7 +339,13 @@ def evaluate_drafter(
         TargetSignal(head, vocab, device),
         settings.ks,
         device,
+        settings.depths,
     )
+    simulated_by_depth = simulated.pop("by_depth", {})
+    continuation = settings.live_max_new_tokens
+    cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
+    for cut in cuts:
+        log.info("depth %d: %s", cut.depth, cut.counts())
     for name, per_k in simulated.items():
         log.info(
             "simulated %s: %s",
@@ -340,7 +370,7 @@ def evaluate_drafter(
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
-        metrics.update(live_metrics(drafter, prompts, *live_args, head.aux_layer_ids))
+        metrics.update(live_metrics(drafter, prompts, *live_args, head.aux_layer_ids, cuts))
         metrics["live_vs_simulated"] = {
             k: metrics["live"][k]["acceptance_length"] / simulated["eagle3"][k]["acceptance_length"]
             for k in metrics["live"]
@@ -354,13 +384,22 @@ def evaluate_drafter(
             prompts=prompts, drafter_dir=drafter_dir, target_path=resolve_target_dir(target_path),
             ks=settings.ks, max_new_tokens=settings.live_max_new_tokens, model_dtype=model_dtype,
             engine=settings.vllm, runtime=runtime, trust_remote_code=trust_remote_code,
+            depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
         )  # fmt: skip
-        for engine_k in metrics["engine"]["per_k"].values():
-            engine_k["emitted_per_round"] = emitted_per_round(
-                engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
-            )
+        engine_by_depth = metrics["engine"].get("by_depth") or {}
+        for per_k in [metrics["engine"]["per_k"], *engine_by_depth.values()]:
+            for engine_k in per_k.values():
+                engine_k["emitted_per_round"] = emitted_per_round(
+                    engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
+                )
         if metrics["live"]:
             metrics["live_vs_engine"] = live_vs_engine(metrics["live"], metrics["engine"]["per_k"])
+    live_by_depth = metrics.pop("live_by_depth", None)
+    engine_by_depth = (metrics.get("engine") or {}).pop("by_depth", None)
+    if settings.depths:
+        metrics["by_depth"] = depth_table(
+            cuts, settings.ks, continuation, simulated_by_depth, live_by_depth, engine_by_depth
+        )
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics

@@ -90,13 +90,17 @@ def engine_request(
     engine: VllmEngine,
     runtime: VllmRuntime,
     trust_remote_code: bool = False,
+    groups: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """What vllm_engine/decode.py is asked (less `k`: None for plain decoding, else the draft length)."""
-    longest = max((len(p) for p in prompts), default=0)
+    """What vllm_engine/decode.py is asked (less `k`: None for plain decoding, else the draft length).
+    `groups`: further prompts by name (the depth cuts), each decoded by the same engine."""
+    every = [*prompts, *[p for group in (groups or {}).values() for p in group]]
+    longest = max((len(p) for p in every), default=0)
     return {
         "target": str(target_path),
         "drafter": str(Path(drafter_dir).resolve()),
         "prompts": prompts,
+        "groups": groups or {},
         "max_new_tokens": max_new_tokens,
         "dtype": model_dtype,
         "tensor_parallel_size": runtime.tensor_parallel_size,
@@ -121,21 +125,29 @@ def evaluate_in_vllm(
     runtime: VllmRuntime,
     trust_remote_code: bool = False,
     plain: dict[str, Any] | None = None,
+    depth_prompts: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`. `plain`:
-    the plain decoding of the same prompts, when already made (`decode` with k None)."""
+    the plain decoding of the same prompts, when already made (`decode` with k None).
+    `depth_prompts`: depth -> the prompts cut there, decoded by the same engines; their figures
+    under `by_depth` (depth -> K -> figures)."""
     request = engine_request(
         prompts=prompts, drafter_dir=drafter_dir, target_path=target_path,
         max_new_tokens=max_new_tokens, model_dtype=model_dtype, engine=engine, runtime=runtime,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, groups=depth_prompts,
     )  # fmt: skip
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
+    by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
     try:
         plain = plain or decode({**request, "k": None}, runtime, work_dir)
         per_k = {}
         for k in ks:
-            per_k[str(k)] = acceptance(decode({**request, "k": k}, runtime, work_dir), plain, k)
+            answer = decode({**request, "k": k}, runtime, work_dir)
+            per_k[str(k)] = acceptance(answer, plain, k)
             log.info("vLLM K=%d: %s", k, per_k[str(k)])
+            for depth, group in (answer.get("groups") or {}).items():
+                by_depth[depth][str(k)] = acceptance(group, plain["groups"][depth], k)
+                log.info("vLLM K=%d depth %s: %s", k, depth, by_depth[depth][str(k)])
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return {
@@ -144,5 +156,6 @@ def evaluate_in_vllm(
         "max_new_tokens": max_new_tokens,
         "plain": {"tokens": sum(len(t) for t in plain["tokens"]), "wall_s": plain["wall_s"]},
         "per_k": per_k,
+        "by_depth": by_depth,
         "definition": "vLLM's spec_decode counters: acceptance length = 1 + accepted / drafts",
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.settings.prompts import LOCAL_SUFFIXES, PromptOptions, source_kind
+from eaglenest.settings.prompts import DEMO_SOURCES, LOCAL_SUFFIXES, PromptOptions, source_kind
 from eaglenest.stages.prompts.normalise import Unparsable
 from eaglenest.stages.prompts.shards import prompt_options
 
@@ -108,8 +108,9 @@ def _demo_part(options: PromptOptions) -> _Part:
     # Imported here: the demo module is only needed by the demo source.
     from eaglenest.demo.tasks import heldout_examples
 
+    suite = DEMO_SOURCES[options.source]
     # A fixed pool, so the shuffled order does not depend on max_samples.
-    examples = heldout_examples(options.seed, options.demo_pool_size)
+    examples = heldout_examples(options.seed, options.demo_pool_size, suite)
     records = [{"prompt": example.prompt} for example in examples]
     return _Part(
         name="demo",

@@ -4,6 +4,7 @@ stored features, live, in the serving engine and for the baselines (eval/metrics
 from __future__ import annotations
 
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
+from eaglenest.stages.report.depth import depth_table_html
 from eaglenest.stages.report.figures import acceptance_figure
 from eaglenest.stages.report.page import Section, table
 
@@ -18,6 +19,9 @@ def section_acceptance(data: RunData) -> Section:
     live = metrics.get("live")
     section.figure = acceptance_figure(metrics, ks)
     section.blocks.append(acceptance_table(metrics, ks))
+    if metrics.get("by_depth"):
+        section.blocks.append("<h3>Acceptance by context depth</h3>")
+        section.blocks.append(depth_table_html(metrics["by_depth"]))
     if metrics.get("engine"):
         section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
         section.blocks.append(engine_table(metrics, ks))

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from eaglenest.stages.report.data import BASELINE_NAMES
+from eaglenest.stages.report.depth import depth_panel
 
 
 def new_figure(columns: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -185,8 +186,12 @@ SOURCE_COLORS = {"simulated": "C0", "live": "C1", "untrained": "C2", "prompt_loo
 
 def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
     """One panel per K: conditional acceptance by position (drafter and baselines, simulated);
-    last panel: acceptance length per K, simulated, live and baselines side by side."""
-    figure, axes = new_figure(len(ks) + 1, width=4.2)
+    then acceptance length per K, simulated, live and baselines side by side; last, with a
+    by-depth table (evaluate.depths), acceptance length against context depth."""
+    by_depth = metrics.get("by_depth")
+    figure, axes = new_figure(len(ks) + 1 + bool(by_depth), width=4.2)
+    if by_depth:
+        depth_panel(axes.pop(), by_depth)
     baselines = metrics.get("baselines") or {}
     live = metrics.get("live") or {}
     for axis, k in zip(axes, ks):

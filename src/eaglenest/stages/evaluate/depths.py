@@ -1,0 +1,135 @@
+"""Acceptance by context depth (`evaluate.depths`): held-out samples cut at each depth, and the
+table eval/metrics.json keeps of what each way of measuring found there.
+
+A drafter's acceptance depends on how deep into a long answer it drafts. For each depth d the
+held-out samples are cut after their first d tokens (as token ids: the prompt of the live and of
+the engine decoding is the sample up to d) and the target's greedy continuation is decoded from
+there, `evaluate.live_max_new_tokens` tokens, with the drafter proposing; depth 0 is the sample's
+own prompt (its answer from the start). A sample is skipped, and counted, when it is shorter than
+d + the continuation (`too_short`), or when its prompt alone is longer than d (`prompt_past_depth`:
+the cut would fall inside the user's text, not the answer). Simulated acceptance per depth counts
+the positions at or past d of every held-out sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+
+@dataclass
+class DepthCut:
+    """The prompts cut at one depth, and how many samples were skipped there and why."""
+
+    depth: int
+    prompts: list[list[int]] = field(default_factory=list)
+    too_short: int = 0
+    prompt_past_depth: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "prompts": len(self.prompts),
+            "too_short": self.too_short,
+            "prompt_past_depth": self.prompt_past_depth,
+        }
+
+
+def cut_sample(
+    input_ids: list[int], prompt_len: int, depth: int, continuation: int
+) -> str | list[int]:
+    """The sample's first `depth` tokens (its prompt at depth 0), or why it cannot be cut there:
+    "too_short" or "prompt_past_depth"."""
+    cut = prompt_len if depth == 0 else depth
+    if depth and prompt_len > depth:
+        return "prompt_past_depth"
+    if len(input_ids) < cut + continuation:
+        return "too_short"
+    return list(input_ids[:cut])
+
+
+def cut_at_depths(
+    tokens_paths: list[str | Path], depths: tuple[int, ...], per_depth: int, continuation: int
+) -> list[DepthCut]:
+    """For each depth, the first `per_depth` held-out samples (in shard order) cut there."""
+    cuts = [DepthCut(d) for d in depths]
+    for path in tokens_paths:
+        frame = pl.read_parquet(path, columns=["input_ids", "prompt_len"])
+        for ids, prompt_len in frame.iter_rows():
+            for cut in cuts:
+                if len(cut.prompts) == per_depth:
+                    continue
+                prompt = cut_sample(ids, prompt_len, cut.depth, continuation)
+                if isinstance(prompt, str):
+                    setattr(cut, prompt, getattr(cut, prompt) + 1)
+                else:
+                    cut.prompts.append(prompt)
+    return cuts
+
+
+def _live_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not figures:
+        return None
+    keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
+    row = {key: figures.get(key) for key in keys}
+    row["identical_to_greedy"] = figures.get("identical_to_greedy")
+    return row
+
+
+def _engine_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not figures:
+        return None
+    keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
+    row = {key: figures.get(key) for key in keys}
+    row["identical_to_plain"] = figures.get("identical_to_plain")
+    return row
+
+
+def depth_table(
+    cuts: list[DepthCut],
+    ks: tuple[int, ...],
+    continuation: int,
+    simulated: dict[str, dict[str, Any]],
+    live: dict[str, dict[str, Any]] | None,
+    engine: dict[str, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """eval/metrics.json's `by_depth`: per K, one row per depth with the prompts decoded there
+    and the acceptance (length, rounds) of the simulated, live and engine measurements.
+
+    `simulated`, `live`, `engine`: depth (str) -> K (str) -> that measurement's figures."""
+    per_k: dict[str, list[dict[str, Any]]] = {}
+    for k in map(str, ks):
+        rows = []
+        for cut in cuts:
+            d = str(cut.depth)
+            sim = (simulated.get(d) or {}).get(k)
+            rows.append(
+                {
+                    "depth": cut.depth,
+                    "prompts": len(cut.prompts),
+                    "simulated": (
+                        {
+                            "acceptance_length": sim["acceptance_length"],
+                            "positions": sim["positions"],
+                        }
+                        if sim
+                        else None
+                    ),
+                    "live": _live_row(((live or {}).get(d) or {}).get(k)),
+                    "engine": _engine_row(((engine or {}).get(d) or {}).get(k)),
+                }
+            )
+        per_k[k] = rows
+    return {
+        "depths": [cut.depth for cut in cuts],
+        "continuation_tokens": continuation,
+        "samples": {str(cut.depth): cut.counts() for cut in cuts},
+        "per_k": per_k,
+        "definition": (
+            "held-out samples cut after `depth` tokens (depth 0: the sample's prompt), the "
+            "continuation decoded greedily with the drafter; simulated: positions >= depth of "
+            "every held-out sample"
+        ),
+    }
