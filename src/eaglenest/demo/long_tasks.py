@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 
-from eaglenest.demo.tasks import DemoExample
+from eaglenest.demo.example import DemoExample
 
 # Steps (lines) per answer: log-uniform between these, about 6 tokens a line.
 COUNT_STEPS = (150, 1800)

@@ -151,6 +151,15 @@ def _train_and_evaluate(
     return metrics
 
 
+def check_layout(settings: DemoTargetSettings) -> None:
+    """Refuses a layout the architecture cannot take."""
+    if settings.layout == "kimi_k25" and settings.architecture != "deepseek_v3":
+        raise ValueError(
+            "demo_target.layout kimi_k25 wraps a DeepSeek-V3 text model, as Kimi-K2.5 does: "
+            f"set demo_target.architecture deepseek_v3 (not {settings.architecture!r})"
+        )
+
+
 def build_demo_target(
     out_dir: str | Path,
     settings: DemoTargetSettings,
@@ -170,11 +179,7 @@ def build_demo_target(
     import torch
 
     say = log or logger.info
-    if settings.layout == "kimi_k25" and settings.architecture != "deepseek_v3":
-        raise ValueError(
-            "demo_target.layout kimi_k25 wraps a DeepSeek-V3 text model, as Kimi-K2.5 does: "
-            f"set demo_target.architecture deepseek_v3 (not {settings.architecture!r})"
-        )
+    check_layout(settings)  # before the training, not after it
     started = time.perf_counter()
     seed, train_steps, batch_size = settings.seed, settings.train_steps, settings.batch_size
     architecture, vocab_size = settings.architecture, settings.vocab_size

@@ -8,7 +8,8 @@ from importlib import resources
 from typing import Any
 
 from eaglenest.client.reasoning import THINK_END, THINK_START
-from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN, DemoExample
+from eaglenest.demo.example import DemoExample
+from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 
 IM_START = "<|im_start|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, END_OF_TURN)

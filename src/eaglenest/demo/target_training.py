@@ -8,7 +8,8 @@ import random
 import sys
 from typing import Any
 
-from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN, DemoExample
+from eaglenest.demo.example import DemoExample
+from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 
 ROW_TOKENS = 256  # packed training row length; short rows keep attention cost small
 

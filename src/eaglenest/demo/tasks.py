@@ -16,22 +16,15 @@ import hashlib
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.demo.example import DemoExample
+from eaglenest.demo.long_tasks import LONG_FAMILIES
 
 END_OF_TURN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 HELDOUT_BUCKETS = 10  # one prompt in HELDOUT_BUCKETS is held out
 _MAX_DRAWS_PER_EXAMPLE = 1000  # guards against asking for more distinct prompts than exist
-
-
-@dataclass(frozen=True)
-class DemoExample:
-    family: str
-    prompt: str
-    reasoning: str  # starts and ends with "\n", like the text between Qwen3's think tags
-    answer: str
 
 
 def _addition(rng: random.Random) -> DemoExample:
@@ -126,8 +119,6 @@ def suite_families(suite: str) -> dict[str, Family]:
     if suite == "short":
         return _FAMILIES
     if suite == "long":
-        from eaglenest.demo.long_tasks import LONG_FAMILIES
-
         return LONG_FAMILIES
     raise ValueError(f"unknown demo task suite {suite!r}; known: {', '.join(TASK_SUITES)}")
 

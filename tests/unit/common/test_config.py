@@ -69,8 +69,8 @@ TEST_CONFIGS = sorted((REPO / "config" / "tests").glob("*.yaml"))
 # which the workflow tests build once and copy into each run).
 OWN_SECTIONS = ("run", "server", "probe")
 # Configs of another target, run end to end on their own (tests/engine/):
-# DeepSeek-V3, and the same in Kimi-K2.5's layout.
-OWN_TARGET = ("deepseek-v3", "kimi-k2.5-layout")
+# DeepSeek-V3, the same in Kimi-K2.5's layout, and the long-reasoning demo's own target.
+OWN_TARGET = ("deepseek-v3", "kimi-k2.5-layout", "long-reasoning")
 
 
 @pytest.mark.parametrize("path", TEST_CONFIGS, ids=[p.stem for p in TEST_CONFIGS])
@@ -78,8 +78,9 @@ def test_test_configs_are_valid_over_the_demo_config(path):
     own = yaml.safe_load(path.read_text())
     config = validate_config(over(demo_config(), own))
     assert config["run"] == path.stem  # its own results/, logs/ and benchmarks/
-    if path.stem in OWN_TARGET:
-        assert config["demo_target"]["architecture"] != "qwen3"
+    if path.stem in OWN_TARGET:  # another architecture, or the long tasks
+        target = config["demo_target"]
+        assert (target["architecture"], target["tasks"]) != ("qwen3", "short")
         return
     small = yaml.safe_load((REPO / "config" / "tests" / "demo-small.yaml").read_text())
     shared = {k: v for k, v in own.items() if k not in OWN_SECTIONS}

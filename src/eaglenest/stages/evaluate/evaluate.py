@@ -352,19 +352,7 @@ def evaluate_drafter(
             name,
             {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
         )
-    metrics: dict[str, Any] = {
-        "ks": list(settings.ks),
-        "heldout_shards": [Path(p).stem for p in heldout_hidden],
-        "simulated": simulated["eagle3"],
-        "baselines": {
-            "untrained": simulated["untrained"],
-            "prompt_lookup": simulated["prompt_lookup"],
-        },
-        "live": None,
-        "live_baselines": None,
-        "live_skipped_reason": None,
-        "definition": "acceptance length = 1 + accepted draft tokens per verification round",
-    }
+    metrics = simulated_metrics(settings, heldout_hidden, simulated)
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
@@ -378,20 +366,9 @@ def evaluate_drafter(
     else:
         metrics["live_skipped_reason"] = "evaluate.live is false"
     if settings.engine == "vllm":
-        from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
-
-        metrics["engine"] = evaluate_in_vllm(
-            prompts=prompts, drafter_dir=drafter_dir, target_path=resolve_target_dir(target_path),
-            ks=settings.ks, max_new_tokens=settings.live_max_new_tokens, model_dtype=model_dtype,
-            engine=settings.vllm, runtime=runtime, trust_remote_code=trust_remote_code,
-            depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
-        )  # fmt: skip
-        engine_by_depth = metrics["engine"].get("by_depth") or {}
-        for per_k in [metrics["engine"]["per_k"], *engine_by_depth.values()]:
-            for engine_k in per_k.values():
-                engine_k["emitted_per_round"] = emitted_per_round(
-                    engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
-                )
+        metrics["engine"] = engine_metrics(
+            drafter_dir, prompts, cuts, settings, runtime, model_dtype
+        )
         if metrics["live"]:
             metrics["live_vs_engine"] = live_vs_engine(metrics["live"], metrics["engine"]["per_k"])
     live_by_depth = metrics.pop("live_by_depth", None)
@@ -403,6 +380,49 @@ def evaluate_drafter(
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
+
+
+def simulated_metrics(
+    settings: EvaluateSettings, heldout_hidden: list[str | Path], simulated: dict[str, Any]
+) -> dict[str, Any]:
+    """metrics.json's frame: the simulated figures, the live and engine ones still to come."""
+    return {
+        "ks": list(settings.ks),
+        "heldout_shards": [Path(p).stem for p in heldout_hidden],
+        "simulated": simulated["eagle3"],
+        "baselines": {
+            "untrained": simulated["untrained"],
+            "prompt_lookup": simulated["prompt_lookup"],
+        },
+        "live": None,
+        "live_baselines": None,
+        "live_skipped_reason": None,
+        "definition": "acceptance length = 1 + accepted draft tokens per verification round",
+    }
+
+
+def engine_metrics(
+    drafter_dir: str | Path, prompts: list[list[int]], cuts: list[DepthCut],
+    settings: EvaluateSettings, runtime: VllmRuntime | None, model_dtype: str,
+) -> dict[str, Any]:  # fmt: skip
+    """vLLM's figures (evaluate.engine: vllm) from the held-out prompts and each depth cut, with
+    the emitted tokens per round of every K on the one definition."""
+    from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
+
+    engine = evaluate_in_vllm(
+        prompts=prompts, drafter_dir=drafter_dir,
+        target_path=resolve_target_dir(settings.target.path), ks=settings.ks,
+        max_new_tokens=settings.live_max_new_tokens, model_dtype=model_dtype,
+        engine=settings.vllm, runtime=runtime,
+        trust_remote_code=settings.target.trust_remote_code,
+        depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
+    )  # fmt: skip
+    for per_k in [engine["per_k"], *(engine.get("by_depth") or {}).values()]:
+        for engine_k in per_k.values():
+            engine_k["emitted_per_round"] = emitted_per_round(
+                engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
+            )
+    return engine
 
 
 def live_vs_engine(live: dict[str, dict], engine: dict[str, dict]) -> dict[str, float | None]:

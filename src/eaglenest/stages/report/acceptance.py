@@ -3,8 +3,9 @@ stored features, live, in the serving engine and for the baselines (eval/metrics
 
 from __future__ import annotations
 
+from typing import Any
+
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
-from eaglenest.stages.report.depth import depth_table_html
 from eaglenest.stages.report.figures import acceptance_figure
 from eaglenest.stages.report.page import Section, table
 
@@ -149,3 +150,33 @@ def live_table(live_by_name: dict[str, dict], ks: list[str]) -> str:
         for k in ks
     ]
     return table(["proposer", "K", *[key.replace("_", " ") for key in keys]], rows)
+
+
+def depth_table_html(by_depth: dict[str, Any]) -> str:
+    """One row per K and depth: prompts decoded there, then acceptance length and rounds of the
+    live and the engine decoding, and the simulated acceptance length."""
+    rows = []
+    for k, per_depth in by_depth["per_k"].items():
+        for row in per_depth:
+            live, engine, simulated = (row.get(m) or {} for m in ("live", "engine", "simulated"))
+            rows.append([
+                k, row["depth"], row["prompts"],
+                live.get("acceptance_length"), live.get("rounds"),
+                engine.get("acceptance_length"), engine.get("rounds"),
+                simulated.get("acceptance_length"), simulated.get("positions"),
+            ])  # fmt: skip
+    header = [
+        "K", "depth", "prompts", "live acceptance length", "live rounds",
+        "engine acceptance length", "engine rounds", "simulated acceptance length",
+        "simulated positions",
+    ]  # fmt: skip
+    skipped = ", ".join(
+        f"{depth}: {counts['too_short']} too short, {counts['prompt_past_depth']} prompt past it"
+        for depth, counts in by_depth.get("samples", {}).items()
+    )
+    note = (
+        f"<p>Held-out samples cut after `depth` tokens, the next {by_depth['continuation_tokens']}"
+        f" decoded from there (depth 0: from the prompt). Samples skipped per depth: {skipped}."
+        "</p>"
+    )
+    return table(header, rows) + note

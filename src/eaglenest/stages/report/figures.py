@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -14,7 +15,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from eaglenest.stages.report.data import BASELINE_NAMES
-from eaglenest.stages.report.depth import depth_panel
 
 
 def new_figure(columns: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -235,3 +235,25 @@ def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
     lengths.set_title("tokens per target forward" + ("" if live else " (no live run)"))
     lengths.legend(fontsize=7)
     return figure
+
+
+# Line style per measurement; colour per K.
+MEASUREMENT_STYLES = {"live": "-", "engine": ":", "simulated": "--"}
+
+
+def depth_panel(axis, by_depth: dict[str, Any]) -> None:
+    """Acceptance length against depth: per K, the live, engine and simulated figures."""
+    for index, (k, rows) in enumerate(by_depth["per_k"].items()):
+        for measurement, style in MEASUREMENT_STYLES.items():
+            points = [
+                (row["depth"], row[measurement]["acceptance_length"])
+                for row in rows
+                if row.get(measurement) and row[measurement].get("acceptance_length") is not None
+            ]
+            if points:
+                axis.plot(*zip(*points), style, marker="o", markersize=3, color=f"C{index}",
+                          label=f"K={k} {measurement}")  # fmt: skip
+    axis.set_xlabel("context depth (tokens)")
+    axis.set_ylabel("acceptance length")
+    axis.set_title("acceptance by depth")
+    axis.legend(fontsize=6)

@@ -84,7 +84,7 @@ def test_depths_are_a_config_key_of_the_evaluate_section():
 
 
 def test_the_report_plots_and_tabulates_acceptance_by_depth():
-    from eaglenest.stages.report.depth import depth_table_html
+    from eaglenest.stages.report.acceptance import depth_table_html
     from eaglenest.stages.report.figures import acceptance_figure
 
     cuts = cut_at_depths([], depths=(0, 512), per_depth=4, continuation=16)
