@@ -56,14 +56,19 @@ $(VLLM_STAMP):
 run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
 
+# The suite runs on TEST_WORKERS pytest-xdist workers, each with its share of the cores; the tests
+# of one shared run go to one worker (tests/support/workers.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 # Creates .venv-vllm too (once; later runs reuse it): tests/engine/ runs against a real vLLM,
 # and in CI (CI=true) fails rather than skips without it.
 test: $(STAMP) $(VLLM_STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The quick lane of development: lint, then the tests that start no Snakemake and no vLLM.
 check: lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -m "not snakemake and not vllm and not slow" $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest $(XDIST) -m "not snakemake and not vllm and not slow" $(PYTEST_ARGS)
 
 # Every bench/*.py, each in its own process, merged into bench/results.json with the machine's
 # facts; exits non-zero when any bench failed. BENCH_ARGS=--quick for CI sizes, or e.g.

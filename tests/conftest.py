@@ -1,6 +1,8 @@
 """Shared fixtures of every folder (expensive ones session-scoped: each is built once per test
 run). The lanes are folders, marked by their own conftest (support/lanes.py); here the session
-keeps the list of every test it collected, for tests/house/test_lanes.py."""
+keeps the list of every test it collected, for tests/house/test_lanes.py. Under pytest-xdist
+(`make test` runs two workers: support/workers.py) a worker uses its share of the cores, the
+tests of one shared run go to one worker, and the demo target is built once for all."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from support.lanes import COLLECTED
-from support.workflow import SMALL_DEMO, copy_workflow, job_logs, snakemake
+from support.workers import built_once, mark_shared_run_groups, use_worker_cores
+from support.workflow import SMALL_DEMO, copy_run, copy_workflow, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
 # the workflow tests'): built in well under a minute on two cores, and answering held-out prompts
@@ -25,24 +28,43 @@ def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from eaglenest.demo.target import build_demo_target
     from eaglenest.settings.demo_target import DemoTargetSettings
 
-    out_dir = tmp_path_factory.mktemp("demo-target") / "target"
     settings = settings_from_sections(DemoTargetSettings, demo_target=DEMO_TARGET_TEST_SETTINGS)
-    build_demo_target(out_dir, settings)
-    return out_dir
+    built = built_once(
+        tmp_path_factory, "demo-target", lambda out: build_demo_target(out / "target", settings)
+    )
+    return built / "target"
 
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workdir where the whole pipeline ran on `SMALL_DEMO` (support/workflow.py), built once per
-    session; its files are under results/{SMALL_RUN}/. Tests only dry-run in it, or restore what
-    they change before they return."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    # Training and live evaluation included: about 15 minutes on two busy cores.
-    result = snakemake(workdir, config=SMALL_DEMO, timeout_s=2400)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + job_logs(workdir)
-    return workdir
+    session (for every worker); its files are under results/{SMALL_RUN}/. Read-only: a test that
+    runs Snakemake there, even a dry run (which writes override.yaml), asks for
+    `finished_run_copy`."""
+
+    def build(out: Path) -> None:
+        workdir = copy_workflow(out / "workflow")
+        # Training and live evaluation included: about 2 minutes on two quiet cores.
+        result = snakemake(workdir, config=SMALL_DEMO, timeout_s=2400)
+        assert result.returncode == 0, (
+            result.stdout[-5000:] + result.stderr[-5000:] + job_logs(workdir)
+        )
+
+    return built_once(tmp_path_factory, "finished-run", build) / "workflow"
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any
+@pytest.fixture
+def finished_run_copy(finished_run: Path, tmp_path: Path) -> Path:
+    """A copy of `finished_run` of the test's own (7 MB; file times and Snakemake's records kept,
+    so a dry run there plans what it would plan in the original)."""
+    return copy_run(finished_run, tmp_path / "workflow")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    use_worker_cores()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any, and before xdist reads groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[COLLECTED] = list(items)
+    mark_shared_run_groups(items)

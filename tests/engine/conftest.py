@@ -14,10 +14,11 @@ every engine and every run it can, session-scoped (built once per test run, on f
   the acceptance test and every EAGLE-3 variant;
 - `deepseek_target_dir`: the DeepSeek-V3 demo target (config/tests/deepseek-v3.yaml, the
   architecture of Kimi-K2 and Kimi-K2.5), built by real Snakemake in `deepseek_workdir`. A test
-  that serves or wraps that target (a Kimi-K2.5 layout around it, say) asks for this fixture
-  alone and does not pay for the run; it must not write into the directory;
-- `deepseek_run`: the whole DeepSeek-V3 pipeline through vLLM on that target (the workdir, the
-  config), in the order a user runs it.
+  that serves that target asks for this fixture alone; it must not write into the directory;
+- `kimi_run`: the whole pipeline on that target in Kimi-K2.5's layout
+  (config/tests/kimi-k2.5-layout.yaml), through vLLM in the order a user runs it. It is the
+  lane's one pipeline on the DeepSeek-V3 architecture: the plain layout's own engine checks
+  (test_deepseek_v3_in_vllm.py, test_vllm_cpu_workarounds.py) run on its token shards.
 Tests treat them as read-only: a test that changes files copies first (as `finished_run`).
 
 Every engine the tests or the pipeline start runs eager (support.vllm.EAGER, PIPELINE_VLLM);
@@ -26,11 +27,12 @@ no test starts an engine another has started with the same arguments.
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from support.kimi_layout import KIMI, KIMI_RUN, kimi_server, serve_capture_and_run
+from support.servers import free_port
 from support.vllm import (
     CAPTURE_SHARDS,
     DEEPSEEK,
@@ -41,11 +43,11 @@ from support.vllm import (
     engine_starts,
     hidden_targets,
     require_vllm_venv,
-    vllm_server,
 )
 from support.workflow import (
     SMALL_DEMO,
     SMALL_RUN,
+    copy_run,
     copy_workflow,
     job_logs,
     merged,
@@ -89,8 +91,7 @@ def vllm_captured_run(finished_run: Path, tmp_path_factory: pytest.TempPathFacto
     Snakemake (the offline backend: an engine per shard job), nothing upstream rerun; timed and
     its engine starts counted, for the capture server's comparison."""
     require_vllm_venv()
-    workdir = tmp_path_factory.mktemp("vllm-capture") / "workflow"
-    shutil.copytree(finished_run, workdir, symlinks=True)
+    workdir = copy_run(finished_run, tmp_path_factory.mktemp("vllm-capture") / "workflow")
     config = capture_config()
     dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
     assert planned_jobs(dry) == {"extract_hidden_states": len(CAPTURE_SHARDS)}, dry.stdout[-2000:]
@@ -156,20 +157,31 @@ def deepseek_target_dir(deepseek_workdir: tuple[Path, dict]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def deepseek_run(
-    deepseek_workdir: tuple[Path, dict], deepseek_target_dir: Path, tmp_path_factory
-) -> tuple[Path, dict]:
-    """config/tests/deepseek-v3.yaml through real Snakemake, in the order a user runs it: the
-    target built, vLLM serves it for probe, generation and samples, then (the server stopped)
-    vLLM captures, training, vLLM and the live loop evaluate, the report."""
-    workdir, built = deepseek_workdir
-    config = dict(built)
-    server_log = tmp_path_factory.mktemp("deepseek-server") / "server.log"
-    # eager, as the pipeline's own engines run (batched: the server takes 16 requests at once)
-    with vllm_server(deepseek_target_dir, server_log, DEEPSEEK["target"]["model"], EAGER) as url:
-        config["endpoints"] = [{"url": url, "max_concurrency": 16}]
+def kimi_run(deepseek_target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """config/tests/kimi-k2.5-layout.yaml through real Snakemake as a user runs it, on the
+    DeepSeek-V3 target wrapped in Kimi-K2.5's layout: vLLM serves it with the kimi_k2 parser for
+    probe, generation and samples; then, the server stopped, the rest under `eaglenest
+    serve-capture`: capture after the per-layer check, the MLA drafter, vLLM's and the live
+    loop's acceptance, the report. The one whole pipeline on the DeepSeek-V3 architecture (vLLM's
+    Kimi-K2.5 model runs its DeepSeek-V3 text model); timed."""
+    from eaglenest.demo.kimi_layout import wrap_kimi_k25
+
+    started = time.monotonic()
+    workdir = copy_workflow(tmp_path_factory.mktemp("kimi") / "workflow")
+    target_dir = workdir / "results" / KIMI_RUN / "target"
+    wrap_kimi_k25(deepseek_target_dir, target_dir)  # what build_demo_target does for the layout
+    config = merged(KIMI, {"vllm": {"python": VLLM_PYTHON,
+                                    "capture_url": f"http://127.0.0.1:{free_port()}"}})  # fmt: skip
+    logs = tmp_path_factory.mktemp("kimi-logs")
+    with kimi_server(target_dir, logs / "server.log", KIMI["target"]["model"]) as url:
+        config["endpoints"] = [{"url": url, "max_concurrency": 8}]
+        served = time.monotonic()
         result = snakemake(workdir, "--until", "prepare_samples", config=config)
         assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
-    result = snakemake(workdir, config=config, timeout_s=2400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
-    return workdir, config
+    samples_s = time.monotonic() - served
+    rest = serve_capture_and_run(workdir, logs / "capture.log", timeout_s=1800)
+    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:] + job_logs(workdir)
+    timings = {"samples_s": samples_s, "total_s": time.monotonic() - started}
+    print(f"Kimi-K2.5 layout run: {timings}")
+    return {"workdir": workdir, "config": config, "logs": logs, "timings": timings,
+            "run": workdir / "results" / KIMI_RUN}  # fmt: skip

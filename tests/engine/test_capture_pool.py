@@ -27,6 +27,7 @@ import pytest
 import torch
 from support.servers import free_port
 from support.vllm import EXACT, VLLM_PYTHON, require_vllm_venv
+from support.workers import CORES
 from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
@@ -218,7 +219,7 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     urls, servers = pool["urls"], pool["servers"]
     before = [finished_requests(url) for url in urls]
     samples = n_samples(workdir)
-    command = [sys.executable, "-m", "snakemake", "--cores", "2", *hidden_targets(),
+    command = [sys.executable, "-m", "snakemake", "--cores", str(CORES), *hidden_targets(),
                "--configfile", DEMO_CONFIGFILE, str(workdir / "override.yaml")]  # fmt: skip
     (workdir / "override.yaml").write_text(json.dumps(pool["config"]))
     started = time.monotonic()

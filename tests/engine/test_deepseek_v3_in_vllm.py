@@ -1,47 +1,54 @@
 """DeepSeek-V3, the architecture inside Kimi-K2 and Kimi-K2.5 (MLA attention, MoE with a shared
-expert, the first layer dense), through every target-facing stage in a real vLLM (the CPU build,
-.venv-vllm): config/tests/deepseek-v3.yaml run by the conftest's `deepseek_run`."""
+expert, the first layer dense), in a real vLLM (the CPU build, .venv-vllm). The lane runs one
+whole pipeline on it, in Kimi-K2.5's layout (conftest.py's `kimi_run`, asserted in
+test_kimi_k25_layout.py: generation from vLLM's server with exact ids, capture by vLLM, the MLA
+drafter decoded by vLLM at K=3 and 7). Here the plain layout of the same target
+(`DeepseekV3ForCausalLM`, config/tests/deepseek-v3.yaml, as `snakemake --configfile
+config/tests/deepseek-v3.yaml` builds it) is held to what vLLM computes for it: every captured
+layer equal to transformers on that run's samples."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from support.vllm import DEEPSEEK_RUN
+from support.vllm import DEEPSEEK, EAGER, VLLM_PYTHON
 
 
-def test_the_deepseek_v3_demo_runs_through_vllm(deepseek_run):
-    """Generation from vLLM's server (token ids exact), capture by vLLM after the backend check
-    passed on every layer, an MLA drafter decoded by vLLM at K=3 and 7 in the rounds our live
-    loop needs (within one a prompt), both outputs equal to plain greedy decoding."""
-    workdir, _ = deepseek_run
-    run = workdir / "results" / DEEPSEEK_RUN
-    target = json.loads((run / "target" / "config.json").read_text())
+def test_the_deepseek_v3_demo_target_has_the_kimi_k2_architecture(deepseek_target_dir):
+    """MLA at the only latent size vLLM's CPU kernel takes, routed experts with a shared one."""
+    target = json.loads((deepseek_target_dir / "config.json").read_text())
     assert target["architectures"] == ["DeepseekV3ForCausalLM"]
-    assert target["kv_lora_rank"] == 512 and target["n_routed_experts"] == 8
-    for shard in ("00000", "00001"):
-        report = json.loads((run / "tokens" / f"{shard}.report.json").read_text())
-        assert report["agreement"]["share"] == 1.0, report["agreement"]
-        assert json.loads((run / "hidden" / f"{shard}.json").read_text())["backend"] == "vllm"
-    verify = json.loads((run / "hidden" / "verify.json").read_text())
-    print(
-        "vLLM vs transformers per layer:",
-        {k: v["max_relative"] for k, v in verify["layers"].items()},
+    assert target["kv_lora_rank"] == 512 and target["qk_rope_head_dim"] == 64
+    assert target["n_routed_experts"] == 8 and target["n_shared_experts"] >= 1
+    assert target["first_k_dense_replace"] == 1
+
+
+def test_vllm_captures_the_plain_deepseek_v3_layout_as_transformers(
+    deepseek_target_dir, kimi_run, tmp_path
+):
+    """The pipeline's backend check (hidden.verify_samples) on the plain layout, with the CPU
+    fixes the pipeline applies: vLLM's hidden states equal transformers' on layers 2, 4, 5 and
+    the final one, as on the Kimi-K2.5 layout of the same weights in `kimi_run`."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.hidden_states import HiddenSettings, HiddenVerifySettings
+    from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+    from eaglenest.stages.hidden_states.verify import verify_backends
+
+    hidden = DEEPSEEK["hidden"]
+    settings = settings_from_sections(
+        HiddenSettings, hidden=hidden, target={"path": str(deepseek_target_dir)}
     )
-    assert verify["passed"] and set(verify["layers"]) == {"2", "4", "5", "final"}
-    assert verify["largest"] < 1e-4
-    drafter = json.loads((run / "drafter" / "config.json").read_text())
-    assert drafter["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
-    metrics = json.loads((run / "eval" / "metrics.json").read_text())
-    engine = metrics["engine"]
-    for k in ("3", "7"):
-        vllm, live = engine["per_k"][k], metrics["live"][k]
-        print(f"DeepSeek-V3 K={k}: vLLM {vllm['acceptance_length']:.4f} ({vllm['rounds']} rounds),"
-              f" live {live['acceptance_length']:.4f} ({live['rounds']} rounds)")  # fmt: skip
-        assert vllm["identical_to_plain"] and live["identical_to_greedy"]
-        assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
-        # K=3: 129 rounds against our 130 here. K=7: 119 against 111, one a prompt, with vLLM's
-        # first drafts accepted less often than at K=3 while ours are not (docs/vllm-cpu.md, known
-        # issues): twice that is the bound, so another CPU's near-ties do not fail the run.
-        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"] * (1 if k == "3" else 2)
-    page = (run / "report" / "index.html").read_text()
-    assert "vLLM against transformers" in page
+    engine = settings_from_sections(VllmEngine, vllm={"engine_args": EAGER})
+    result = verify_backends(
+        tokens=kimi_run["run"] / "tokens" / "00000.parquet",
+        out=tmp_path / "verify.json",
+        settings=replace(settings, engine=engine),
+        verify=settings_from_sections(HiddenVerifySettings, hidden=hidden),
+        runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
+    )
+    print("plain DeepSeek-V3, vLLM vs transformers per layer:",
+          {k: v["max_relative"] for k, v in result["layers"].items()})  # fmt: skip
+    assert result["passed"] and set(result["layers"]) == {"2", "4", "5", "final"}
+    assert result["largest"] < 1e-4
+    assert result["samples"] == hidden["verify_samples"]

@@ -28,6 +28,7 @@ import torch
 from support.servers import free_port, healthy
 from support.vllm import CAPTURE_SHARDS as SHARDS
 from support.vllm import capture_config, engine_starts, hidden_targets
+from support.workers import CORES
 from support.workflow import DEMO_CONFIGFILE, SMALL_RUN, job_logs, planned_jobs, snakemake
 
 
@@ -45,7 +46,7 @@ def serve_capture(workdir: Path, config: dict, *command: str, storage: Path, log
 
 
 def snakemake_command(workdir: Path, *targets: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--cores", "2", *targets,
+    return [sys.executable, "-m", "snakemake", "--cores", str(CORES), *targets,
             "--configfile", DEMO_CONFIGFILE, str(workdir / "override.yaml")]  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """vLLM's CPU build and what eaglenest.vllm_engine.cpu does about it, against the real engine
 (.venv-vllm): the rotary bug in its smallest form, and the DeepSeek-V3 backend check failing
-without the fix (on the conftest's `deepseek_run`). The fix's arguments without vLLM:
-tests/unit/vllm_engine/test_vllm_cpu.py."""
+without the fix (the conftest's DeepSeek-V3 target, on `kimi_run`'s token shards). The fix's
+arguments without vLLM: tests/unit/vllm_engine/test_vllm_cpu.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.vllm import DEEPSEEK_RUN, VLLM_PYTHON, require_vllm_venv
+from support.vllm import DEEPSEEK, VLLM_PYTHON, require_vllm_venv
 
 
 def test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly():
@@ -31,7 +31,9 @@ def test_the_cpu_rotary_custom_op_rotates_3d_inputs_wrongly():
     assert max(per_head["2-D"]) < 1e-5
 
 
-def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run, tmp_path):
+def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(
+    deepseek_target_dir, kimi_run, tmp_path
+):
     """The same check with vLLM's rotary custom op left on (vllm.cpu_workarounds false; CPU_MLA
     named by hand so that the engine starts at all on AMX CPUs): it fails, naming the layers and
     their figures, which are orders of magnitude above those of the run with the fix."""
@@ -42,22 +44,21 @@ def test_the_backend_check_fails_on_deepseek_v3_without_the_cpu_fix(deepseek_run
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
     from eaglenest.stages.hidden_states.verify import BackendMismatchError, verify_backends
 
-    workdir, config = deepseek_run
-    run = workdir / "results" / DEEPSEEK_RUN
+    hidden = DEEPSEEK["hidden"]
     engine = settings_from_sections(VllmEngine, vllm={
         "cpu_workarounds": False,
         "engine_args": {"enforce_eager": True, "attention_backend": "CPU_MLA"},
     })  # fmt: skip
     settings = settings_from_sections(
-        HiddenSettings, hidden=config["hidden"], target={"path": str(run / "target")}
+        HiddenSettings, hidden=hidden, target={"path": str(deepseek_target_dir)}
     )
     settings = replace(settings, engine=engine)
     with pytest.raises(BackendMismatchError) as failure:
         verify_backends(
-            tokens=run / "tokens" / "00000.parquet",
+            tokens=kimi_run["run"] / "tokens" / "00000.parquet",
             out=tmp_path / "verify.json",
             settings=settings,
-            verify=settings_from_sections(HiddenVerifySettings, hidden=config["hidden"]),
+            verify=settings_from_sections(HiddenVerifySettings, hidden=hidden),
             runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
         )
     message = str(failure.value)

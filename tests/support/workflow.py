@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from support.workers import CORES
+
 REPO = Path(__file__).resolve().parents[2]
 # src/ goes along: rules/common.smk puts the workdir's src/ first on sys.path, so code versions are
 # hashed from this snapshot (edits elsewhere in the tree during a test session change nothing).
@@ -52,8 +54,15 @@ def copy_workflow(workdir: Path) -> Path:
     return workdir
 
 
-def snakemake_command(*args: str, cores: int = 2, configfiles: Sequence[Path] = ()) -> list[str]:
-    """`python -m snakemake --cores N ARGS`, with `configfiles` over the demo's config when given
+def copy_run(workdir: Path, dest: Path) -> Path:
+    """A copy of a workdir where Snakemake ran: file times and .snakemake's records kept, so
+    Snakemake plans there what it would plan in the original."""
+    shutil.copytree(workdir, dest, symlinks=True)
+    return dest
+
+
+def snakemake_command(*args: str, cores: int = CORES, configfiles: Sequence[Path] = ()) -> list[str]:
+    """`python -m snakemake --cores N ARGS` (N: the worker's cores), with `configfiles` over the demo's config when given
     (after the targets: --configfile takes every file name after it)."""
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]
     if configfiles:  # variants of the demo
@@ -65,7 +74,7 @@ def snakemake(
     workdir: Path,
     *args: str,
     config: dict | None = None,
-    cores: int = 2,
+    cores: int = CORES,
     env: dict[str, str] | None = None,
     timeout_s: float = 900,
 ) -> subprocess.CompletedProcess:

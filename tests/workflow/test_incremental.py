@@ -1,5 +1,5 @@
-"""What reruns after a change, as Snakemake plans it: one dry run per change in the workdir of a
-finished run of the small demo (2 shards, the `finished_run` session fixture).
+"""What reruns after a change, as Snakemake plans it: one dry run per change in a copy of the
+workdir of a finished run of the small demo (2 shards, the `finished_run_copy` fixture).
 
 The expectations are data: one row per change, with the jobs a dry run must plan per rule. Config
 changes are merged into SMALL_DEMO; code changes edit the workdir's copy of the library (which the
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.workflow import SMALL_DEMO, merged, planned_jobs, snakemake
+from support.workflow import SMALL_DEMO, copy_run, merged, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -93,9 +93,10 @@ CODE_CHANGES = {
 
 
 @pytest.fixture(scope="module")
-def later_stages(finished_run: Path) -> dict[str, int]:
+def later_stages(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     """LATER_STAGES less the rules the workflow does not define yet."""
-    listed = snakemake(finished_run, "--list-rules", config=SMALL_DEMO)
+    workdir = copy_run(finished_run, tmp_path_factory.mktemp("rules") / "workflow")
+    listed = snakemake(workdir, "--list-rules", config=SMALL_DEMO)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     rules = set(listed.stdout.split())
     return {rule: count for rule, count in LATER_STAGES.items() if rule in rules}
@@ -127,20 +128,20 @@ def edited_module(workdir: Path, module: str, how: str) -> Iterator[None]:
 
 @pytest.mark.parametrize("change", CONFIG_CHANGES, ids=list(CONFIG_CHANGES))
 def test_config_change_reruns_what_it_shapes(
-    finished_run: Path, later_stages: dict[str, int], change: str
+    finished_run_copy: Path, later_stages: dict[str, int], change: str
 ):
     config_change, expected = CONFIG_CHANGES[change]
-    result = snakemake(finished_run, "-n", config=merged(SMALL_DEMO, config_change))
+    result = snakemake(finished_run_copy, "-n", config=merged(SMALL_DEMO, config_change))
     assert planned_jobs(result) == expected_jobs(expected, later_stages)
 
 
 @pytest.mark.parametrize("change", CODE_CHANGES, ids=list(CODE_CHANGES))
 def test_library_edit_reruns_its_stage_onward(
-    finished_run: Path, later_stages: dict[str, int], change: str
+    finished_run_copy: Path, later_stages: dict[str, int], change: str
 ):
     module, how, expected = CODE_CHANGES[change]
-    with edited_module(finished_run, module, how):
-        result = snakemake(finished_run, "-n", config=SMALL_DEMO)
+    with edited_module(finished_run_copy, module, how):
+        result = snakemake(finished_run_copy, "-n", config=SMALL_DEMO)
     assert planned_jobs(result) == expected_jobs(expected, later_stages)
 
 
@@ -172,9 +173,9 @@ LATE_CHANGES = {
 
 
 @pytest.mark.parametrize("change", LATE_CHANGES, ids=list(LATE_CHANGES))
-def test_late_stage_changes_rerun_only_those_stages(finished_run: Path, change: str):
+def test_late_stage_changes_rerun_only_those_stages(finished_run_copy: Path, change: str):
     config_change, module, expected = LATE_CHANGES[change]
     config = merged(SMALL_DEMO, config_change)
-    with edited_module(finished_run, module, "code") if module else contextlib.nullcontext():
-        result = snakemake(finished_run, "-n", config=config)
+    with edited_module(finished_run_copy, module, "code") if module else contextlib.nullcontext():
+        result = snakemake(finished_run_copy, "-n", config=config)
     assert planned_jobs(result) == expected

@@ -6,8 +6,8 @@ tests/workflow/test_incremental.py."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -71,23 +71,38 @@ def test_demo_pipeline_runs_end_to_end(finished_run: Path):
     assert (logs / "build_demo_target.log").read_text()
     server_log = logs / "generate_responses" / "00000.server.log"
     assert "listening on http://127.0.0.1" in server_log.read_text()
-    assert subprocess.run(["pgrep", "-f", "eaglenest.cli serve"], check=False).returncode == 1
+    assert servers_started_in(finished_run) == []
 
 
-def test_nothing_to_do_after_a_finished_run(finished_run: Path):
-    assert planned_jobs(snakemake(finished_run, "-n", config=SMALL_DEMO)) == {}
+def servers_started_in(workdir: Path) -> list[int]:
+    """The embedded servers (`eaglenest.cli serve`) still running whose working directory is
+    `workdir` (a job's server inherits it): another test's servers may run beside this one."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = Path(os.readlink(entry / "cwd"))
+        except (OSError, ValueError):
+            continue  # not a process, gone, or not ours to read
+        if "eaglenest.cli serve" in command and cwd == workdir.resolve():
+            found.append(int(entry.name))
+    return found
 
 
-def test_dict_param_key_order_reruns_nothing(finished_run: Path):
+def test_nothing_to_do_after_a_finished_run(finished_run_copy: Path):
+    assert planned_jobs(snakemake(finished_run_copy, "-n", config=SMALL_DEMO)) == {}
+
+
+def test_dict_param_key_order_reruns_nothing(finished_run_copy: Path):
     config = json.loads(json.dumps(SMALL_DEMO))
     config["generation"] = dict(reversed(list(config["generation"].items())))
     config["demo_target"] = dict(reversed(list(config["demo_target"].items())))
-    assert planned_jobs(snakemake(finished_run, "-n", config=config)) == {}
+    assert planned_jobs(snakemake(finished_run_copy, "-n", config=config)) == {}
 
 
-def test_client_settings_rerun_nothing(finished_run: Path):
+def test_client_settings_rerun_nothing(finished_run_copy: Path):
     config = merged(SMALL_DEMO, {"generation": {"concurrency": 7, "timeout_s": 30}})
-    assert planned_jobs(snakemake(finished_run, "-n", config=config)) == {}
+    assert planned_jobs(snakemake(finished_run_copy, "-n", config=config)) == {}
 
 
 def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Path):
