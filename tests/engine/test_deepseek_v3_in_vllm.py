@@ -39,9 +39,12 @@ def test_the_deepseek_v3_demo_runs_through_vllm(deepseek_run):
               f" live {live['acceptance_length']:.4f} ({live['rounds']} rounds)")  # fmt: skip
         assert vllm["identical_to_plain"] and live["identical_to_greedy"]
         assert vllm["tokens"] == live["tokens"] == engine["plain"]["tokens"]
-        # K=3: 129 rounds against our 130 here. K=7: 119 against 111, one a prompt, with vLLM's
-        # first drafts accepted less often than at K=3 while ours are not (docs/vllm-cpu.md, known
-        # issues): twice that is the bound, so another CPU's near-ties do not fail the run.
-        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"] * (1 if k == "3" else 2)
+        # 110 and 88 rounds both here. Before the engine left room for the drafts past prompt +
+        # answer (vllm_evaluate.draft_room), vLLM needed 92 at K=7, its first drafts accepted
+        # less often (54 against our 56): the zero drafts it verified over the longest answers'
+        # last positions.
+        assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
+        first = vllm["accepted_per_position"][0] - live["accepted_per_position"][0]
+        assert abs(first) <= vllm["prompts"], (vllm["accepted_per_position"], live)
     page = (run / "report" / "index.html").read_text()
     assert "vLLM against transformers" in page
