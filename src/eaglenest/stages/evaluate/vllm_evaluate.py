@@ -37,8 +37,40 @@ log = logging.getLogger(__name__)
 DECODE_MODULE = "eaglenest.vllm_engine.decode"
 
 
+def draft_room(k: int | None) -> int:
+    """Positions a K-draft engine needs past the longest prompt plus its new tokens to draft to
+    the end. vLLM 0.32 drafts after a step only while the step's sequence (its K verified drafts
+    included) plus K more fits in max_model_len (gpu_model_runner._input_fits_in_drafter); past
+    that it schedules zero-id drafts, all rejected: one token a round, each counted as a round
+    with nothing accepted. With max_model_len at prompt + new tokens, the longest answers lost
+    drafting over their last ~2K positions (K=7 on the small demo: 247 rounds where the same
+    drafts with room need 233, as our live loop; the same on the DeepSeek-V3 demo, MLA)."""
+    return 2 * k if k else 0
+
+
+def with_draft_room(request: dict[str, Any], runtime: VllmRuntime) -> dict[str, Any]:
+    """`request` with room for its drafts when max_model_len was derived from the prompts; a
+    `vllm.max_model_len` of the user's stays, with a warning when the longest answers cannot be
+    drafted to their end (vLLM then decodes their last tokens without drafts)."""
+    room = draft_room(request["k"])
+    if not room:
+        return request
+    if runtime.max_model_len is None:
+        return {**request, "max_model_len": request["max_model_len"] + room}
+    every = [*request["prompts"], *[p for group in request["groups"].values() for p in group]]
+    needed = max((len(p) for p in every), default=0) + request["max_new_tokens"] + room
+    if needed > runtime.max_model_len:
+        log.warning(
+            "vllm.max_model_len %d is below the %d that K=%d needs to draft to the end of the "
+            "longest answers: vLLM decodes their last tokens without drafts, one a round, and "
+            "counts those rounds", runtime.max_model_len, needed, request["k"],
+        )  # fmt: skip
+    return request
+
+
 def decode(request: dict[str, Any], runtime: VllmRuntime, work_dir: Path) -> dict[str, Any]:
     """One engine, one configuration; its answer (tokens, wall time, counters)."""
+    request = with_draft_room(request, runtime)
     python = engine_python(runtime.python)
     name = f"k{request['k']}" if request["k"] is not None else "plain"
     path = work_dir / f"{name}.json"
