@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.lanes import COLLECTED
-from support.workers import built_once, mark_shared_run_groups, use_worker_cores
+from support.workers import SharedRunScheduling, built_once, order_for_workers, use_worker_cores
 from support.workflow import SMALL_DEMO, copy_run, copy_workflow, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
@@ -64,7 +64,12 @@ def pytest_configure(config: pytest.Config) -> None:
     use_worker_cores()
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any, and before xdist reads groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> SharedRunScheduling:
+    """Under xdist (`-n N`): the tests of a shared run on one worker, longest first."""
+    return SharedRunScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[COLLECTED] = list(items)
-    mark_shared_run_groups(items)
+    order_for_workers(items)

@@ -1,18 +1,26 @@
 """The suite on several pytest-xdist workers (`make test` and `make check` run two): what a
-worker may use of the machine, which tests run on one worker because they share a run, and what
-the workers build once between them.
+worker may use of the machine, which tests run on one worker because they share a run, in what
+order the work is handed out, and what the workers build once between them.
 
 - Cores: a worker's share (`CORES`), given to every process a test starts (Snakemake's
   `--cores`, torch, the engines' OpenMP pools through eaglenest.common.threads), so that two
   workers never ask for more threads than the machine has (on 2 cores, two 2-thread torch jobs
   slow each other down many times over).
-- Groups: the tests that share a session fixture which is a run of its own (the DeepSeek-V3
-  target and its Kimi-K2.5 run, the offline vLLM capture, the plain vLLM decode) form one xdist
-  group each (`--dist loadgroup`): one worker builds it once and runs them all, in order.
+- Groups: the test modules that share a session fixture which is a run of its own (the
+  DeepSeek-V3 target and its Kimi-K2.5 run, the offline vLLM capture, the plain vLLM decode) form
+  one group each (`SHARED_RUN_GROUPS`), which one worker runs whole (`SharedRunScheduling`): the
+  run is built once. A group is named by its modules, as the controller sees only test ids;
+  tests/house/test_workers.py holds every test that asks for a group's fixture inside it.
+- Order: the groups first, the longest (the DeepSeek-V3 one) first of all, then the engine
+  tests, the workflow tests, the rest, so that no worker starts a long one as the other runs out
+  of work (`order_for_workers`).
 - Built once: a read-only build many tests need (the demo target, `finished_run`) is made by the
   first worker that asks, under a file lock, in the session's shared temp dir; the others wait
   and reuse it. Tests only read it: one that runs Snakemake in it works in its own copy.
-Without xdist every test runs in one process, with every core, as before."""
+Without xdist every test runs in one process, with every core, in that order.
+
+(xdist's own `--dist loadgroup` marks a group in the test's id, which pytest 9.2 no longer lets
+it change: every test went to any worker, and each worker built each run.)"""
 
 from __future__ import annotations
 
@@ -20,33 +28,95 @@ import fcntl
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1 ... under xdist; None without it
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 # The tests were sized for two cores; a worker gets its share of the machine, at most two.
 CORES = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
-# The session fixture a test shares -> the xdist group of every test that needs it.
-SHARED_RUN_GROUPS = {
-    "deepseek_target_dir": "deepseek-v3",
-    "vllm_captured_run": "vllm-capture",
-    "plain_decoding": "plain-decoding",
-}
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
-def shared_run_group(item: pytest.Item) -> str | None:
-    """The group of the shared run `item` needs (through any of its fixtures), if any."""
-    names = getattr(item, "fixturenames", ())
-    return next((group for name, group in SHARED_RUN_GROUPS.items() if name in names), None)
+@dataclass(frozen=True)
+class SharedRunGroup:
+    name: str
+    fixture: str  # the session fixture the group's tests share (or one it depends on)
+    modules: tuple[str, ...]  # relative to tests/
 
 
-def mark_shared_run_groups(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = shared_run_group(item)
+# In the order they are handed out: the longest first.
+SHARED_RUN_GROUPS = (
+    SharedRunGroup("deepseek-v3", "deepseek_target_dir", (
+        "engine/test_kimi_k25_layout.py",
+        "engine/test_deepseek_v3_in_vllm.py",
+        "engine/test_vllm_cpu_workarounds.py",
+    )),
+    SharedRunGroup("vllm-capture", "vllm_captured_run", (
+        "engine/test_vllm_capture_backend.py",
+        "engine/test_vllm_capture_server.py",
+        "engine/test_capture_pool.py",
+    )),
+    SharedRunGroup("plain-decoding", "plain_decoding", (
+        "engine/test_vllm_acceptance.py",
+        "engine/test_eagle3_variants_in_vllm.py",
+        "engine/test_windowed_drafter.py",
+    )),
+)  # fmt: skip
+# After the groups, by folder: the engine lane's tests take longest, then the workflow lane's.
+FOLDER_ORDER = ("engine", "workflow")
+
+
+def module_of(nodeid: str) -> str:
+    """'tests/engine/test_x.py::test_y[a]' -> 'engine/test_x.py'."""
+    return nodeid.split("::", 1)[0].removeprefix(f"{TESTS_DIR.name}/")
+
+
+def group_of(nodeid: str) -> SharedRunGroup | None:
+    module = module_of(nodeid)
+    return next((group for group in SHARED_RUN_GROUPS if module in group.modules), None)
+
+
+def misplaced_tests(items: list[pytest.Item]) -> list[str]:
+    """Tests that ask for a group's fixture outside the group's modules (a second worker would
+    build the run again)."""
+    return [
+        f"{item.nodeid} uses {group.fixture}: add its module to the {group.name!r} group"
+        for item in items
+        for group in SHARED_RUN_GROUPS
+        if group.fixture in getattr(item, "fixturenames", ()) and group_of(item.nodeid) != group
+    ]
+
+
+def order_for_workers(items: list[pytest.Item]) -> None:
+    """`items` in the order to hand out: the groups' tests, the engine's, the workflow's, the
+    rest; collection order within each."""
+
+    def rank(item: pytest.Item) -> int:
+        group = group_of(item.nodeid)
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+            return SHARED_RUN_GROUPS.index(group)
+        folder = module_of(item.nodeid).split("/", 1)[0]
+        later = FOLDER_ORDER.index(folder) if folder in FOLDER_ORDER else len(FOLDER_ORDER)
+        return len(SHARED_RUN_GROUPS) + later
+
+    items.sort(key=rank)  # stable
+
+
+class SharedRunScheduling(LoadScopeScheduling):
+    """xdist's load balancing by scope, a scope being a shared run's group or a single test,
+    handed out in collection order (which `order_for_workers` set)."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False
+
+    def _split_scope(self, nodeid: str) -> str:
+        group = group_of(nodeid)
+        return group.name if group is not None else nodeid
 
 
 def use_worker_cores() -> None:
