@@ -16,9 +16,11 @@ Nothing hidden-state-shaped is written by this job; the servers' own per-request
 vLLM's transport to us (vllm_engine/connector.py), are read and deleted as in the capture stage,
 at most the servers' caps of them at once.
 
-Ahead: `follow` walks the order of the samples to come in a thread, keeping up to `ahead` of
-them asked for (in flight or answered, not yet read); a sample read outside that order (the
-held-out evaluation) is asked for when it is read.
+Ahead: `follow` walks the order of the samples to come in a thread, keeping samples of up to
+`ahead_tokens` tokens asked for (in flight, or answered and held in their storage dtype, fp8 as
+fp8, until read; at least one sample): the reader's memory bounds it, not the servers' slots
+(one 16K-token sample of Kimi-K2.5 is ~0.7 GB in bf16). The readers ask for AHEAD_BATCHES of
+their batches' tokens. A sample read outside that order is asked for when it is read.
 """
 
 from __future__ import annotations
@@ -45,21 +47,31 @@ from eaglenest.settings.vllm import VllmRuntime
 
 log = logging.getLogger(__name__)
 
-AHEAD_PER_SLOT = 4  # samples asked ahead per request slot of the pool (cap x servers)
+AHEAD_BATCHES = 4  # batches' worth of tokens a reader asks ahead (train/evaluate max_batch_tokens)
 _END = object()
+
+
+def stored_answer(
+    frame, i: int, path: str, signal, dtype: str, n_aux: int, tokens: Path
+) -> dict[str, torch.Tensor]:
+    """Sample `i` of a tokens frame from the state file a capture server wrote for it (read, then
+    deleted): its tensors as a hidden-state file would store them (the capture stage's own
+    functions: request_rows, stored_rows)."""
+    from eaglenest.formats.capture_answer import read_request_file, request_rows
+    from eaglenest.formats.hidden_shard import stored_rows
+
+    aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
+    return stored_rows(aux, target, ids, mask, dtype, n_aux)
 
 
 def pack_answer(
     frame, i: int, path: str, signal, dtype: str, n_aux: int, tokens: Path
 ) -> dict[str, torch.Tensor]:
-    """Sample `i` of a tokens frame from the state file a capture server wrote for it (read, then
-    deleted): its tensors as `HiddenShard.sample` reads them from a file the capture stage packed
-    from the same answer (the same functions: request_rows, stored_rows, loaded_rows)."""
-    from eaglenest.formats.capture_answer import read_request_file, request_rows
-    from eaglenest.formats.hidden_shard import loaded_rows, stored_rows
+    """`stored_answer` as `HiddenShard.sample` reads it from a file (loaded_rows): what a
+    pooled shard's `sample(i)` gives."""
+    from eaglenest.formats.hidden_shard import loaded_rows
 
-    aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
-    return loaded_rows(stored_rows(aux, target, ids, mask, dtype, n_aux))
+    return loaded_rows(stored_answer(frame, i, path, signal, dtype, n_aux, tokens))
 
 
 class PooledShard:
@@ -84,6 +96,9 @@ class PooledShard:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def length(self, i: int) -> int:
+        return len(self.prompts[i])
+
     def sample(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(f"{self.path}: sample {i} out of range [0, {len(self)})")
@@ -95,19 +110,27 @@ class PooledShard:
 
 
 class Stream:
-    """Samples asked for in the order they will be read, at most `ahead` unread at once."""
+    """Samples asked for in the order they will be read, at most `ahead_tokens` unread at once
+    (at least one sample)."""
 
     def __init__(self, states: PooledStates, refs: Iterable[tuple[PooledShard, int]], ahead: int):
-        self.queue: queue.Queue = queue.Queue(maxsize=max(1, ahead))
+        self.queue: queue.Queue = queue.Queue()
+        self.ahead, self.held = ahead, 0
+        self.room = threading.Condition()
         self.closed = False
-        self.shards: set[int] = set()
         self.thread = threading.Thread(target=self._fill, args=(states, refs), daemon=True)
 
     def _fill(self, states: PooledStates, refs: Iterable[tuple[PooledShard, int]]) -> None:
         try:
             for shard, i in refs:
-                if self.closed:
-                    return
+                n = shard.length(i)
+                with self.room:
+                    self.room.wait_for(
+                        lambda n=n: self.closed or not self.held or self.held + n <= self.ahead
+                    )
+                    if self.closed:
+                        return
+                    self.held += n
                 self.queue.put((shard.number, i, states.submit(shard, i)))
         except Exception as err:  # noqa: BLE001 (re-raised where the sample is read)
             self.queue.put(err)
@@ -121,10 +144,15 @@ class Stream:
             raise RuntimeError(
                 f"{shard.path}: sample {i} was read out of the order it was asked for in"
             )
+        with self.room:
+            self.held -= shard.length(i)
+            self.room.notify_all()
         return item[2]
 
     def close(self) -> None:
-        self.closed = True
+        with self.room:
+            self.closed = True
+            self.room.notify_all()
         with contextlib.suppress(queue.Empty):
             while True:
                 item = self.queue.get_nowait()
@@ -140,7 +168,7 @@ class PooledStates:
         settings: HiddenSettings,
         runtime: VllmRuntime,
         key: str,
-        ahead: int | None = None,
+        ahead_tokens: int,
     ):
         from eaglenest.target_model.files import resolve_target_dir
         from eaglenest.target_model.final_signal import FinalSignal
@@ -166,8 +194,7 @@ class PooledStates:
             trust_remote_code=target.trust_remote_code,
         )
         self.model = served_name(request)  # as capture_through_server checks it
-        slots = len(runtime.capture_urls) * runtime.requests_per_batch
-        self.ahead = ahead if ahead is not None else AHEAD_PER_SLOT * slots
+        self.ahead = ahead_tokens
         self.attempt = secrets.token_hex(4)
         self.counter = itertools.count()
         self.storage_dirs: set[str] = set()
@@ -190,7 +217,7 @@ class PooledStates:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
         log.info(
-            "states from the capture servers %s (%s), %d samples asked ahead",
+            "states from the capture servers %s (%s), up to %d tokens asked ahead",
             ", ".join(runtime.capture_urls), self.model, self.ahead,
         )  # fmt: skip
 
@@ -201,17 +228,18 @@ class PooledStates:
         runtime: VllmRuntime | None,
         job: str | Path,
         pooled: list,
+        batch_tokens: int,
     ) -> PooledStates | None:
         """The states of a job (named by a path of its own: its journal, its output) that reads
-        the `pooled` tokens shards from the capture servers; None when it reads none."""
+        the `pooled` tokens shards from the capture servers in batches of `batch_tokens`; None
+        when it reads none."""
         if not pooled:
             return None
         if settings is None or runtime is None:
             raise ValueError("shards from the capture servers need the hidden and vllm settings")
         # As capture_client.shard_key: a hash of the job's own path, the same for every attempt.
-        return cls(
-            settings, runtime, hashlib.sha256(str(Path(job).resolve()).encode()).hexdigest()[:12]
-        )
+        key = hashlib.sha256(str(Path(job).resolve()).encode()).hexdigest()[:12]
+        return cls(settings, runtime, key, AHEAD_BATCHES * batch_tokens)
 
     def _run(self, coroutine) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
@@ -236,7 +264,8 @@ class PooledStates:
 
     def _pack(self, shard: PooledShard, i: int, path: str) -> dict[str, torch.Tensor]:
         n_aux = len(shard.aux_layer_ids)
-        return pack_answer(
+        # Held as stored (fp8 as fp8) until read: the memory of what is asked ahead.
+        return stored_answer(
             shard.frame, i, path, self.signal, self.settings.dtype, n_aux, shard.path
         )
 
@@ -252,8 +281,10 @@ class PooledStates:
 
     def take(self, shard: PooledShard, i: int) -> dict[str, torch.Tensor]:
         stream = self.streams.get(shard.number)
+        from eaglenest.formats.hidden_shard import loaded_rows
+
         future = stream.take(shard, i) if stream is not None else self.submit(shard, i)
-        return future.result()
+        return loaded_rows(future.result())
 
     # --- the end ------------------------------------------------------------------------------
 

@@ -82,7 +82,6 @@ class StoreRow:
     hidden_bytes: float
     total_bytes: float
     capture_hours: float  # engine time over the whole training, epochs included
-    built: bool
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,12 @@ def stage_rows(
     files = {name: tokens * b for name, b in DEMO_BYTES_PER_TOKEN.items()}
     servers = scale.capture_servers
     capture_note = f"{servers} capture server(s)" if servers else "1 engine at a time"
-    hidden_jobs = {"extract_hidden_states": shards, "verify_hidden_states": int(verify),
+    # The config's hidden.store: shards stored as files (common/hidden_store.py), the rest asked
+    # of the capture servers by the jobs that read them.
+    stored = {"files": shards, "none": 0}.get(hidden["store"]) if "store" in hidden else shards
+    if stored is None:  # budget
+        stored = shards_that_fit(assumptions.cache_gb, tokens / shards * per_token, train_shards)
+    hidden_jobs = {"extract_hidden_states": stored, "verify_hidden_states": int(verify),
                    "save_target_head": 1}  # fmt: skip
     train_tokens = tokens * train_shards / shards * epochs
     return [
@@ -207,9 +211,9 @@ def stage_rows(
             "hidden",
             hidden_jobs,
             shards,
-            tokens * per_token,
+            tokens * per_token * stored / shards,
             hours(tokens, rates.capture_tokens_per_s, servers),
-            capture_note,
+            f"{capture_note}, hidden.store {hidden.get('store', 'files')}",
         ),
         StageRow(
             "train",
@@ -278,7 +282,6 @@ def plan_stores(
                 hidden_bytes=kept * shard_bytes,
                 total_bytes=kept * shard_bytes + other_bytes,
                 capture_hours=captures * shard_tokens / rate / 3600,
-                built=True,
             )
         )
     return rows
@@ -372,12 +375,13 @@ def format_plan(plan: RunPlan) -> str:
     lines += ["", header]
     for row in plan.stores:
         label = {"files": "files", "none": "none", "budget": f"budget {a.cache_gb:,.0f} GB"}
-        state = "" if row.built else "not built yet"
-        kept = f"{row.stored_shards:,} shard(s) stored" if row.mode == "budget" else ""
+        kept = (
+            f"first {row.stored_shards:,} training shard(s) stored" if row.mode == "budget" else ""
+        )
         line = (
             f"{label[row.mode]:<14} {row.extract_jobs:>12,} {human_bytes(row.hidden_bytes):>12} "
             f"{human_bytes(row.total_bytes):>11} {human_hours(row.capture_hours):>14}  "
-            f"{'; '.join(x for x in (kept, state) if x)}"
+            f"{kept}"
         )
         lines.append(line.rstrip())
     lines += ["", *(f"- {note}" for note in plan.notes)]

@@ -57,6 +57,6 @@ def test_budget_stores_the_first_training_shards_that_fit_and_plan_counts_the_sa
         assumptions = Assumptions(160 / 2, 64, Rates(1, 1, 1), cache_gb)
         prompts = {**budget["prompts"], "max_samples": 20 * 6}  # 6 shards: 5 training, 1 held out
         rows = {r.mode: r for r in plan_run({**budget, "prompts": prompts}, assumptions).stores}
-        assert rows["budget"].stored_shards == fit and rows["budget"].built
+        assert rows["budget"].stored_shards == fit
     assert stored_training_shards(config({}), shards) == shards
     assert stored_training_shards(config({"store": "none", **POOL}, URL), shards) == []

@@ -339,7 +339,7 @@ def evaluate_drafter(
     pooled = heldout_tokens if hidden is not None and not heldout_hidden else []
     drafter = load_drafter(drafter_dir, head.embed, expect_layer_ids=head.aux_layer_ids)
     drafter = drafter.to(device).eval()
-    states = PooledStates.of_job(hidden, runtime, out, pooled)
+    states = PooledStates.of_job(hidden, runtime, out, pooled, settings.max_batch_tokens)
     try:
         shards += open_pooled_shards(states, pooled, head, vocab)
         simulated = simulate_all(

@@ -188,7 +188,7 @@ def set_up_training(
     head = TargetHead.load(target_head)
     vocab = DraftVocab.load(draft_vocab)
     pooled = [*pooled_train, *pooled_eval]
-    states = PooledStates.of_job(hidden, runtime, journal_dir, pooled)
+    states = PooledStates.of_job(hidden, runtime, journal_dir, pooled, settings.max_batch_tokens)
     shards = open_data(train_shards, pooled_train, states, head, vocab)
     heldout = open_data(eval_shards, pooled_eval, states, head, vocab)
     signal = TargetSignal(head, vocab, processes.device)
