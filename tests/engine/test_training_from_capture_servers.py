@@ -8,10 +8,12 @@ server (`eaglenest serve-capture`) and through real Snakemake, on copies of the 
   per-request state files, vLLM's transport to us, are read and deleted: none is left);
 - the training job killed -9 after its first checkpoint, then rerun, resumes there and ends with
   the same drafter;
-- the wait share of training from the server (`data_wait_share`) is printed: the figure of
-  docs/train.md.
+- `hidden.store: budget` with room for the one training shard: that shard is read from its file
+  (not recaptured), the held-out one from the server, and the drafter and evaluation are again
+  those from files;
+- the wait share of training from the server (`data_wait_share`) is printed.
 
-One engine starts here (the server, eager, serving both trainings).
+One engine starts here (the server, eager, for the module's runs).
 """
 
 from __future__ import annotations
@@ -90,6 +92,19 @@ def hidden_files(workdir: Path) -> list[str]:
     return sorted(p.name for p in hidden.iterdir() if p.name != "target_head.safetensors")
 
 
+@pytest.fixture(scope="module")
+def server(vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory):
+    """One capture server for the module's runs: its URL, announcement and storage."""
+    tmp = tmp_path_factory.mktemp("capture-server")
+    url = f"http://127.0.0.1:{free_port()}"
+    process, announced = start_server(vllm_captured_run["workdir"], run_config(url, "none"), tmp)
+    try:
+        yield {"url": url, "announced": announced, "storage": tmp / "storage"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(120)
+
+
 def start_server(workdir: Path, config: dict, tmp: Path) -> tuple[subprocess.Popen, dict]:
     override = tmp / "server.yaml"
     override.write_text(json.dumps(config))
@@ -139,54 +154,84 @@ def from_files(vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_training_from_a_capture_server_equals_training_from_files_and_resumes(
-    vllm_captured_run, from_files, tmp_path
+    vllm_captured_run, from_files, server, tmp_path
 ):
     workdir = copy_run(vllm_captured_run["workdir"], tmp_path / "none", drop_hidden=True)
-    config = run_config(f"http://127.0.0.1:{free_port()}", "none")
+    config = run_config(server["url"], "none")
     dry = snakemake(workdir, *TARGETS, "-n", config=config)
     assert planned_jobs(dry) == {"train_drafter": 1, "evaluate_drafter": 1}, dry.stdout[-2000:]
-    server, announced = start_server(workdir, config, tmp_path)
-    try:
-        started = time.monotonic()
-        result = snakemake(workdir, *TARGETS, config=config, timeout_s=900)
-        pooled_s = time.monotonic() - started
-        assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
-        assert_same_training(workdir, from_files)
-        assert hidden_files(workdir) == [], hidden_files(workdir)
-        assert not list((tmp_path / "storage").glob("cmpl-*")), "state files left on the server"
-        results = workdir / "results" / SMALL_RUN
-        report = json.loads((results / "drafter" / "train_report.json").read_text())
-        reference = json.loads((from_files / "results" / SMALL_RUN / "drafter" /
-                                "train_report.json").read_text())  # fmt: skip
-        evaluated = json.loads((results / "eval" / "metrics.json").read_text())
-        expected = json.loads((from_files / "results" / SMALL_RUN / "eval" /
-                               "metrics.json").read_text())  # fmt: skip
-        for k, figures in expected["simulated"].items():
-            assert evaluated["simulated"][k]["positions"] == figures["positions"]
-            assert evaluated["simulated"][k]["acceptance_length"] == pytest.approx(
-                figures["acceptance_length"], rel=1e-3
-            )
-        assert "states from the capture servers" in job_logs(workdir)
+    started = time.monotonic()
+    result = snakemake(workdir, *TARGETS, config=config, timeout_s=900)
+    pooled_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    assert_same_training(workdir, from_files)
+    assert_same_evaluation(workdir, from_files)
+    assert hidden_files(workdir) == [], hidden_files(workdir)
+    assert not list(server["storage"].glob("cmpl-*")), "state files left on the server"
+    assert "states from the capture servers" in job_logs(workdir)
+    results = workdir / "results" / SMALL_RUN
+    report = json.loads((results / "drafter" / "train_report.json").read_text())
+    reference = json.loads((from_files / "results" / SMALL_RUN / "drafter" /
+                            "train_report.json").read_text())  # fmt: skip
 
-        # Killed -9 after its first checkpoint, rerun: it resumes there, to the same drafter.
-        for name in ("drafter", "eval"):
-            shutil.rmtree(results / name)
-        shutil.rmtree(results / "journal" / "train")
-        saved = killed_after_first_checkpoint(workdir, config)
-        assert snakemake(workdir, "--unlock", config=config).returncode == 0
-        rerun = snakemake(workdir, TARGETS[0], "--rerun-incomplete", config=config, timeout_s=900)
-        assert rerun.returncode == 0, rerun.stderr[-3000:] + job_logs(workdir)
-        log = (workdir / "logs" / SMALL_RUN / "train_drafter.log").read_text()
-        assert f"at step {saved} of" in log, log[-3000:]
-        assert_same_training(workdir, from_files)
-        assert hidden_files(workdir) == []
-        assert not list((tmp_path / "storage").glob("cmpl-*")), "state files left on the server"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(120)
+    # Killed -9 after its first checkpoint, rerun: it resumes there, to the same drafter.
+    for name in ("drafter", "eval"):
+        shutil.rmtree(results / name)
+    shutil.rmtree(results / "journal" / "train")
+    saved = killed_after_first_checkpoint(workdir, config)
+    assert snakemake(workdir, "--unlock", config=config).returncode == 0
+    rerun = snakemake(workdir, TARGETS[0], "--rerun-incomplete", config=config, timeout_s=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:] + job_logs(workdir)
+    log = (workdir / "logs" / SMALL_RUN / "train_drafter.log").read_text()
+    assert f"at step {saved} of" in log, log[-3000:]
+    assert_same_training(workdir, from_files)
+    assert hidden_files(workdir) == []
+    assert not list(server["storage"].glob("cmpl-*")), "state files left on the server"
     print(
-        f"training from the capture server ({announced['url']}): {report['steps']} steps, "
-        f"data_wait_share {report['data_wait_share']:.3f} (from files "
+        f"training from the capture server ({server['announced']['url']}): {report['steps']} "
+        f"steps, data_wait_share {report['data_wait_share']:.3f} (from files "
         f"{reference['data_wait_share']:.3f}), {report['tokens_per_s']:.0f} tokens/s (from files "
         f"{reference['tokens_per_s']:.0f}); train and evaluate jobs {pooled_s:.1f} s"
     )
+
+
+def test_budget_trains_from_the_shard_that_fits_and_evaluates_from_the_server(
+    vllm_captured_run, from_files, server, tmp_path
+):
+    """The small demo's one training shard fits `hidden.cache_gb` (a file, not recaptured), its
+    held-out shard does not (from the server): the same drafter and evaluation as from files."""
+    from eaglenest.common.config import validate_config
+    from eaglenest.common.hidden_store import estimated_shard_bytes
+
+    workdir = copy_run(vllm_captured_run["workdir"], tmp_path / "budget", drop_hidden=False)
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    for suffix in (".safetensors", ".json"):
+        (hidden / f"{SHARDS[1]}{suffix}").unlink()
+    config = run_config(server["url"], "budget")
+    shard_bytes = estimated_shard_bytes(validate_config(copy_of(config)), 64)
+    config["hidden"]["cache_gb"] = 1.5 * shard_bytes / 1e9
+    dry = snakemake(workdir, *TARGETS, "-n", config=config)
+    assert planned_jobs(dry) == {"train_drafter": 1, "evaluate_drafter": 1}, dry.stdout[-2000:]
+    result = snakemake(workdir, *TARGETS, config=config, timeout_s=900)
+    assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    assert_same_training(workdir, from_files)
+    assert_same_evaluation(workdir, from_files)
+    assert hidden_files(workdir) == [f"{SHARDS[0]}.json", f"{SHARDS[0]}.safetensors"]
+    assert not list(server["storage"].glob("cmpl-*")), "state files left on the server"
+
+
+def copy_of(config: dict) -> dict:
+    return json.loads(json.dumps(config))
+
+
+def assert_same_evaluation(found: Path, reference: Path) -> None:
+    """The simulated acceptance (the held-out states' reader) as from files."""
+    evaluated, expected = (
+        json.loads((workdir / "results" / SMALL_RUN / "eval" / "metrics.json").read_text())
+        for workdir in (found, reference)
+    )
+    for k, figures in expected["simulated"].items():
+        assert evaluated["simulated"][k]["positions"] == figures["positions"]
+        assert evaluated["simulated"][k]["acceptance_length"] == pytest.approx(
+            figures["acceptance_length"], rel=1e-3
+        )
