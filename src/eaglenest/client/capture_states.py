@@ -1,17 +1,18 @@
 """Hidden states asked of the run's capture servers by the jobs that read them (`hidden.store`
 none, and budget's shards that are not stored): training and evaluation, instead of files.
 
-    states = PooledStates(hidden_settings, runtime, key)   # the capture pool, in a thread
-    shards = [states.shard(tokens) for tokens in pooled]   # read as HiddenShard files are
-    states.follow(refs)      # the samples in the order they will be read: asked ahead
-    ...                      # shard.sample(i) as HiddenShard.sample(i), exactly
+    states = PooledStates.of_job(hidden, runtime, job_path, pooled_tokens, batch_tokens)
+    shards = open_pooled_shards(states, pooled_tokens, head, vocab)  # read as HiddenShards are
+    ask_ahead(shards, order)  # the samples in the order they will be read: asked ahead
+    ...                       # shard.sample(i) as HiddenShard.sample(i) of the file, exactly
     states.close()
 
-The pool is the capture stage's (capture_pool.py): the same `vllm.capture_urls`, served-name
-check, per-server caps, retries and wait for a server to come back. Each answer is packed by
-the capture stage's own functions (vllm_backend.request_rows, then formats.hidden_shard
-stored_rows and loaded_rows): rounded to the storage dtype (fp8 included) and with the same
-target signal as a file would hold, so training from the servers equals training from files.
+The pool is the capture stage's (client/capture_pool.py): the same `vllm.capture_urls`,
+served-name check, per-server caps, retries and wait for a server to come back. Each answer is
+packed by the capture stage's own functions (formats/capture_answer.request_rows, then
+formats/hidden_shard.stored_rows, and loaded_rows when read): rounded to the storage dtype (fp8
+included) and with the same target signal (target_model/final_signal.py) as a file would hold,
+so training from the servers equals training from files.
 Nothing hidden-state-shaped is written by this job; the servers' own per-request state files,
 vLLM's transport to us (vllm_engine/connector.py), are read and deleted as in the capture stage,
 at most the servers' caps of them at once.
@@ -30,6 +31,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -237,8 +239,10 @@ class PooledStates:
             return None
         if settings is None or runtime is None:
             raise ValueError("shards from the capture servers need the hidden and vllm settings")
-        # As capture_client.shard_key: a hash of the job's own path, the same for every attempt.
-        key = hashlib.sha256(str(Path(job).resolve()).encode()).hexdigest()[:12]
+        # As capture_client.shard_key: a hash of the job's path, the same for every attempt.
+        # Each torchrun process its own, so that one's end never removes another's files.
+        name = f"{Path(job).resolve()}:{os.environ.get('RANK', '0')}"
+        key = hashlib.sha256(name.encode()).hexdigest()[:12]
         return cls(settings, runtime, key, AHEAD_BATCHES * batch_tokens)
 
     def _run(self, coroutine) -> Any:
