@@ -8,9 +8,9 @@ server (`eaglenest serve-capture`) and through real Snakemake, on copies of the 
   per-request state files, vLLM's transport to us, are read and deleted: none is left);
 - the training job killed -9 after its first checkpoint, then rerun, resumes there and ends with
   the same drafter;
-- `hidden.store: budget` with room for the one training shard: that shard is read from its file
-  (not recaptured), the held-out one from the server, and the drafter and evaluation are again
-  those from files;
+- then, in the same workdir, `hidden.store: budget` with room for the one training shard: that
+  shard alone is captured (through the server) as a file and trained from, the held-out one comes
+  from the server, and the drafter and evaluation are again those from files;
 - the wait share of training from the server (`data_wait_share`) is printed.
 
 One engine starts here (the server, eager, for the module's runs).
@@ -94,12 +94,15 @@ def hidden_files(workdir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory):
-    """One capture server for the module's runs: its URL, announcement and storage."""
+    """A copy of the captured run without its hidden-state shards, and one capture server for
+    it (its served name hashes the target's path: the runs are in this copy): the workdir, URL,
+    announcement and storage. The module's tests run there in turn."""
     tmp = tmp_path_factory.mktemp("capture-server")
+    workdir = copy_run(vllm_captured_run["workdir"], tmp / "workflow", drop_hidden=True)
     url = f"http://127.0.0.1:{free_port()}"
-    process, announced = start_server(vllm_captured_run["workdir"], run_config(url, "none"), tmp)
+    process, announced = start_server(workdir, run_config(url, "none"), tmp)
     try:
-        yield {"url": url, "announced": announced, "storage": tmp / "storage"}
+        yield {"workdir": workdir, "url": url, "announced": announced, "storage": tmp / "storage"}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(120)
@@ -153,10 +156,8 @@ def from_files(vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory
     return workdir
 
 
-def test_training_from_a_capture_server_equals_training_from_files_and_resumes(
-    vllm_captured_run, from_files, server, tmp_path
-):
-    workdir = copy_run(vllm_captured_run["workdir"], tmp_path / "none", drop_hidden=True)
+def test_training_from_a_capture_server_equals_training_from_files_and_resumes(from_files, server):
+    workdir = server["workdir"]
     config = run_config(server["url"], "none")
     dry = snakemake(workdir, *TARGETS, "-n", config=config)
     assert planned_jobs(dry) == {"train_drafter": 1, "evaluate_drafter": 1}, dry.stdout[-2000:]
@@ -195,23 +196,23 @@ def test_training_from_a_capture_server_equals_training_from_files_and_resumes(
     )
 
 
-def test_budget_trains_from_the_shard_that_fits_and_evaluates_from_the_server(
-    vllm_captured_run, from_files, server, tmp_path
+def test_budget_captures_the_shard_that_fits_once_and_the_rest_comes_from_the_server(
+    from_files, server
 ):
-    """The small demo's one training shard fits `hidden.cache_gb` (a file, not recaptured), its
-    held-out shard does not (from the server): the same drafter and evaluation as from files."""
+    """After the none run, in its workdir: the small demo's one training shard fits
+    `hidden.cache_gb`, so it alone is captured as a file (through the server); the held-out
+    shard does not (from the server): the same drafter and evaluation as from files."""
     from eaglenest.common.config import validate_config
     from eaglenest.common.hidden_store import estimated_shard_bytes
 
-    workdir = copy_run(vllm_captured_run["workdir"], tmp_path / "budget", drop_hidden=False)
-    hidden = workdir / "results" / SMALL_RUN / "hidden"
-    for suffix in (".safetensors", ".json"):
-        (hidden / f"{SHARDS[1]}{suffix}").unlink()
+    workdir = server["workdir"]
     config = run_config(server["url"], "budget")
+    config["hidden"]["cache_gb"] = 1.0
     shard_bytes = estimated_shard_bytes(validate_config(copy_of(config)), 64)
     config["hidden"]["cache_gb"] = 1.5 * shard_bytes / 1e9
     dry = snakemake(workdir, *TARGETS, "-n", config=config)
-    assert planned_jobs(dry) == {"train_drafter": 1, "evaluate_drafter": 1}, dry.stdout[-2000:]
+    jobs = {"extract_hidden_states": 1, "train_drafter": 1, "evaluate_drafter": 1}
+    assert planned_jobs(dry) == jobs, dry.stdout[-2000:]
     result = snakemake(workdir, *TARGETS, config=config, timeout_s=900)
     assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
     assert_same_training(workdir, from_files)

@@ -245,6 +245,12 @@ class PooledStates:
         key = hashlib.sha256(name.encode()).hexdigest()[:12]
         return cls(settings, runtime, key, AHEAD_BATCHES * batch_tokens)
 
+    @property
+    def identity(self) -> str:
+        """What computes these states (the servers' name hashes the engine's side, the settings
+        ours): a journal resumes only with the same."""
+        return f"{self.model} {self.settings.to_json()}"
+
     def _run(self, coroutine) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 

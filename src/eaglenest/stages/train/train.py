@@ -7,7 +7,7 @@ Robustness: a journal of checkpoints and metrics outside the rule's outputs lets
 kill resume exactly where the last checkpoint was (checkpoint.py).
 
 States: from hidden-state files, or (hidden.store none/budget) asked of the capture servers
-ahead of the steps that read them (stages/hidden_states/pool_states.py), packed as the files
+ahead of the steps that read them (client/capture_states.py), packed as the files
 would hold them; `data_wait_share` is the share of the time the loop waited for them.
 
 Several GPUs, on one node or several (train.gpus, train.nodes): under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
@@ -239,7 +239,7 @@ def set_up_training(
         eval_plan=eval_plan,
         epoch_steps=epoch_steps,
         total_steps=total_steps,
-        fingerprint=fingerprint(settings, model.config, inputs),
+        fingerprint=fingerprint(settings, model.config, inputs, states.identity if states else ""),
         journal_dir=journal_dir,
         states=states,
     )
