@@ -22,6 +22,7 @@ onstart:
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
 from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.common.hidden_store import stored_training_shards
 from eaglenest.stages.prompts.shards import (
     prepared_params_json,
     shard_ids,
@@ -33,6 +34,7 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.hidden_states import (
     HiddenSettings,
+    HiddenStoreSettings,
     HiddenVerifySettings,
     TargetHeadSettings,
 )
@@ -202,6 +204,33 @@ def split_eval_shards():
 
 
 TRAIN_SHARDS, EVAL_SHARDS = split_eval_shards()
+# hidden.store: the shards whose states are files (hidden/{shard}.safetensors); the others' come
+# from the capture servers to the training and evaluation jobs (eaglenest.common.hidden_store).
+STORE = HiddenStoreSettings.from_config(config)
+STORED_TRAIN_SHARDS = stored_training_shards(config, TRAIN_SHARDS)
+STORED_EVAL_SHARDS = [] if STORE.from_pool else EVAL_SHARDS
+STORED_SHARDS = STORED_TRAIN_SHARDS + STORED_EVAL_SHARDS
+
+
+def get_hidden_files(shards):
+    """The hidden-state files of those of `shards` that are stored."""
+    stored = [s for s in shards if s in STORED_SHARDS]
+    return expand(run_path("hidden/{shard}.safetensors"), shard=stored)
+
+
+def get_pooled_tokens(shards):
+    """The tokens shards of those of `shards` whose states the capture servers give."""
+    pooled = [s for s in shards if s not in STORED_SHARDS]
+    return expand(run_path("tokens/{shard}.parquet"), shard=pooled)
+
+
+def get_store_params():
+    """With states from the capture servers (hidden.store none/budget), how they are computed
+    (tracked: a change reruns training, as a recaptured file would); nothing with files.
+    """
+    if not STORE.from_pool:
+        return ""
+    return settings_json(HiddenSettings)
 
 
 def bench_path(relative):

@@ -2,7 +2,7 @@ rule evaluate_drafter:
     input:
         drafter=run_path("drafter/config.json"),
         weights=run_path("drafter/model.safetensors"),
-        hidden=expand(run_path("hidden/{shard}.safetensors"), shard=EVAL_SHARDS),
+        hidden=get_hidden_files(EVAL_SHARDS),
         tokens=expand(run_path("tokens/{shard}.parquet"), shard=EVAL_SHARDS),
         head=run_path("hidden/target_head.safetensors"),
         vocab=run_path("vocab/draft_vocab.safetensors"),
@@ -20,6 +20,7 @@ rule evaluate_drafter:
         gpu=get_evaluate_gpus(),
     params:
         settings=settings_json(EvaluateSettings),
+        hidden=get_store_params(),
         runtime=untracked(settings_json(VllmRuntime)),
         code_version=code_version("evaluate_drafter"),
     script:

@@ -11,7 +11,7 @@ rule build_report:
         samples_reports=expand(run_path("samples/{shard}.report.json"), shard=SHARDS),
         tokens_reports=expand(run_path("tokens/{shard}.report.json"), shard=SHARDS),
         lengths=expand(run_path("tokens/{shard}.lengths.parquet"), shard=SHARDS),
-        hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=SHARDS),
+        hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=STORED_SHARDS),
         draft_vocab=run_path("vocab/draft_vocab.json"),
         train_metrics=run_path("drafter/metrics.jsonl"),
         train_report=run_path("drafter/train_report.json"),

@@ -1,7 +1,11 @@
 rule train_drafter:
     input:
-        train=expand(run_path("hidden/{shard}.safetensors"), shard=TRAIN_SHARDS),
-        heldout=expand(run_path("hidden/{shard}.safetensors"), shard=EVAL_SHARDS),
+        # hidden.store: each shard's states are a file, or asked of the capture servers for its
+        # tokens (get_hidden_files, get_pooled_tokens); shard order is kept.
+        train=get_hidden_files(TRAIN_SHARDS),
+        pooled=get_pooled_tokens(TRAIN_SHARDS),
+        heldout=get_hidden_files(EVAL_SHARDS),
+        heldout_pooled=get_pooled_tokens(EVAL_SHARDS),
         head=run_path("hidden/target_head.safetensors"),
         vocab=run_path("vocab/draft_vocab.safetensors"),
         target=get_target_dir(),
@@ -23,6 +27,9 @@ rule train_drafter:
         nodes=config["train"]["nodes"],
     params:
         settings=settings_json(TrainSettings),
+        hidden=get_store_params(),
+        # the capture servers (hidden.store none/budget): where, not what
+        runtime=untracked(settings_json(VllmRuntime)),
         # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.
         journal=run_path("journal/train"),
         code_version=code_version("train_drafter"),

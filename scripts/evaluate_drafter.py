@@ -7,10 +7,13 @@ use_threads(snakemake.threads)
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 
 settings = EvaluateSettings.from_json(snakemake.params.settings)
+# hidden.store none/budget: the held-out states from the capture servers ("" with files)
+hidden = HiddenSettings.from_json(snakemake.params.hidden) if snakemake.params.hidden else None
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends.
     gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
@@ -23,4 +26,5 @@ with log_to(snakemake.log[0]):
         out=snakemake.output.metrics,
         settings=settings,
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
+        hidden=hidden,
     )

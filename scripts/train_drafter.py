@@ -7,7 +7,9 @@ use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.train.train import run_under_torchrun, train_drafter
 
 settings = TrainSettings.from_json(snakemake.params.settings)
@@ -19,6 +21,14 @@ arguments = {
     "out_dir": snakemake.output.config.rsplit("/", 1)[0],
     "journal_dir": snakemake.params.journal,
 }
+if snakemake.params.hidden:  # hidden.store none/budget: tokens shards the capture servers give
+    arguments.update(
+        pooled_train=list(snakemake.input.pooled),
+        pooled_eval=list(snakemake.input.heldout_pooled),
+        # as JSON: torchrun's processes get the arguments as a file
+        hidden=HiddenSettings.from_json(snakemake.params.hidden).to_json(),
+        runtime=VllmRuntime.from_json(snakemake.params.runtime).to_json(),
+    )
 with log_to(snakemake.log[0]):
     # Distinct GPUs for jobs that share a machine; held until this job's process ends. Several
     # nodes are a scheduler's allocation, whose GPUs it chose.

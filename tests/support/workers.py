@@ -59,6 +59,7 @@ SHARED_RUN_GROUPS = (
         "engine/test_vllm_capture_backend.py",
         "engine/test_vllm_capture_server.py",
         "engine/test_capture_pool.py",
+        "engine/test_training_from_capture_servers.py",
     )),
     SharedRunGroup("plain-decoding", "plain_decoding", (
         "engine/test_vllm_acceptance.py",

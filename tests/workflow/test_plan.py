@@ -1,7 +1,7 @@
 """`eaglenest plan`: shards, jobs, disk and hours of a config before anything runs. On the demo the
 jobs are those a real dry run plans; on the Kimi-K2.5 example the disk is the documented
 arithmetic (21,533 bytes a token, 3.5 TB at 10K samples) and scales with the samples; every
-`hidden.store` mode is planned and the ones not built yet say so."""
+`hidden.store` mode is planned."""
 
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ def test_kimi_disk_is_the_documented_arithmetic_and_scales_with_the_samples():
     for plan in (ten_k, half_m):
         rows = {row.mode: row for row in plan.stores}
         assert rows["none"].hidden_bytes == 0 and rows["none"].extract_jobs == 0
-        assert rows["files"].built and not rows["none"].built and not rows["budget"].built
         shard_bytes = 200 * 16_384 * 21_533
         assert rows["budget"].stored_shards == math.floor(1000e9 / shard_bytes) == 14
         assert rows["budget"].hidden_bytes <= 1000e9
@@ -86,7 +85,7 @@ def test_the_command_prints_every_stage_and_mode(capsys):
     assert "500,000 samples in 2,500 shards" in out
     for stage in ("generate", "samples", "hidden", "train", "evaluate", "report"):
         assert f"\n{stage} " in out
-    assert "176.4 TB" in out and out.count("not built yet") >= 2
+    assert "176.4 TB" in out and "not built yet" not in out
     assert format_plan(kimi_plan(500_000)).splitlines()[0] == out.splitlines()[0]
 
 

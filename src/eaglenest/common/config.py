@@ -82,11 +82,13 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         lines = "\n  ".join(_describe(e) for e in errors)
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
     from eaglenest.client.endpoints import check_distinct
+    from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.train import drafter_window
 
     try:
         check_distinct([e["url"] for e in config.get("endpoints") or []])
         drafter_window((config.get("train") or {}).get("drafter") or {})
+        check_store(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     return config

@@ -16,7 +16,7 @@ The hidden states' bytes per token are exact: the shard layout of formats/hidden
 
 `hidden.store` (files: every state stored, today's pipeline; none: none stored, training asks the
 capture servers for each batch every epoch; budget: the shards that fit in `hidden.cache_gb`
-stored, the rest captured every epoch) is planned for all three modes; only `files` is built yet.
+stored, the rest captured every epoch) is planned for all three modes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from eaglenest.common.hidden_store import (
+    hidden_bytes_per_token,
+    shards_that_fit,
+    target_hidden_size,
+)
 
 # Measured by rates_from_run on a finished small demo run here (config/tests/demo-small.yaml: the
 # embedded demo server generating, the transformers capture, 2 epochs of training) on the shared
@@ -41,7 +47,6 @@ DEMO_RATES = {
 DEMO_BYTES_PER_TOKEN = {"raw": 10.5, "samples": 7.6, "tokens": 3.1}
 STORE_MODES = ("files", "none", "budget")
 DEFAULT_CACHE_GB = 1000.0  # budget mode, when the config has no hidden.cache_gb yet
-AUX_LAYERS = 3
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,6 @@ class StoreRow:
     hidden_bytes: float
     total_bytes: float
     capture_hours: float  # engine time over the whole training, epochs included
-    built: bool
 
 
 @dataclass(frozen=True)
@@ -97,33 +101,6 @@ class RunPlan:
     @property
     def shards(self) -> int:
         return self.train_shards + self.eval_shards
-
-
-def hidden_bytes_per_token(config: dict[str, Any], hidden_size: int) -> int:
-    """Bytes a token takes in a hidden-state shard: the layout formats/hidden_shard.py writes."""
-    from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
-    from eaglenest.settings.hidden_states import HiddenSettings
-
-    settings = HiddenSettings.from_config(config)
-    return bytes_per_token(tensor_specs(1, 1, hidden_size, AUX_LAYERS, settings))
-
-
-def target_hidden_size(config: dict[str, Any]) -> int:
-    """The target's hidden size: the demo's from its section, else from its config.json."""
-    if config["demo_target"]["enabled"]:
-        return int(config["demo_target"]["hidden_size"])
-    from eaglenest.target_model.loading import load_text_config
-
-    try:
-        model_config = load_text_config(
-            config["target"]["path"], config["target"]["trust_remote_code"]
-        )
-    except Exception as err:
-        raise ValueError(
-            f"target.path {config['target']['path']}: its config is not readable here "
-            f"({type(err).__name__}); give the target's hidden size with --hidden-size"
-        ) from err
-    return int(model_config.hidden_size)
 
 
 def split_shards(config: dict[str, Any]) -> tuple[int, int]:
@@ -197,7 +174,12 @@ def stage_rows(
     files = {name: tokens * b for name, b in DEMO_BYTES_PER_TOKEN.items()}
     servers = scale.capture_servers
     capture_note = f"{servers} capture server(s)" if servers else "1 engine at a time"
-    hidden_jobs = {"extract_hidden_states": shards, "verify_hidden_states": int(verify),
+    # The config's hidden.store: shards stored as files (common/hidden_store.py), the rest asked
+    # of the capture servers by the jobs that read them.
+    stored = {"files": shards, "none": 0}.get(hidden["store"]) if "store" in hidden else shards
+    if stored is None:  # budget
+        stored = shards_that_fit(assumptions.cache_gb, tokens / shards * per_token, train_shards)
+    hidden_jobs = {"extract_hidden_states": stored, "verify_hidden_states": int(verify),
                    "save_target_head": 1}  # fmt: skip
     train_tokens = tokens * train_shards / shards * epochs
     return [
@@ -229,9 +211,9 @@ def stage_rows(
             "hidden",
             hidden_jobs,
             shards,
-            tokens * per_token,
+            tokens * per_token * stored / shards,
             hours(tokens, rates.capture_tokens_per_s, servers),
-            capture_note,
+            f"{capture_note}, hidden.store {hidden.get('store', 'files')}",
         ),
         StageRow(
             "train",
@@ -264,7 +246,6 @@ def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
             "what they do not store again every epoch, while training runs); held-out shards "
             "once"
         ),
-        "hidden.store none and budget are planned here but not built yet: only files runs today",
         "not counted: the prompt list, vocab, target head, drafter and journals (GBs at most)",
     ]
 
@@ -286,8 +267,9 @@ def plan_stores(
     shard_bytes = shard_tokens * per_token
     rate = assumptions.rates.capture_tokens_per_s * engines
     eval_shards = shards - train_shards
-    fit = int(assumptions.cache_gb * 1e9 // shard_bytes) if shard_bytes else train_shards
-    kept_train = {"files": train_shards, "none": 0, "budget": min(train_shards, fit)}
+    # As the workflow splits them (common/hidden_store.py): the first shards that fit.
+    fit = shards_that_fit(assumptions.cache_gb, shard_bytes, train_shards)
+    kept_train = {"files": train_shards, "none": 0, "budget": fit}
     rows = []
     for mode in STORE_MODES:
         kept = kept_train[mode] + (eval_shards if mode == "files" else 0)
@@ -300,7 +282,6 @@ def plan_stores(
                 hidden_bytes=kept * shard_bytes,
                 total_bytes=kept * shard_bytes + other_bytes,
                 capture_hours=captures * shard_tokens / rate / 3600,
-                built=mode == "files",
             )
         )
     return rows
@@ -394,12 +375,13 @@ def format_plan(plan: RunPlan) -> str:
     lines += ["", header]
     for row in plan.stores:
         label = {"files": "files", "none": "none", "budget": f"budget {a.cache_gb:,.0f} GB"}
-        state = "" if row.built else "not built yet"
-        kept = f"{row.stored_shards:,} shard(s) stored" if row.mode == "budget" else ""
+        kept = (
+            f"first {row.stored_shards:,} training shard(s) stored" if row.mode == "budget" else ""
+        )
         line = (
             f"{label[row.mode]:<14} {row.extract_jobs:>12,} {human_bytes(row.hidden_bytes):>12} "
             f"{human_bytes(row.total_bytes):>11} {human_hours(row.capture_hours):>14}  "
-            f"{'; '.join(x for x in (kept, state) if x)}"
+            f"{kept}"
         )
         lines.append(line.rstrip())
     lines += ["", *(f"- {note}" for note in plan.notes)]

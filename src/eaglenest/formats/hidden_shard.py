@@ -53,6 +53,7 @@ _ST_DTYPES = {
 
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+TOPK_CHUNK_ROWS = 2048  # rows of logits computed at once for top-k, by every capture
 
 
 def tensor_specs(
@@ -170,16 +171,6 @@ class ShardWriter:
             )
         pwrite_all(self.fd, data, self.positions[name] + first_row * row_bytes)
 
-    def write_states(self, name: str, first_row: int, values: torch.Tensor, blocks: int) -> None:
-        """aux / final_hidden rows in the storage dtype (with their scales for fp8)."""
-        dtype = self.stored[name]
-        if dtype == "F8_E4M3":
-            q, scale = fp8_quantize(values, blocks)
-            self.write(name, first_row, q)
-            self.write(f"{name}_scale", first_row, scale if blocks > 1 else scale[:, 0])
-        else:
-            self.write(name, first_row, values.to(_ST_DTYPES[dtype][0]))
-
     def write_sample(
         self,
         first_row: int,
@@ -189,15 +180,54 @@ class ShardWriter:
         loss_mask: torch.Tensor,
     ) -> None:
         """One sample's rows: aux [n, n_aux * H], the target signal (`final_hidden` [n, H] or
-        `topk_ids` and `topk_values` [n, k]), input_ids [n] and loss_mask [n] (uint8)."""
-        self.write_states("aux", first_row, aux, self.n_aux)
-        if "final_hidden" in signal:
-            self.write_states("final_hidden", first_row, signal["final_hidden"], 1)
+        `topk_ids` and `topk_values` [n, k]), input_ids [n] and loss_mask [n] (uint8), in the
+        storage dtype (`stored_rows`)."""
+        rows = stored_rows(aux, signal, input_ids, loss_mask, self.settings.dtype, self.n_aux)
+        for name, values in rows.items():
+            self.write(name, first_row, values)
+
+
+def stored_rows(
+    aux: torch.Tensor,
+    signal: dict[str, torch.Tensor],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    dtype: str,
+    n_aux: int = 3,
+) -> dict[str, torch.Tensor]:
+    """A sample's tensors exactly as a shard file holds them (aux and final_hidden in the storage
+    dtype `dtype`, with their scales for fp8), by tensor name. The one packing of both the files
+    (ShardWriter) and the states training asks of the capture servers (hidden.store none)."""
+    rows: dict[str, torch.Tensor] = {}
+
+    def states(name: str, values: torch.Tensor, blocks: int) -> None:
+        if dtype == "fp8":
+            q, scale = fp8_quantize(values, blocks)
+            rows[name], rows[f"{name}_scale"] = q, scale if blocks > 1 else scale[:, 0]
         else:
-            self.write("topk_ids", first_row, signal["topk_ids"])
-            self.write("topk_values", first_row, signal["topk_values"])
-        self.write("input_ids", first_row, input_ids)
-        self.write("loss_mask", first_row, loss_mask)
+            rows[name] = values.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+
+    states("aux", aux, n_aux)
+    if "final_hidden" in signal:
+        states("final_hidden", signal["final_hidden"], 1)
+    else:
+        rows["topk_ids"] = signal["topk_ids"].to(torch.int32)
+        rows["topk_values"] = signal["topk_values"].to(torch.float32)
+    rows["input_ids"] = input_ids.to(torch.int64)
+    rows["loss_mask"] = loss_mask.to(torch.uint8)
+    return rows
+
+
+def loaded_rows(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What `HiddenShard.sample` gives for a sample's stored tensors: aux and final_hidden
+    dequantized when fp8 (else in their storage dtype), the rest as stored."""
+    result = {}
+    for name, values in stored.items():
+        if name.endswith("_scale"):
+            continue
+        scale = stored.get(f"{name}_scale")
+        result[name] = values if scale is None else fp8_dequantize(values, scale)
+    return result
 
 
 @contextlib.contextmanager
@@ -276,28 +306,11 @@ class HiddenShard:
     def _rows(self, name: str, begin: int, end: int) -> torch.Tensor:
         return self._file.get_slice(name)[begin:end]
 
-    def _states(self, name: str, begin: int, end: int) -> torch.Tensor:
-        values = self._rows(name, begin, end)
-        scale_name = f"{name}_scale"
-        if scale_name in self.names:
-            return fp8_dequantize(values, self._rows(scale_name, begin, end))
-        return values
-
     def sample(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(f"{self.path}: sample {i} out of range [0, {len(self)})")
         begin, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        result = {
-            "aux": self._states("aux", begin, end),
-            "input_ids": self._rows("input_ids", begin, end),
-            "loss_mask": self._rows("loss_mask", begin, end),
-        }
-        if self.target_signal == "topk":
-            result["topk_ids"] = self._rows("topk_ids", begin, end)
-            result["topk_values"] = self._rows("topk_values", begin, end)
-        else:
-            result["final_hidden"] = self._states("final_hidden", begin, end)
-        return result
+        return loaded_rows({n: self._rows(n, begin, end) for n in sorted(self.names - {"offsets"})})
 
     def check(self, field: str, expected: Any, found: Any) -> None:
         if expected is not None and expected != found:

@@ -1,5 +1,6 @@
 """Settings of the hidden-state stage (the `hidden` section and the target it loads), of its
-backend check and of the target head (which shares the aux layer ids)."""
+backend check, of the target head (which shares the aux layer ids) and of where training finds
+the states (`hidden.store`)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,49 @@ class TargetHeadSettings(Settings):
             aux_layer_ids=tuple(layer_ids) if layer_ids is not None else None,
             target=TargetSettings.view(config, "path", "trust_remote_code"),
         )
+
+
+STORE_MODES = ("files", "none", "budget")
+
+
+@dataclass(frozen=True)
+class HiddenStoreSettings(Settings):
+    """`hidden.store` and `hidden.cache_gb`: whether the states are stored as files (files), asked
+    of the capture servers by training and evaluation (none), or both, split by shard (budget).
+    Apart from HiddenSettings, so that changing the mode recaptures no stored shard."""
+
+    store: str  # "files", "none" or "budget"
+    cache_gb: float | None  # with budget: the stored training shards' disk, in GB
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> HiddenStoreSettings:
+        section = config["hidden"]
+        return cls(store=section["store"], cache_gb=section["cache_gb"])
+
+    @property
+    def from_pool(self) -> bool:
+        """Whether some states come from the capture servers instead of files."""
+        return self.store != "files"
+
+
+def check_store(config: Mapping[str, Any]) -> None:
+    """`hidden.store` none and budget need what they ask the states of: the vllm backend and at
+    least one capture server; budget needs `hidden.cache_gb`. Raises a ValueError naming the key."""
+    from eaglenest.settings.vllm import capture_urls
+
+    hidden = config.get("hidden") or {}
+    store = hidden.get("store", "files")
+    if store == "files":
+        return
+    if hidden.get("backend", "transformers") != "vllm":
+        raise ValueError(
+            f"hidden.store {store} asks the capture servers for the states: it needs "
+            f"hidden.backend vllm (found {hidden.get('backend', 'transformers')})"
+        )
+    if not capture_urls(config.get("vllm") or {}):
+        raise ValueError(
+            f"hidden.store {store} asks the capture servers for the states: set vllm.capture_urls "
+            "(or vllm.capture_url), the servers `eaglenest serve-capture` starts"
+        )
+    if store == "budget" and hidden.get("cache_gb") is None:
+        raise ValueError("hidden.store budget needs hidden.cache_gb (the stored shards' disk, GB)")

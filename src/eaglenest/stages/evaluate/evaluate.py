@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from eaglenest.client.capture_states import PooledStates, ask_ahead, open_pooled_shards
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch, open_shards
@@ -39,6 +40,7 @@ from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.depths import DepthCut, cut_at_depths, depth_table
 from eaglenest.stages.evaluate.speculative import (
@@ -127,7 +129,9 @@ def simulate(
     first = next(iter(proposers))
     by_depth = {d: {k: AcceptanceCounts(k) for k in ks} for d in depths}
     kmax = max(ks)
-    for refs in plan.epoch_order(0):
+    order = plan.epoch_order(0)
+    ask_ahead(plan.shards, order)  # states from the capture servers (hidden.store none/budget)
+    for refs in order:
         on_device = signal.fill(build_batch(refs, plan.shards).to(device))
         batch = on_device.to("cpu")
         lengths = torch.tensor([r.length for r in refs])
@@ -319,8 +323,11 @@ def evaluate_drafter(
     out: str | Path,
     settings: EvaluateSettings,
     runtime: VllmRuntime | None = None,
+    hidden: HiddenSettings | None = None,
 ) -> dict[str, Any]:
-    """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures."""
+    """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures.
+    With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
+    from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
     device = resolve_device(settings.device)
     started = time.perf_counter()
@@ -329,18 +336,18 @@ def evaluate_drafter(
     # Each hidden shard's tokens shard is the same shard's: a stale pairing is refused.
     paired = heldout_tokens if len(heldout_tokens) == len(heldout_hidden) else None
     shards = open_shards(heldout_hidden, head, vocab, tokens=paired)
+    pooled = heldout_tokens if hidden is not None and not heldout_hidden else []
     drafter = load_drafter(drafter_dir, head.embed, expect_layer_ids=head.aux_layer_ids)
     drafter = drafter.to(device).eval()
-    untrained = untrained_like(drafter, settings.seed)
-    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
-    simulated = simulate(
-        {"eagle3": drafter, "untrained": untrained, "prompt_lookup": settings.prompt_lookup_ngram},
-        plan,
-        TargetSignal(head, vocab, device),
-        settings.ks,
-        device,
-        settings.depths,
-    )
+    states = PooledStates.of_job(hidden, runtime, out, pooled, settings.max_batch_tokens)
+    try:
+        shards += open_pooled_shards(states, pooled, head, vocab)
+        simulated = simulate_all(
+            drafter, shards, TargetSignal(head, vocab, device), settings, device
+        )
+    finally:
+        if states is not None:
+            states.close()
     simulated_by_depth = simulated.pop("by_depth", {})
     continuation = settings.live_max_new_tokens
     cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
@@ -352,7 +359,7 @@ def evaluate_drafter(
             name,
             {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
         )
-    metrics = simulated_metrics(settings, heldout_hidden, simulated)
+    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated)
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
@@ -380,6 +387,17 @@ def evaluate_drafter(
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
+
+
+def simulate_all(
+    drafter: Eagle3Drafter, shards: list, signal: TargetSignal, settings: EvaluateSettings, device
+) -> dict[str, dict[str, Any]]:
+    """`simulate` of the drafter, its untrained twin and prompt lookup on the held-out shards."""
+    untrained = untrained_like(drafter, settings.seed)
+    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
+    proposers = {"eagle3": drafter, "untrained": untrained}
+    proposers["prompt_lookup"] = settings.prompt_lookup_ngram
+    return simulate(proposers, plan, signal, settings.ks, device, settings.depths)
 
 
 def simulated_metrics(

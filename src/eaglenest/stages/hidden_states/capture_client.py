@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eaglenest.stages.hidden_states.capture_pool import CapturePool, CaptureServerError
+from eaglenest.client.capture_pool import CapturePool, CaptureServerError
 
 log = logging.getLogger(__name__)
 

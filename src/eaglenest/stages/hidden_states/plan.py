@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from eaglenest.common.io import library_versions, sha256_file, write_json
-from eaglenest.formats.hidden_shard import (
+from eaglenest.formats.capture_answer import sample_rows  # noqa: F401 (the backends' import)
+from eaglenest.formats.hidden_shard import (  # TOPK_CHUNK_ROWS: the backends' import
     FORMAT,
+    TOPK_CHUNK_ROWS,  # noqa: F401
     ShardWriter,
     bytes_per_token,
     create_hidden_shard,
@@ -41,8 +43,6 @@ from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.target_model.loading import default_aux_layer_ids, target_config_hash, text_config
 
 log = logging.getLogger(__name__)
-
-TOPK_CHUNK_ROWS = 2048  # rows of logits computed at once for top-k, by either backend
 
 
 @dataclass(frozen=True)
@@ -103,18 +103,6 @@ def sample_offsets(frame) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(frame) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return lengths, offsets
-
-
-def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample's input_ids [n] int64 and loss_mask [n] uint8 rows."""
-    # formats.tokens (polars, pandera) imported here, not at the top: the transformers capture
-    # (extract.AuxCapture, forward_batch) runs where only torch and transformers are
-    # (bench/gpu_check.py).
-    from eaglenest.formats.tokens import loss_mask
-
-    ids = torch.from_numpy(np.array(input_ids, dtype=np.int64))  # a copy: parquet's is read-only
-    mask = torch.from_numpy(loss_mask(prompt_len, len(ids)).astype(np.uint8))
-    return ids, mask
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,8 @@ Every file's `token_ids` must equal the ids sent, or the job fails naming the sa
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -30,24 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
-from eaglenest.common.devices import resolve_device
+from eaglenest.formats.capture_answer import StateFileError, read_request_file, request_rows
 from eaglenest.formats.hidden_shard import ShardWriter
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.plan import (
-    TOPK_CHUNK_ROWS,
     ShardOutput,
     ShardPlan,
     finish_shard,
     open_shard,
     plan_hidden_shard,
-    sample_rows,
 )
-from eaglenest.target_model.checkpoint import checkpoint_head_tensors
 from eaglenest.target_model.files import resolve_target_dir
+from eaglenest.target_model.final_signal import FinalSignal
 from eaglenest.target_model.loading import load_text_config
 from eaglenest.vllm_engine.capture_request import VllmCaptureError, engine_request
 from eaglenest.vllm_engine.process import (
@@ -62,77 +55,12 @@ log = logging.getLogger(__name__)
 CAPTURE_MODULE = "eaglenest.vllm_engine.capture"
 
 
-class FinalSignal:
-    """The target signal from layer N's states: the final norm, then the LM head for top-k.
-
-    The LM head runs on `hidden.device` (auto: the first GPU when there is one): Kimi-K2.5's is
-    163,840 x 7168, 2.3 GFLOP a token, hours of CPU time a shard. It moves there at the first
-    sample, once vLLM holds its share of the GPU memory (vLLM checks the free memory as it
-    starts; 2.3 GB fits in what its default gpu_memory_utilization leaves)."""
-
-    def __init__(self, target_dir: Path, model_config, settings: HiddenSettings):
-        tied = bool(getattr(model_config, "tie_word_embeddings", False))
-        tensors, tied = checkpoint_head_tensors(target_dir, tied)
-        self.norm = tensors["norm.weight"]
-        self.eps = float(model_config.rms_norm_eps)
-        self.settings = settings
-        self.device = resolve_device(settings.device)
-        if settings.target_signal == "topk":
-            self.head = tensors["embed_tokens.weight" if tied else "lm_head.weight"]
-
-    def rms_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """As transformers' Llama/Qwen RMSNorm: in float32, cast back, then the weight."""
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm * h.to(x.dtype)
-
-    def __call__(self, last_layer: torch.Tensor) -> dict[str, torch.Tensor]:
-        final = self.rms_norm(last_layer)
-        if self.settings.target_signal != "topk":
-            return {"final_hidden": final}
-        self.head = self.head.to(self.device)  # a no-op after the first sample
-        values, ids = [], []
-        for chunk in final.split(TOPK_CHUNK_ROWS):
-            logits = chunk.to(self.device, self.head.dtype) @ self.head.T
-            top = torch.topk(logits.float(), self.settings.top_k)
-            values.append(top.values.cpu())
-            ids.append(top.indices.to(torch.int32).cpu())
-        return {"topk_ids": torch.cat(ids), "topk_values": torch.cat(values)}
-
-
-def read_request_file(path: str) -> dict[str, torch.Tensor]:
-    """One request's states once vLLM has finished writing them (it holds a lock until then),
-    then the file and its lock are deleted."""
-    lock = path + ".lock"
-    with contextlib.suppress(FileNotFoundError), open(lock) as stream:
-        fcntl.flock(stream, fcntl.LOCK_SH)
-    states = load_file(path)
-    for name in (path, lock):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
-    return states
-
-
 def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -> None:
-    ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])
-    returned = states["token_ids"].to(torch.int64)
-    if not torch.equal(returned, ids):
-        same = min(len(returned), len(ids))
-        differ = (returned[:same] != ids[:same]).nonzero()
-        where = int(differ[0]) if len(differ) else same
-        raise VllmCaptureError(
-            f"{tokens}: sample {frame['id'][i]!r} (row {i}): vLLM returned states for other "
-            f"tokens than were sent ({len(returned)} vs {len(ids)} tokens, first difference at "
-            f"position {where})"
-        )
-    hidden = states["hidden_states"]  # [T, 4, H]: the aux layers, then layer N
-    if hidden.shape[0] != len(ids):
-        raise VllmCaptureError(
-            f"{tokens}: sample {frame['id'][i]!r} (row {i}): vLLM's state file has "
-            f"{hidden.shape[0]} rows for {len(ids)} tokens"
-        )
-    aux = hidden[:, :3, :].reshape(hidden.shape[0], -1)
-    writer.write_sample(int(offsets[i]), aux, signal(hidden[:, 3, :]), ids, mask)
+    try:  # checked before anything is written
+        rows = request_rows(frame, i, states, signal, tokens)
+    except StateFileError as err:
+        raise VllmCaptureError(str(err)) from err
+    writer.write_sample(int(offsets[i]), *rows)
 
 
 class RequestPacker:

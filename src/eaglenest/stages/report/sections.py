@@ -270,7 +270,10 @@ def section_generation(data: RunData) -> Section:
 def section_hidden(data: RunData) -> Section:
     section = Section("hidden_states", "Hidden states: bytes per token")
     if not data.hidden:
-        section.notes.append("No hidden-state summaries (hidden/{shard}.json).")
+        section.notes.append(
+            "No hidden-state summaries (hidden/{shard}.json): with hidden.store none, training "
+            "and evaluation asked the capture servers for the states and no shard was stored."
+        )
         return section
     shards = list(data.hidden)
     summaries = list(data.hidden.values())

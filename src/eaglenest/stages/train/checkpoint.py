@@ -87,9 +87,12 @@ def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
         return None
 
 
-def fingerprint(settings: TrainSettings, config: DrafterConfig, files: Iterable[Path]) -> str:
-    """What a checkpoint is valid for: settings, drafter shape and the inputs' identity."""
-    digest = hashlib.sha256()
+def fingerprint(
+    settings: TrainSettings, config: DrafterConfig, files: Iterable[Path], states: str = ""
+) -> str:
+    """What a checkpoint is valid for: settings, drafter shape and the inputs' identity; `states`:
+    what computes the states that come from the capture servers (hidden.store none/budget)."""
+    digest = hashlib.sha256(states.encode())
     unchanging = {k: v for k, v in settings.recorded().items() if k not in ("log_every", "device")}
     digest.update(json.dumps([unchanging, config.to_dict()], sort_keys=True).encode())
     for path in files:

@@ -26,15 +26,16 @@ def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
     return batch
 
 
-def step_batches(
+def step_refs(
     plan: BatchPlan,
     first_step: int,
     total_steps: int,
     epoch_steps: list[int],
     processes: Processes,
-) -> Iterator[tuple[int, int, Batch]]:
-    """(epoch, position, batch) of this process for every step from first_step on. The batches
-    are a function of (seed, epoch): a resumed run gets the batches the killed one would have."""
+) -> Iterator[tuple[int, int, list[SampleRef]]]:
+    """(epoch, position, samples) of this process for every step from first_step on. The
+    samples are a function of (seed, epoch): a resumed run gets those the killed one would
+    have."""
     epoch, start = 0, 0  # the epoch of `step`, and its first step
     order: list[list[SampleRef]] | None = None
     for step in range(first_step, total_steps):
@@ -44,7 +45,18 @@ def step_batches(
         if order is None:
             order = plan.epoch_order(epoch)
         position = step - start
-        refs = order[position * processes.world_size + processes.rank]
+        yield epoch, position, order[position * processes.world_size + processes.rank]
+
+
+def step_batches(
+    plan: BatchPlan,
+    first_step: int,
+    total_steps: int,
+    epoch_steps: list[int],
+    processes: Processes,
+) -> Iterator[tuple[int, int, Batch]]:
+    """(epoch, position, batch) of this process for every step from first_step on (step_refs)."""
+    for epoch, position, refs in step_refs(plan, first_step, total_steps, epoch_steps, processes):
         if plan.packed:
             yield epoch, position, build_packed_batch(refs, plan.shards, plan.max_batch_tokens)
         else:

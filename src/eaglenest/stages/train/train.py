@@ -6,6 +6,10 @@ weights and the schedule in initialise.py, the batches of every step in feed.py.
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
 
+States: from hidden-state files, or (hidden.store none/budget) asked of the capture servers
+ahead of the steps that read them (client/capture_states.py), packed as the files
+would hold them; `data_wait_share` is the share of the time the loop waited for them.
+
 Several GPUs, on one node or several (train.gpus, train.nodes): under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
 W-th batch of the epoch's order; one step = one batch per rank. The step's loss is the mean over
 the positions of all ranks' batches, however unequal (`ttt_loss`), and the logged loss and
@@ -27,6 +31,7 @@ from typing import Any
 
 import torch
 
+from eaglenest.client.capture_states import PooledStates, ask_ahead, open_pooled_shards
 from eaglenest.common.io import write_json
 from eaglenest.common.threads import job_threads, use_threads
 from eaglenest.drafter.batches import (
@@ -38,7 +43,9 @@ from eaglenest.drafter.batches import (
 from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
+from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.train.checkpoint import (
     METRICS_FILE,
     STATE_FILE,
@@ -55,7 +62,7 @@ from eaglenest.stages.train.distributed import (
     run_under_torchrun,  # noqa: F401 (scripts and tests reach the launch through this module)
     setup_processes,
 )
-from eaglenest.stages.train.feed import prefetch, step_batches, with_aux_noise
+from eaglenest.stages.train.feed import prefetch, step_batches, step_refs, with_aux_noise
 from eaglenest.stages.train.initialise import build_drafter, lr_lambda
 from eaglenest.stages.train.loss import Objective, StepStats, global_step, ttt_loss
 
@@ -79,9 +86,9 @@ def evaluate_heldout(
     sums = [0.0] * (3 * settings.ttt_steps)
     # Judged where the served drafter drafts, whatever positions training counts.
     objective = replace(Objective.of(settings), loss_positions="completion")
-    for position, refs in enumerate(plan.epoch_order(0)):
-        if position % processes.world_size != processes.rank:
-            continue
+    mine = plan.epoch_order(0)[processes.rank :: processes.world_size]
+    ask_ahead(plan.shards, mine)
+    for refs in mine:
         batch = signal.fill(build_batch(refs, plan.shards).to(processes.device))
         with autocast(processes.device, settings.precision):
             # The data's tokens in every step, whatever training fed: the same yardstick for
@@ -123,6 +130,7 @@ class Training:
     total_steps: int
     fingerprint: str  # the settings and inputs a checkpoint must have been written for
     journal_dir: Path
+    states: PooledStates | None = None  # hidden.store none/budget: the capture servers' states
 
     @property
     def state_path(self) -> Path:
@@ -150,6 +158,11 @@ class Progress:
     last: StepStats | None = None  # of the latest step
 
 
+def open_data(files: list, tokens: list, states: PooledStates | None, head, vocab) -> list:
+    """Hidden-state files, then tokens shards whose states the capture servers give."""
+    return [*open_shards(files, head, vocab), *open_pooled_shards(states, tokens, head, vocab)]
+
+
 def set_up_training(
     *,
     train_shards: list[str | Path],
@@ -158,8 +171,13 @@ def set_up_training(
     draft_vocab: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
+    pooled_train: list[str | Path] = (),
+    pooled_eval: list[str | Path] = (),
+    hidden: HiddenSettings | None = None,
+    runtime: VllmRuntime | None = None,
 ) -> Training:
-    """Processes, data, drafter (seeded), optimizer and schedule of a run."""
+    """Processes, data, drafter (seeded), optimizer and schedule of a run. `pooled_*`: tokens
+    shards whose states the capture servers give (train_drafter), after the files' shards."""
     from transformers import AutoConfig
 
     from eaglenest.target_model.files import resolve_target_dir
@@ -169,8 +187,10 @@ def set_up_training(
     journal_dir.mkdir(parents=True, exist_ok=True)
     head = TargetHead.load(target_head)
     vocab = DraftVocab.load(draft_vocab)
-    shards = open_shards(train_shards, head, vocab)
-    heldout = open_shards(eval_shards, head, vocab) if eval_shards else []
+    pooled = [*pooled_train, *pooled_eval]
+    states = PooledStates.of_job(hidden, runtime, journal_dir, pooled, settings.max_batch_tokens)
+    shards = open_data(train_shards, pooled_train, states, head, vocab)
+    heldout = open_data(eval_shards, pooled_eval, states, head, vocab)
     signal = TargetSignal(head, vocab, processes.device)
     target = settings.target  # its config sizes the drafter
     target_config = AutoConfig.from_pretrained(
@@ -206,7 +226,7 @@ def set_up_training(
         optimizer,
         lr_lambda(total_steps, min(settings.warmup_steps, total_steps), settings.min_lr_ratio),
     )
-    inputs = [Path(p) for p in [*train_shards, *eval_shards, target_head, draft_vocab]]
+    inputs = [Path(p) for p in [*train_shards, *eval_shards, *pooled, target_head, draft_vocab]]
     return Training(
         settings=settings,
         processes=processes,
@@ -219,8 +239,9 @@ def set_up_training(
         eval_plan=eval_plan,
         epoch_steps=epoch_steps,
         total_steps=total_steps,
-        fingerprint=fingerprint(settings, model.config, inputs),
+        fingerprint=fingerprint(settings, model.config, inputs, states.identity if states else ""),
         journal_dir=journal_dir,
+        states=states,
     )
 
 
@@ -366,13 +387,19 @@ def train_drafter(
     journal_dir: str | Path,
     settings: TrainSettings,
     stop_after_step: int | None = None,
+    pooled_train: list[str | Path] = (),
+    pooled_eval: list[str | Path] = (),
+    hidden: HiddenSettings | str | None = None,
+    runtime: VllmRuntime | str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume), export to out_dir, return the training report.
 
     `stop_after_step` ends the run early after that step's checkpoint (tests of resumption).
+    `pooled_*`, `hidden`, `runtime` (objects or their JSON, as torchrun's processes get them):
+    shards whose states the capture servers give (set_up_training).
     """
-    from tqdm import tqdm
-
+    hidden = HiddenSettings.from_json(hidden) if isinstance(hidden, str) else hidden
+    runtime = VllmRuntime.from_json(runtime) if isinstance(runtime, str) else runtime
     training = set_up_training(
         train_shards=train_shards,
         eval_shards=eval_shards,
@@ -380,7 +407,33 @@ def train_drafter(
         draft_vocab=draft_vocab,
         journal_dir=journal_dir,
         settings=settings,
+        pooled_train=pooled_train,
+        pooled_eval=pooled_eval,
+        hidden=hidden,
+        runtime=runtime,
     )
+    names = {
+        "train_shards": [*train_shards, *pooled_train],
+        "eval_shards": [*eval_shards, *pooled_eval],
+    }
+    try:
+        shard_names = {key: [Path(p).stem for p in paths] for key, paths in names.items()}
+        return run_training(training, Path(out_dir), shard_names, stop_after_step)
+    finally:
+        if training.states is not None:
+            training.states.close()
+
+
+def run_training(
+    training: Training,
+    out_dir: Path,
+    shard_names: dict[str, list[str]],
+    stop_after_step: int | None,
+) -> dict[str, Any]:
+    """The loop of `train_drafter`, from the last checkpoint on."""
+    from tqdm import tqdm
+
+    settings = training.settings
     processes, total_steps = training.processes, training.total_steps
     first_step = resume(training)
     metrics = None
@@ -398,6 +451,9 @@ def train_drafter(
         disable=not processes.is_main,
     )
     batches = step_batches(training.plan, first_step, total_steps, training.epoch_steps, processes)
+    if training.states is not None:  # the capture servers asked ahead, in the order read
+        refs = step_refs(training.plan, first_step, total_steps, training.epoch_steps, processes)
+        ask_ahead(training.plan.shards, (r for _, _, r in refs))
     if processes.device.startswith("cuda"):
         # Overlap reading with the GPU's work. On CPU a loader thread competes with the training
         # threads for the same cores (measured: 0.73 of a bare loop, against 0.96 reading in
@@ -415,11 +471,7 @@ def train_drafter(
             save_checkpoint(training, progress.step)
             return {"stopped_at_step": progress.step}
     bar.close()
-    shard_names = {
-        "train_shards": [Path(p).stem for p in train_shards],
-        "eval_shards": [Path(p).stem for p in eval_shards],
-    }
-    return finish(training, progress, metrics, Path(out_dir), shard_names)
+    return finish(training, progress, metrics, out_dir, shard_names)
 
 
 # --- torchrun: one process of the group (distributed.py launches them) -------------------------

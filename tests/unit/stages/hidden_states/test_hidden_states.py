@@ -169,7 +169,7 @@ def test_shard_writer_rows_survive_short_writes(tmp_path, monkeypatch):
     calls = short_pwrites(monkeypatch, 7)
     with open(path, "r+b") as f:
         writer = ShardWriter(f.fileno(), specs, positions, settings_from_sections(HiddenSettings))
-        writer.write_states("aux", 3, values, 1)
+        writer.write("aux", 3, values)
     assert len(calls) == -(-values.numel() * 4 // 7)
     stored = np.frombuffer(path.read_bytes()[16:], dtype=np.float32).reshape(10, 5)
     assert np.array_equal(stored[3:9], values.numpy())
