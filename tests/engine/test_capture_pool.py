@@ -71,14 +71,24 @@ def assert_shards_equal(found: Path, reference: Path) -> None:
             torch.testing.assert_close(x[name], y[name], rtol=1e-5, atol=1e-6)
 
 
-def finished_requests(url: str) -> int:
-    """Requests a server has answered, from its Prometheus metrics (vLLM's own counter)."""
+def metric(url: str, *names: str) -> int:
+    """The sum of the values of vLLM's Prometheus series of these names on a server."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         text = response.read().decode()
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:request_success_total")))  # fmt: skip
+                   if line.split("{", 1)[0].split(" ", 1)[0] in names))  # fmt: skip
+
+
+def finished_requests(url: str) -> int:
+    """Requests a server has answered (vLLM's own counter)."""
+    return metric(url, "vllm:request_success_total")
+
+
+def requests_in_flight(url: str) -> int:
+    """Requests a server holds now, running or waiting (vLLM's gauges)."""
+    return metric(url, "vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def process_group_of_child(pid: int) -> int:
@@ -226,7 +236,12 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     run = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 600
-    while (done := finished_requests(urls[1]) - before[1]) < 3 and time.monotonic() < deadline:
+    # After 3 answers, and while it holds a request: the kill must leave one to move (on a busy
+    # machine the job may be between requests when the third answer lands).
+    while time.monotonic() < deadline:
+        done = finished_requests(urls[1]) - before[1]
+        if done >= 3 and requests_in_flight(urls[1]) > 0:
+            break
         time.sleep(0.01)
     os.killpg(process_group_of_child(servers[1].pid), signal.SIGKILL)  # vLLM's server and engine
     os.killpg(servers[1].pid, signal.SIGKILL)  # serve-capture itself
