@@ -100,7 +100,7 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
 
 
 WINDOW_CONTEXT_TOKENS = 32  # a window's first tokens lack the line before: not trained on
-ANSWER_HEAD_TOKENS = 64  # every row keeps the answer's start (`<think>` and its first lines)
+ANSWER_HEAD_TOKENS = 16  # every row keeps the answer's start (`<think>` and its first line)
 
 
 def window_rows(
