@@ -2,7 +2,8 @@
 
 Reasoning models answer with thousands of tokens, and a drafter's acceptance depends on the depth
 it drafts at; this family gives a tiny target answers of about nine hundred to eleven thousand
-tokens (median about three thousand) that it learns in minutes at one thread:
+tokens (median about three thousand), meant to be learnt in minutes at one thread (not yet:
+docs/demo-target.md):
 - rounds: the prompt gives a block of BLOCK_NUMBERS four-digit numbers and a round count; the
   answer writes the block round after round, each round labelled with the rounds left (three
   digits, counting down), and stops after round 001. A round's numbers are found one round back
