@@ -1,67 +1,61 @@
 """Long synthetic reasoning tasks for the long-reasoning demo (`demo_target.tasks: long`).
 
 Reasoning models answer with thousands of tokens, and a drafter's acceptance depends on the depth
-it drafts at; these families give a tiny target answers of one to ten thousand tokens (median
-about three thousand) that it learns in minutes, because each line follows from the line before by
-a fixed procedure, while some tokens can only be predicted by attending far back:
-- count_up / count_down: every number from A to B, one a line (carries and borrows across up to
-  all five digits); when to stop and the answer are in the prompt, thousands of tokens back.
-- copy: a list of distinct four-digit numbers written round after round; each number is found by
-  looking up the one before it in an earlier round or the prompt (an induction lookup), and how
-  many rounds to write is in the prompt.
+it drafts at; this family gives a tiny target answers of about nine hundred to eleven thousand
+tokens (median about three thousand), meant to be learnt in minutes at one thread (not yet:
+docs/demo-target.md):
+- rounds: the prompt gives a block of BLOCK_NUMBERS four-digit numbers and a round count; the
+  answer writes the block round after round, each round labelled with the rounds left (three
+  digits, counting down), and stops after round 001. A round's numbers are found one round back
+  (LINE_TOKENS tokens: a drafter must attend that far at every depth), the first round's in the
+  prompt; a label is the one a round back less one (borrows across its digits).
 
-Lengths are log-uniform, so short and long answers are equally represented per octave.
+Every part of an answer lies at a fixed distance from what it depends on, because what a tiny
+target learns in a few hundred steps is attention at fixed offsets: lookups by content (find
+this number in the prompt, take the next) were not learnt at this budget (docs/demo-target.md).
+Training draws round counts from a wider range (one round up) than the held-out prompts, so
+short answers teach the countdown's end often. Round counts are log-uniform, so short and long
+answers are equally represented per octave.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from eaglenest.demo.example import DemoExample
 
-# Steps (lines) per answer: log-uniform between these, about 6 tokens a line.
-COUNT_STEPS = (150, 1800)
-# Items of the copy list (5 tokens each), and the answer's length in tokens (log-uniform).
-COPY_ITEMS = (6, 16)
-COPY_TOKENS = (900, 11000)
+BLOCK_NUMBERS = 4  # four-digit numbers a round: " 1234" is five tokens in the demo tokenizer
+LINE_TOKENS = 3 + 1 + 5 * BLOCK_NUMBERS + 1  # "017:" + the block + "\n"
+# Rounds (lines of the answer): log-uniform between these.
+HELDOUT_ROUNDS = (40, 440)
+TRAINING_ROUNDS = (1, 440)
 
 
 def _log_uniform(rng: random.Random, low: int, high: int) -> int:
-    return int(math.exp(rng.uniform(math.log(low), math.log(high))))
+    return int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))
 
 
-def _count(rng: random.Random, up: bool) -> DemoExample:
-    steps = _log_uniform(rng, *COUNT_STEPS)
-    start = rng.randint(10000, 99999 - steps)
-    numbers = list(range(start, start + steps + 1))
-    if not up:
-        numbers.reverse()
-    first, last = numbers[0], numbers[-1]
-    reasoning = "\n" + "\n".join(map(str, numbers)) + "\n"
-    verb = "up" if up else "down"
-    family = f"count_{verb}"
-    return DemoExample(family, f"Count {verb} from {first} to {last}.", reasoning, str(last))
+def _rounds(rng: random.Random, rounds_range: tuple[int, int]) -> DemoExample:
+    rounds = _log_uniform(rng, *rounds_range)
+    numbers = [str(rng.randint(1000, 9999)) for _ in range(BLOCK_NUMBERS)]
+    block = "".join(f" {n}" for n in numbers)
+    # Zero-padded counts: every prompt and every line has one length in tokens, so the block
+    # and the labels lie at fixed distances.
+    prompt = f"Write the block {rounds:03d} times:{block}"
+    lines = [f"{r:03d}:{block}" for r in range(rounds, 0, -1)]
+    return DemoExample("rounds", prompt, "\n" + "\n".join(lines) + "\n", numbers[-1])
 
 
-def _count_up(rng: random.Random) -> DemoExample:
-    return _count(rng, up=True)
+def _rounds_heldout(rng: random.Random) -> DemoExample:
+    return _rounds(rng, HELDOUT_ROUNDS)
 
 
-def _count_down(rng: random.Random) -> DemoExample:
-    return _count(rng, up=False)
+def _rounds_training(rng: random.Random) -> DemoExample:
+    return _rounds(rng, TRAINING_ROUNDS)
 
 
-def _copy(rng: random.Random) -> DemoExample:
-    # Distinct items, so the previous item names one place to continue the copy from.
-    items = rng.sample(range(1000, 10000), rng.randint(*COPY_ITEMS))
-    line_tokens = 5 * len(items) + 4  # "round 12\n" and the items
-    rounds = max(2, _log_uniform(rng, *COPY_TOKENS) // line_tokens)
-    listed = " ".join(map(str, items))
-    lines = [f"round {r}\n{listed}" for r in range(1, rounds + 1)]
-    reasoning = "\n" + "\n".join(lines) + "\n"
-    prompt = f"Write the list {listed} {rounds} times."
-    return DemoExample("copy", prompt, reasoning, str(rounds))
-
-
-LONG_FAMILIES = {"count_up": _count_up, "count_down": _count_down, "copy": _copy}
+LongFamily = Callable[[random.Random], DemoExample]
+LONG_FAMILIES: dict[str, LongFamily] = {"rounds": _rounds_heldout}
+LONG_TRAINING_FAMILIES: dict[str, LongFamily] = {"rounds": _rounds_training}

@@ -99,7 +99,7 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-WINDOW_CONTEXT_TOKENS = 16  # a window's first tokens lack the line before: not trained on
+WINDOW_CONTEXT_TOKENS = 32  # a window's first tokens lack the line before: not trained on
 ANSWER_HEAD_TOKENS = 16  # every row keeps the answer's start (`<think>` and its first line)
 
 
