@@ -71,24 +71,30 @@ def assert_shards_equal(found: Path, reference: Path) -> None:
             torch.testing.assert_close(x[name], y[name], rtol=1e-5, atol=1e-6)
 
 
-def metric(url: str, *names: str) -> int:
-    """The sum of the values of vLLM's Prometheus series of these names on a server."""
+def metrics(url: str) -> dict[str, float]:
+    """vLLM's Prometheus series on a server, each name's values summed."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.split("{", 1)[0].split(" ", 1)[0] in names))  # fmt: skip
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
 
 
 def finished_requests(url: str) -> int:
     """Requests a server has answered (vLLM's own counter)."""
-    return metric(url, "vllm:request_success_total")
+    return int(metrics(url).get("vllm:request_success_total", 0))
 
 
-def requests_in_flight(url: str) -> int:
-    """Requests a server holds now, running or waiting (vLLM's gauges)."""
-    return metric(url, "vllm:num_requests_running", "vllm:num_requests_waiting")
+def answered_and_held(url: str) -> tuple[int, int]:
+    """Requests a server has answered, and those it holds now (running or waiting), at once."""
+    now = metrics(url)
+    held = now.get("vllm:num_requests_running", 0) + now.get("vllm:num_requests_waiting", 0)
+    return int(now.get("vllm:request_success_total", 0)), int(held)
 
 
 def process_group_of_child(pid: int) -> int:
@@ -161,8 +167,10 @@ def pool(finished_run: Path, vllm_captured_run: dict, tmp_path_factory: pytest.T
     offline_s = vllm_captured_run["offline_s"]
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    # One request at a time per server: the run lasts long enough to kill a server in its middle.
-    config = run_config(urls, requests_per_batch=1, capture_wait_s=120)
+    # Two requests in flight, at most two a server: both servers busy nearly all the time (with
+    # one, the job's single request alternated between them and a kill rarely found one in
+    # flight), and the run still lasts long enough to kill a server in its middle.
+    config = run_config(urls, requests_per_batch=2, capture_wait_s=120)
     servers = [
         start_server(workdir, config, port, f"server{i}", tmp) for i, port in enumerate(ports)
     ]
@@ -239,10 +247,11 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     # After 3 answers, and while it holds a request: the kill must leave one to move (on a busy
     # machine the job may be between requests when the third answer lands).
     while time.monotonic() < deadline:
-        done = finished_requests(urls[1]) - before[1]
-        if done >= 3 and requests_in_flight(urls[1]) > 0:
+        answered, held = answered_and_held(urls[1])
+        done = answered - before[1]
+        if done >= 3 and held > 0:
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
     os.killpg(process_group_of_child(servers[1].pid), signal.SIGKILL)  # vLLM's server and engine
     os.killpg(servers[1].pid, signal.SIGKILL)  # serve-capture itself
     killed_after_s = time.monotonic() - started

@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from eaglenest.client.capture_pool import CapturePool, remove_state_file
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 
@@ -206,6 +205,10 @@ class PooledStates:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="pool")
         self.thread.start()
+        # Here, not at the top: training and evaluation import this module in every mode, and
+        # the pool's HTTP client (aiohttp) is not on a GPU training machine that reads files.
+        from eaglenest.client.capture_pool import CapturePool
+
         self.pool = CapturePool(
             list(runtime.capture_urls),
             self.model,
@@ -312,6 +315,8 @@ class PooledStates:
     def _remove_leftovers(self) -> None:
         """State files of this job's earlier attempts (a killed job's last requests are written
         by the servers after it died) and of requests cancelled at the end."""
+        from eaglenest.client.capture_pool import remove_state_file
+
         for directory in self.storage_dirs:
             for path in Path(directory).glob(f"cmpl-eaglenest-{self.key}-*"):
                 if not path.name.endswith(".lock"):
