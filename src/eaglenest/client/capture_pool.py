@@ -50,7 +50,9 @@ PROBE_S = 2.0  # how often a server that stopped answering is asked again
 # drop every request (a crash each time) fail the job instead of taking the sample forever.
 MOVES_MAX = 10
 # Raised by a request to a server that does not answer; its request goes to another server.
-GONE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
+# A server gone: no connection, no answer in time, or an answer cut short (killed while it sent
+# it: "Response payload is not completed"): its request goes to another server.
+GONE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
 
 class CaptureServerError(RuntimeError):
