@@ -33,7 +33,14 @@ import yaml
 from support.servers import free_port
 from support.vllm import capture_config
 from support.workers import CORES
-from support.workflow import DEMO_CONFIGFILE, SMALL_RUN, job_logs, planned_jobs, snakemake
+from support.workflow import (
+    DEMO_CONFIGFILE,
+    SMALL_RUN,
+    copy_run,
+    job_logs,
+    planned_jobs,
+    snakemake,
+)
 
 SHARDS = ("00000", "00001")
 # Tiny and exact: every step logged and checkpointed (the kill lands after the first), no live
@@ -52,7 +59,9 @@ def run_config(url: str | None, store: str) -> dict:
 
 
 def copy_run_without(source: Path, destination: Path, drop_hidden: bool) -> Path:
-    shutil.copytree(source, destination, symlinks=True)
+    """A copy of a finished run (support.workflow.copy_run) without its training journal, its
+    logs and, when `drop_hidden`, its hidden-state shards."""
+    copy_run(source, destination)
     results = destination / "results" / SMALL_RUN
     shutil.rmtree(results / "journal" / "train", ignore_errors=True)
     if drop_hidden:
