@@ -64,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     use_worker_cores()
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs the suite in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> SharedRunScheduling:
     """Under xdist (`-n N`): the tests of a shared run on one worker, longest first."""
     return SharedRunScheduling(config, log)

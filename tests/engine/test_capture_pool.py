@@ -150,10 +150,9 @@ def pool(finished_run: Path, vllm_captured_run: dict, tmp_path_factory: pytest.T
     offline_s = vllm_captured_run["offline_s"]
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    # One request at a time per server: the run lasts long enough to kill a server in its middle.
-    # (With two in flight, a kill can land after a server answered and before its state file was
-    # written: the job then fails on the missing file, an open bug of the pool.)
-    config = run_config(urls, requests_per_batch=1, capture_wait_s=120)
+    # Two requests in flight per server: a kill finds one on the server it stops, and may land
+    # between an answer and its state file (the pool then sends that sample elsewhere too).
+    config = run_config(urls, requests_per_batch=2, capture_wait_s=120)
     servers = [
         start_server(workdir, config, port, f"server{i}", tmp) for i, port in enumerate(ports)
     ]

@@ -157,7 +157,9 @@ def killed_after_first_checkpoint(workdir: Path, config: dict) -> int:
 @pytest.fixture(scope="module")
 def from_files(vllm_captured_run: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: training and evaluation from the vLLM-captured files."""
-    workdir = copy_run_without(vllm_captured_run["workdir"], tmp_path_factory.mktemp("files") / "w", False)
+    workdir = copy_run_without(
+        vllm_captured_run["workdir"], tmp_path_factory.mktemp("files") / "w", False
+    )
     config = run_config(None, "files")
     dry = snakemake(workdir, *TARGETS, "-n", config=config)
     assert planned_jobs(dry) == {"train_drafter": 1, "evaluate_drafter": 1}, dry.stdout[-2000:]

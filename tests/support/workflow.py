@@ -61,7 +61,9 @@ def copy_run(workdir: Path, dest: Path) -> Path:
     return dest
 
 
-def snakemake_command(*args: str, cores: int = CORES, configfiles: Sequence[Path] = ()) -> list[str]:
+def snakemake_command(
+    *args: str, cores: int = CORES, configfiles: Sequence[Path] = ()
+) -> list[str]:
     """`python -m snakemake --cores N ARGS` (N: the worker's cores), with `configfiles` over the demo's config when given
     (after the targets: --configfile takes every file name after it)."""
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), *args]

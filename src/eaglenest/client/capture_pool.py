@@ -17,7 +17,7 @@ restarted, or its node replaced). A server's answer with a retryable HTTP status
 on any server, at most ATTEMPTS times a sample; a sample dropped MOVES_MAX times fails the job.
 
 Training without stored states (hidden.store none/budget) asks the same pool for a batch's states:
-`captured(prompt, request_id, row)` is the one call it needs.
+`capture(prompt, request_id, row, read)` is the one call it needs.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import numpy as np
@@ -39,8 +40,10 @@ from eaglenest.client.credentials import redacted_url
 from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.client.urls import api_base, endpoint_path
+from eaglenest.formats.capture_answer import StateFileLost
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Per sample: a server restarting between shards is not a reason to fail a shard (client/retry.py).
 CAPTURE_RETRY = RetryPolicy(max_attempts=3, backoff_base_s=1.0, backoff_max_s=4.0)
@@ -100,7 +103,7 @@ def remove_state_file(path: str) -> None:
 
 
 class CapturePool:
-    """`async with CapturePool(...) as pool:` then `async with pool.captured(...) as path:`."""
+    """`async with CapturePool(...) as pool:` then `await pool.capture(..., read)`."""
 
     def __init__(
         self,
@@ -254,10 +257,13 @@ class CapturePool:
         async with self._session.post(url, json=body) as response:
             return response.status, await response.text()
 
-    @contextlib.asynccontextmanager
-    async def captured(self, prompt: np.ndarray, request_id: str, row: int) -> AsyncIterator[str]:
-        """The state file of `prompt`'s states (its answer checked), written by whichever server
-        answered; the server's slot is held inside the block and the file removed after it."""
+    async def capture(
+        self, prompt: np.ndarray, request_id: str, row: int, read: Callable[[str], T]
+    ) -> T:
+        """`read(path)` (run in a thread) of the state file that `prompt`'s states were written
+        to by whichever server answered, its answer checked; the server's slot is held while it
+        reads, and the file is removed after. A server that ends between its answer and its
+        file (read raises StateFileLost) has dropped the sample: it goes to another server."""
         retried = 0
         for sent in range(1, 1_000_000):
             server, index = await self._acquire()
@@ -265,13 +271,7 @@ class CapturePool:
                 status, text = await self._post(server, prompt, f"{request_id}-{sent}")
             except GONE as err:
                 self._release(server, index)
-                server.moved += 1
-                self._set_down(server, f"{type(err).__name__}: {err}")
-                if sent - retried >= MOVES_MAX:
-                    raise CaptureServerError(
-                        f"sample row {row}: sent {sent - retried} times to servers that dropped "
-                        f"it (the last: {server.name}, {type(err).__name__}: {err})"
-                    ) from err
+                self._dropped(server, sent - retried, row, f"{type(err).__name__}: {err}")
                 continue
             if status != 200:
                 self._release(server, index)
@@ -282,17 +282,31 @@ class CapturePool:
                     )
                 await asyncio.sleep(CAPTURE_RETRY.backoff_s(retried))
                 continue
-            server.answered += 1
             path = None
             try:
                 path = answered_path(json.loads(text), prompt, row)
-                yield path
+                result = await asyncio.to_thread(read, path)
+            except StateFileLost as err:
+                self._dropped(server, sent - retried, row, str(err))
+                continue
             finally:
                 if path is not None:
-                    remove_state_file(path)  # packed or not: a failed job leaves no file
+                    remove_state_file(path)  # read or not: a failed job leaves no file
                 self._release(server, index)
-            return
+            server.answered += 1
+            return result
         raise AssertionError("unreachable")
+
+    def _dropped(self, server: CaptureServer, drops: int, row: int, why: str) -> None:
+        """`server` lost a sample it was sent (its `drops`th loss): set aside, or the job fails
+        once the sample was lost MOVES_MAX times."""
+        server.moved += 1
+        self._set_down(server, why)
+        if drops >= MOVES_MAX:
+            raise CaptureServerError(
+                f"sample row {row}: sent {drops} times to servers that dropped it (the last: "
+                f"{server.name}, {why})"
+            )
 
     def summary(self) -> str:
         return "; ".join(

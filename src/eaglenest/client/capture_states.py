@@ -269,9 +269,12 @@ class PooledStates:
 
     async def _capture(self, shard: PooledShard, i: int) -> dict[str, torch.Tensor]:
         request_id = f"eaglenest-{self.key}-{self.attempt}-{next(self.counter)}"
-        async with self.pool.captured(shard.prompts[i], request_id, i) as path:
+
+        def pack(path: str) -> dict[str, torch.Tensor]:
             self.storage_dirs.add(str(Path(path).parent))
-            rows = await asyncio.to_thread(self._pack, shard, i, path)
+            return self._pack(shard, i, path)
+
+        rows = await self.pool.capture(shard.prompts[i], request_id, i, pack)
         self.answered += 1
         return rows
 

@@ -14,11 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 
 class StateFileError(ValueError):
     """A state file holds other tokens or rows than the sample sent; the message names it."""
+
+
+class StateFileLost(OSError):
+    """A server answered, then ended before its state file was whole (killed between the answer
+    and the write): the sample must be asked again, of a server that answers."""
 
 
 def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,12 +40,16 @@ def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def read_request_file(path: str) -> dict[str, torch.Tensor]:
-    """One request's states once vLLM has finished writing them (it holds a lock until then),
-    then the file and its lock are deleted."""
+    """One request's states once vLLM has finished writing them, then the file and its lock are
+    deleted. vLLM takes the lock before it answers and frees it once the file is written, or
+    when its process ends: a file missing or torn after the wait was lost with the server."""
     lock = path + ".lock"
     with contextlib.suppress(FileNotFoundError), open(lock) as stream:
         fcntl.flock(stream, fcntl.LOCK_SH)
-    states = load_file(path)
+    try:
+        states = load_file(path)
+    except (FileNotFoundError, SafetensorError) as err:
+        raise StateFileLost(f"{path}: the state file is missing or torn ({err})") from err
     for name in (path, lock):
         with contextlib.suppress(FileNotFoundError):
             os.remove(name)

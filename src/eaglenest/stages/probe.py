@@ -105,14 +105,10 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                     f"{shown}/v1/chat/completions answered HTTP {response.status_code}: "
                     f"{response.text[:500]}"
                 )
-        log.warning(
-            "probe attempt %d/%d on %s failed: %s", attempt, attempts, shown, last_problem
-        )
+        log.warning("probe attempt %d/%d on %s failed: %s", attempt, attempts, shown, last_problem)
         if PROBE_RETRY.retries(attempt):
             time.sleep(PROBE_RETRY.backoff_s(attempt))
-    raise ProbeError(
-        f"{shown}/v1/chat/completions failed {attempts} times; last: {last_problem}"
-    )
+    raise ProbeError(f"{shown}/v1/chat/completions failed {attempts} times; last: {last_problem}")
 
 
 def _empty_reasoning_message(base: str, model: str, answers: list[dict[str, Any]]) -> str:

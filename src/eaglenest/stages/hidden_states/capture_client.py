@@ -66,9 +66,12 @@ class CaptureJob:
 
 async def capture_one(pool: CapturePool, job: CaptureJob, i: int) -> None:
     request_id = f"eaglenest-{job.key}-{job.attempt}-{i}"
-    async with pool.captured(job.prompts[i], request_id, i) as path:
+
+    def pack(path: str) -> None:  # in a thread: waits on the file's .lock, packs, deletes
         job.storage_dirs.add(os.path.dirname(path))
-        await asyncio.to_thread(job.pack, i, path)  # waits on the .lock, packs, deletes
+        job.pack(i, path)
+
+    await pool.capture(job.prompts[i], request_id, i, pack)
 
 
 async def worker(pool: CapturePool, job: CaptureJob, todo: list[int]) -> None:

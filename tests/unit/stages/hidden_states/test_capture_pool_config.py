@@ -49,8 +49,8 @@ def test_a_pool_where_no_server_answers_waits_its_time_then_names_every_url():
 
     async def capture() -> None:
         pool = CapturePool(urls, "eaglenest-capture-x", cap=1, wait_s=1.0)
-        async with pool, pool.captured(np.arange(4), "eaglenest-test-0", 0):
-            pass
+        async with pool:
+            await pool.capture(np.arange(4), "eaglenest-test-0", 0, lambda _path: None)
 
     started = time.monotonic()
     with pytest.raises(CaptureServerError, match="no capture server answers") as failure:
