@@ -40,7 +40,7 @@ from eaglenest.client.credentials import redacted_url
 from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.client.urls import api_base, endpoint_path
-from eaglenest.formats.capture_answer import StateFileLost
+from eaglenest.formats.state_file import StateFileLost
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -58,8 +58,9 @@ def stored_answer(
     """Sample `i` of a tokens frame from the state file a capture server wrote for it (read, then
     deleted): its tensors as a hidden-state file would store them (the capture stage's own
     functions: request_rows, stored_rows)."""
-    from eaglenest.formats.capture_answer import read_request_file, request_rows
+    from eaglenest.formats.capture_answer import request_rows
     from eaglenest.formats.hidden_shard import stored_rows
+    from eaglenest.formats.state_file import read_request_file
 
     aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
     return stored_rows(aux, target, ids, mask, dtype, n_aux)

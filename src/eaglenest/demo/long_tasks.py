@@ -1,21 +1,17 @@
-"""Long synthetic reasoning tasks for the long-reasoning demo (`demo_target.tasks: long`).
+"""The long-reasoning demo's task (`demo_target.tasks: long`, prompt source `demo-long`): walks
+along a chain, thousands of steps long, whose rule is set by a key given once, in the prompt.
 
 Reasoning models answer with thousands of tokens, and a drafter's acceptance depends on the depth
-it drafts at; this family gives a tiny target answers of about nine hundred to eleven thousand
-tokens (median about three thousand), meant to be learnt in minutes at one thread (not yet:
-docs/demo-target.md):
-- rounds: the prompt gives a block of BLOCK_NUMBERS four-digit numbers and a round count; the
-  answer writes the block round after round, each round labelled with the rounds left (three
-  digits, counting down), and stops after round 001. A round's numbers are found one round back
-  (LINE_TOKENS tokens: a drafter must attend that far at every depth), the first round's in the
-  prompt; a label is the one a round back less one (borrows across its digits).
+it drafts at; this task gives answers of LENGTHS tokens (log-uniform, median about 2,500,
+one in eight past 8,192), where every token depends on the one before it and on a token thousands back:
+- chain: the prompt names a key (one of KEYS, each with its step STEPS[key]) and a start state;
+  the reasoning writes the states start+step, start+2·step, ... (mod STATES), one token each,
+  until the next would be END_STATE; the answer is the key. The key lies in the prompt only, so
+  every step, at any depth, needs it: a drafter whose attention loses the prompt loses the walk.
 
-Every part of an answer lies at a fixed distance from what it depends on, because what a tiny
-target learns in a few hundred steps is attention at fixed offsets: lookups by content (find
-this number in the prompt, take the next) were not learnt at this budget (docs/demo-target.md).
-Training draws round counts from a wider range (one round up) than the held-out prompts, so
-short answers teach the countdown's end often. Round counts are log-uniform, so short and long
-answers are equally represented per octave.
+A target cannot be trained to do this in the minutes a demo has (docs/demo-target.md: the tries
+with trained targets), so the long target is written, not trained: demo/long_target.py sets its
+weights so that greedy decoding walks the chain exactly (its held-out check proves it).
 """
 
 from __future__ import annotations
@@ -26,36 +22,61 @@ from collections.abc import Callable
 
 from eaglenest.demo.example import DemoExample
 
-BLOCK_NUMBERS = 4  # four-digit numbers a round: " 1234" is five tokens in the demo tokenizer
-LINE_TOKENS = 3 + 1 + 5 * BLOCK_NUMBERS + 1  # "017:" + the block + "\n"
-# Rounds (lines of the answer): log-uniform between these.
-HELDOUT_ROUNDS = (40, 440)
-TRAINING_ROUNDS = (1, 440)
+STATES = 10_240  # states of the chain: n -> n + step (mod STATES); the longest walk has STATES - 1
+END_STATE = 0  # has no token of its own: the walk ends where its next state would be this
+KEYS = 8
+# A step a key, prime to STATES (2^11 * 5), so each key's walk visits every state once before it
+# comes back (a single cycle).
+STEPS = (1_237, 2_999, 4_421, 5_003, 7_919, 8_837, 9_391, 10_007)
+# The reasoning's states: log-uniform between these (median about 2,300), and one answer in
+# LONGEST_SHARE^-1 past LONGEST (the depths where published drafters lose their acceptance).
+LENGTHS = (600, 9_000)
+LONGEST, LONGEST_SHARE = 8_192, 1 / 8
 
 
-def _log_uniform(rng: random.Random, low: int, high: int) -> int:
-    return int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))
+def state_token(n: int) -> str:
+    """A state's token: fixed width, no separator, so the walk's text splits only one way."""
+    return f"s{n:05d}"
 
 
-def _rounds(rng: random.Random, rounds_range: tuple[int, int]) -> DemoExample:
-    rounds = _log_uniform(rng, *rounds_range)
-    numbers = [str(rng.randint(1000, 9999)) for _ in range(BLOCK_NUMBERS)]
-    block = "".join(f" {n}" for n in numbers)
-    # Zero-padded counts: every prompt and every line has one length in tokens, so the block
-    # and the labels lie at fixed distances.
-    prompt = f"Write the block {rounds:03d} times:{block}"
-    lines = [f"{r:03d}:{block}" for r in range(rounds, 0, -1)]
-    return DemoExample("rounds", prompt, "\n" + "\n".join(lines) + "\n", numbers[-1])
+def key_token(key: int) -> str:
+    return f"K{key:02d}"
 
 
-def _rounds_heldout(rng: random.Random) -> DemoExample:
-    return _rounds(rng, HELDOUT_ROUNDS)
+def start_for(key: int, length: int) -> int:
+    """The start whose walk under `key` writes `length` states before END_STATE."""
+    return (END_STATE - (length + 1) * STEPS[key]) % STATES
 
 
-def _rounds_training(rng: random.Random) -> DemoExample:
-    return _rounds(rng, TRAINING_ROUNDS)
+def walk(key: int, start: int) -> list[int]:
+    """The states written from `start` under `key`, END_STATE excluded."""
+    states, n = [], (start + STEPS[key]) % STATES
+    while n != END_STATE:
+        states.append(n)
+        n = (n + STEPS[key]) % STATES
+    return states
+
+
+def chain_example(key: int, length: int) -> DemoExample:
+    start = start_for(key, length)
+    reasoning = "".join(state_token(n) for n in walk(key, start))
+    prompt = f"Walk the chain {key_token(key)} from {state_token(start)}."
+    return DemoExample("chain", prompt, "\n" + reasoning + "\n", key_token(key))
+
+
+def _chain(rng: random.Random) -> DemoExample:
+    low, high = LENGTHS
+    if rng.random() < LONGEST_SHARE:
+        length = rng.randint(LONGEST, high)
+    else:
+        length = int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))
+    return chain_example(rng.randrange(KEYS), length)
+
+
+def check_examples(n: int) -> list[DemoExample]:
+    """The written target's build check: `n` walks of 600 to 1,500 states, keys in turn."""
+    return [chain_example(i % KEYS, 600 + 900 * i // max(1, n - 1)) for i in range(n)]
 
 
 LongFamily = Callable[[random.Random], DemoExample]
-LONG_FAMILIES: dict[str, LongFamily] = {"rounds": _rounds_heldout}
-LONG_TRAINING_FAMILIES: dict[str, LongFamily] = {"rounds": _rounds_training}
+LONG_FAMILIES: dict[str, LongFamily] = {"chain": _chain}

@@ -28,6 +28,8 @@ from typing import Any
 from eaglenest.common.config import settings_from_sections
 from eaglenest.common.io import held_temp_beside, write_json
 from eaglenest.demo.kimi_layout import LAYOUTS, wrap_kimi_k25
+from eaglenest.demo.long_target import write_long_target
+from eaglenest.demo.long_tasks import check_examples
 from eaglenest.demo.target_heldout import check_reasoning_share, evaluate_model
 from eaglenest.demo.target_model import ARCHITECTURES, make_model
 from eaglenest.demo.target_tokenizer import (
@@ -102,16 +104,6 @@ def atomic_directory(path: Path) -> Iterator[Path]:
                 shutil.rmtree(tmp)
 
 
-def long_curriculum(examples: list[DemoExample]) -> None:
-    """Order the long suite's training examples in place: the first two thirds from the shortest
-    answer to the longest (short ones first, a batch's rows of about one length), the last third
-    as drawn. Sorted to the end, the last steps saw only the longest answers, and the target
-    learnt their round counts as a prior instead of copying the prompt's (try 6 in the log of
-    docs/demo-target.md)."""
-    cut = len(examples) * 2 // 3
-    examples[:cut] = sorted(examples[:cut], key=lambda e: len(e.prompt) + len(e.reasoning))
-
-
 def _parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -162,12 +154,90 @@ def _train_and_evaluate(
 
 
 def check_layout(settings: DemoTargetSettings) -> None:
-    """Refuses a layout the architecture cannot take."""
+    """Refuses a layout the architecture (or the long tasks' written target) cannot take."""
+    if settings.tasks == "long" and (settings.architecture, settings.layout) != ("qwen3", "plain"):
+        raise ValueError(
+            "demo_target.tasks long writes a Qwen3 target (demo/long_target.py): set "
+            "demo_target.architecture qwen3 and layout plain"
+        )
     if settings.layout == "kimi_k25" and settings.architecture != "deepseek_v3":
         raise ValueError(
             "demo_target.layout kimi_k25 wraps a DeepSeek-V3 text model, as Kimi-K2.5 does: "
             f"set demo_target.architecture deepseek_v3 (not {settings.architecture!r})"
         )
+
+
+def _train_short(settings: DemoTargetSettings, threads: int, say: Callable[[str], None]) -> tuple:
+    """(model, tokenizer, metrics) of a target trained on the short tasks."""
+    import torch
+
+    seed, train_steps, batch_size = settings.seed, settings.train_steps, settings.batch_size
+    torch.manual_seed(seed)
+    examples = training_examples(seed, train_steps * batch_size, settings.tasks)
+    tokenizer = build_demo_tokenizer(
+        tokenizer_corpus(examples[:TOKENIZER_CORPUS_EXAMPLES]), settings.vocab_size
+    )
+    model = make_model(
+        tokenizer,
+        architecture=settings.architecture,
+        deepseek_v3=settings.deepseek_v3,
+        vocab_size=settings.vocab_size,
+        num_layers=settings.num_layers,
+        hidden_size=settings.hidden_size,
+        num_heads=settings.num_heads,
+        num_kv_heads=settings.num_kv_heads,
+        intermediate_size=settings.intermediate_size,
+        max_position_embeddings=settings.max_position_embeddings,
+    )
+    tokenizer.model_max_length = max(tokenizer.model_max_length, settings.max_position_embeddings)
+    say(
+        f"demo target ({settings.architecture}): {len(tokenizer)} tokens, "
+        f"{_parameter_count(model)} parameters; "
+        f"{train_steps} steps of {batch_size} examples on {threads} threads"
+    )
+    metrics = _train_and_evaluate(
+        model,
+        tokenizer,
+        examples,
+        seed=seed,
+        train_steps=train_steps,
+        batch_size=batch_size,
+        learning_rate=settings.learning_rate,
+        window_tokens=settings.train_window_tokens,
+        heldout=heldout_examples(seed, settings.heldout_prompts, settings.tasks),
+        heldout_max_new_tokens=settings.heldout_max_new_tokens,
+        threads=threads,
+    )
+    return model, tokenizer, metrics
+
+
+def _write_long(settings: DemoTargetSettings, threads: int, say: Callable[[str], None]) -> tuple:
+    """(model, tokenizer, metrics) of the long tasks' written target, decoded on check prompts
+    (walks of a few hundred to 1,500 states: the held-out check of a trained target, sized to
+    take a minute; the depths past them are checked by the tests and by vLLM in the run)."""
+    started = time.perf_counter()
+    model, tokenizer = write_long_target(settings.vocab_size, settings.max_position_embeddings)
+    tokenizer.model_max_length = max(tokenizer.model_max_length, settings.max_position_embeddings)
+    written_s = time.perf_counter() - started
+    say(
+        f"demo target (qwen3, written for the long tasks): {len(tokenizer)} tokens, "
+        f"{_parameter_count(model)} parameters, in {written_s:.1f} s"
+    )
+    started = time.perf_counter()
+    check = check_examples(settings.heldout_prompts)
+    metrics = evaluate_model(model, tokenizer, check, settings.heldout_max_new_tokens)
+    metrics.update(
+        architecture="qwen3",
+        written=True,
+        seed=settings.seed,
+        train_steps=0,
+        n_params=_parameter_count(model),
+        write_seconds=written_s,
+        eval_seconds=time.perf_counter() - started,
+        threads=threads,
+        think_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in THINK_TOKENS],
+    )
+    return model, tokenizer, metrics
 
 
 def build_demo_target(
@@ -176,7 +246,8 @@ def build_demo_target(
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Build, train, evaluate and save the demo target to `out_dir`; return its metrics.
+    """Build, train (or write: `tasks` long, demo/long_target.py), evaluate and save the demo
+    target to `out_dir`; return its metrics.
 
     The schema's defaults (the `demo_target` section) train on 9,600 examples: about 2 minutes on
     two idle cores (~85 examples/s), after which held-out completions are well-formed think
@@ -186,60 +257,21 @@ def build_demo_target(
     DEEPSEEK_V3_DEFAULTS; `num_kv_heads` unused). `layout` kimi_k25 saves it wrapped as
     Kimi-K2.5 (eaglenest.demo.kimi_layout).
     """
-    import torch
-
     say = log or logger.info
     check_layout(settings)  # before the training, not after it
     started = time.perf_counter()
-    seed, train_steps, batch_size = settings.seed, settings.train_steps, settings.batch_size
-    architecture, vocab_size = settings.architecture, settings.vocab_size
     with torch_threads(threads) as threads_used:
-        torch.manual_seed(seed)
-        examples = training_examples(seed, train_steps * batch_size, settings.tasks)
-        tokenizer = build_demo_tokenizer(
-            tokenizer_corpus(examples[:TOKENIZER_CORPUS_EXAMPLES]), vocab_size
-        )
         if settings.tasks == "long":
-            long_curriculum(examples)
-        model = make_model(
-            tokenizer,
-            architecture=architecture,
-            deepseek_v3=settings.deepseek_v3,
-            vocab_size=vocab_size,
-            num_layers=settings.num_layers,
-            hidden_size=settings.hidden_size,
-            num_heads=settings.num_heads,
-            num_kv_heads=settings.num_kv_heads,
-            intermediate_size=settings.intermediate_size,
-            max_position_embeddings=settings.max_position_embeddings,
-        )
-        tokenizer.model_max_length = max(
-            tokenizer.model_max_length, settings.max_position_embeddings
-        )
-        say(
-            f"demo target ({architecture}): {len(tokenizer)} tokens, "
-            f"{_parameter_count(model)} parameters; "
-            f"{train_steps} steps of {batch_size} examples on {threads_used} threads"
-        )
-        metrics = _train_and_evaluate(
-            model,
-            tokenizer,
-            examples,
-            seed=seed,
-            train_steps=train_steps,
-            batch_size=batch_size,
-            learning_rate=settings.learning_rate,
-            window_tokens=settings.train_window_tokens,
-            heldout=heldout_examples(seed, settings.heldout_prompts, settings.tasks),
-            heldout_max_new_tokens=settings.heldout_max_new_tokens,
-            threads=threads_used,
-        )
+            model, tokenizer, metrics = _write_long(settings, threads_used, say)
+        else:
+            model, tokenizer, metrics = _train_short(settings, threads_used, say)
     say(
         f"held-out: well-formed {metrics['well_formed_share']:.2f}, "
         f"reasoning {metrics['reasoning_share']:.2f}, "
-        f"correct {metrics['correct_share']:.2f}, final loss {metrics['final_loss']:.3f}"
+        f"correct {metrics['correct_share']:.2f}"
+        + (f", final loss {metrics['final_loss']:.3f}" if "final_loss" in metrics else "")
     )
-    check_reasoning_share(metrics, settings.min_reasoning_share, train_steps)
+    check_reasoning_share(metrics, settings.min_reasoning_share, metrics["train_steps"])
     with atomic_directory(Path(out_dir)) as tmp_dir:
         _save(model, tokenizer, tmp_dir, settings.heldout_max_new_tokens)
         if settings.layout == "kimi_k25":

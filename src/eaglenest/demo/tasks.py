@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from eaglenest.client.reasoning import THINK_END, THINK_START
 from eaglenest.demo.example import DemoExample
-from eaglenest.demo.long_tasks import LONG_FAMILIES, LONG_TRAINING_FAMILIES
+from eaglenest.demo.long_tasks import LONG_FAMILIES
 
 END_OF_TURN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -114,21 +114,18 @@ TASK_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 TASK_SUITES = ("short", "long")
 
 
-def suite_families(suite: str, training: bool = False) -> dict[str, Family]:
-    """The task families of `suite` (one of TASK_SUITES), in their round-robin order; the long
-    suite draws training examples from a wider range of lengths (`training`)."""
+def suite_families(suite: str) -> dict[str, Family]:
+    """The task families of `suite` (one of TASK_SUITES), in their round-robin order."""
     if suite == "short":
         return _FAMILIES
     if suite == "long":
-        return LONG_TRAINING_FAMILIES if training else LONG_FAMILIES
+        return LONG_FAMILIES
     raise ValueError(f"unknown demo task suite {suite!r}; known: {', '.join(TASK_SUITES)}")
 
 
-def make_example(
-    rng: random.Random, family: str, suite: str = "short", training: bool = False
-) -> DemoExample:
+def make_example(rng: random.Random, family: str, suite: str = "short") -> DemoExample:
     """Draw one example of `family` (one of `suite`'s families) from `rng`."""
-    families = suite_families(suite, training)
+    families = suite_families(suite)
     if family not in families:
         raise ValueError(f"unknown demo task family {family!r}; known: {', '.join(families)}")
     return families[family](rng)
@@ -146,13 +143,13 @@ def _draw(seed: int, n: int, heldout: bool, distinct: bool, suite: str) -> list[
     rng = random.Random(
         f"eaglenest-demo-{stream}" if suite == "short" else f"eaglenest-{suite}-{stream}"
     )
-    families = tuple(suite_families(suite, training=not heldout))
+    families = tuple(suite_families(suite))
     examples: list[DemoExample] = []
     seen: set[str] = set()
     for i in range(n):
         family = families[i % len(families)]
         for _ in range(_MAX_DRAWS_PER_EXAMPLE):
-            example = make_example(rng, family, suite, training=not heldout)
+            example = make_example(rng, family, suite)
             if is_heldout_prompt(example.prompt) != heldout:
                 continue
             if distinct and example.prompt in seen:

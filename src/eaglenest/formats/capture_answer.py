@@ -1,30 +1,20 @@
 """A capture server's answer for one sample (vLLM's per-request state file, written by our
-connector, vllm_engine/connector.py) turned into the rows a hidden-state shard holds: read once
-vLLM has finished writing it, deleted, its token ids checked against the sample's. The one
+connector, vllm_engine/connector.py; read by formats/state_file.py) turned into the rows a
+hidden-state shard holds, its token ids checked against the sample's. The one
 conversion of the capture stage (stages/hidden_states/vllm_backend.py) and of the jobs that ask
 the capture servers for states instead of reading files (client/capture_states.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 
 class StateFileError(ValueError):
     """A state file holds other tokens or rows than the sample sent; the message names it."""
-
-
-class StateFileLost(OSError):
-    """A server answered, then ended before its state file was whole (killed between the answer
-    and the write): the sample must be asked again, of a server that answers."""
 
 
 def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,26 +29,9 @@ def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]
     return ids, mask
 
 
-def read_request_file(path: str) -> dict[str, torch.Tensor]:
-    """One request's states once vLLM has finished writing them, then the file and its lock are
-    deleted. vLLM takes the lock before it answers and frees it once the file is written, or
-    when its process ends: a file missing or torn after the wait was lost with the server."""
-    lock = path + ".lock"
-    with contextlib.suppress(FileNotFoundError), open(lock) as stream:
-        fcntl.flock(stream, fcntl.LOCK_SH)
-    try:
-        states = load_file(path)
-    except (FileNotFoundError, SafetensorError) as err:
-        raise StateFileLost(f"{path}: the state file is missing or torn ({err})") from err
-    for name in (path, lock):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
-    return states
-
-
 def request_rows(frame, i: int, states, signal, tokens: Path) -> tuple:
     """(aux, target signal, input_ids, loss_mask) of sample `i` of a tokens frame from its state
-    file's tensors (`read_request_file`), its token ids checked against the sample's: what
+    file's tensors (formats/state_file.py, `read_request_file`), its token ids checked against the sample's: what
     `ShardWriter.write_sample` and `formats.hidden_shard.stored_rows` take. Shared by the capture
     stage and by training from the capture servers (hidden.store none), so both pack alike."""
     ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])

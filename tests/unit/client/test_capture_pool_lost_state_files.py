@@ -19,7 +19,7 @@ from support.servers import free_port
 
 from eaglenest.client import capture_pool
 from eaglenest.client.capture_pool import MOVES_MAX, CapturePool, CaptureServerError
-from eaglenest.formats.capture_answer import read_request_file
+from eaglenest.formats.state_file import read_request_file
 
 MODEL = "eaglenest-capture-test"
 PROMPT = np.arange(5, dtype=np.int64)

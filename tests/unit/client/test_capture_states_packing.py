@@ -48,13 +48,13 @@ def answers(directory: Path, frame: pl.DataFrame) -> list[str]:
 
 def file_samples(tmp_path: Path, frame, tokens: Path, signal, dtype: str, kind: str) -> list:
     from eaglenest.common.config import settings_from_sections
-    from eaglenest.formats.capture_answer import read_request_file
     from eaglenest.formats.hidden_shard import (
         FORMAT,
         create_hidden_shard,
         open_hidden_shard,
         tensor_specs,
     )
+    from eaglenest.formats.state_file import read_request_file
     from eaglenest.settings.hidden_states import HiddenSettings
     from eaglenest.stages.hidden_states.vllm_backend import pack_request
 

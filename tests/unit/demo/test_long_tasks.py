@@ -1,19 +1,28 @@
-"""The long-reasoning demo's tasks (demo_target.tasks long, prompts.source demo-long): answers of
-thousands of tokens whose every token depends on one at a fixed offset (a round back, or the
-prompt), held-out prompts never trained on, the short suite left as it was; and training on
-windows of them, kept at their true positions."""
+"""The long-reasoning demo's task (demo_target.tasks long, prompts.source demo-long): walks of
+thousands of states, one token each, set by a key in the prompt; the short suite left as it was;
+and training a target on windows of long answers, kept at their true positions."""
 
 from __future__ import annotations
 
 import random
+import re
 import statistics
 
 import pytest
 import torch
 
-from eaglenest.demo.long_tasks import BLOCK_NUMBERS, HELDOUT_ROUNDS, LINE_TOKENS, LONG_FAMILIES
-from eaglenest.demo.target import long_curriculum
-from eaglenest.demo.target_tokenizer import build_demo_tokenizer, tokenizer_corpus
+from eaglenest.demo.long_target import long_tokenizer
+from eaglenest.demo.long_tasks import (
+    END_STATE,
+    KEYS,
+    LONG_FAMILIES,
+    STATES,
+    STEPS,
+    chain_example,
+    key_token,
+    start_for,
+    walk,
+)
 from eaglenest.demo.target_training import (
     ANSWER_HEAD_TOKENS,
     WINDOW_CONTEXT_TOKENS,
@@ -28,54 +37,38 @@ from eaglenest.demo.tasks import (
 )
 
 
-def _demo_tokenizer():
-    examples = training_examples(0, 300, "long")
-    return build_demo_tokenizer(tokenizer_corpus(examples), 512)
-
-
 def test_long_answers_have_a_median_above_2048_tokens_and_some_above_8192():
-    tokenizer = _demo_tokenizer()
+    tokenizer = long_tokenizer(300)
     examples = heldout_examples(0, 120, "long")
     lengths = [len(tokenizer(e.reasoning)["input_ids"]) for e in examples]
     assert statistics.median(lengths) >= 2048
-    assert sum(n >= 8192 for n in lengths) >= 5
+    assert sum(n >= 8192 for n in lengths) >= 10
     prompts = [len(tokenizer(e.prompt)["input_ids"]) for e in examples]
-    assert max(lengths) + max(prompts) < 14000  # inside the long demo target's context of 16,384
+    assert max(lengths) + max(prompts) < 9_200  # inside the long demo's context
     assert {e.family for e in examples} == set(LONG_FAMILIES)
+    # A state is one token, and the walk's text splits back into its states alone.
+    example = examples[0]
+    ids = tokenizer(example.reasoning)["input_ids"]
+    assert tokenizer.decode(ids) == example.reasoning
+    assert tokenizer.convert_ids_to_tokens(ids[1:-1]) == re.findall(r"s\d{5}", example.reasoning)
 
 
-def test_every_prompt_and_every_line_has_one_length_so_what_a_token_needs_lies_at_a_fixed_offset():
-    tokenizer = _demo_tokenizer()
-    examples = heldout_examples(1, 8, "long") + training_examples(1, 8, "long")
-    assert len({len(tokenizer(e.prompt)["input_ids"]) for e in examples}) == 1
-    line_lengths = {
-        len(tokenizer(line + "\n")["input_ids"])
-        for e in examples
-        for line in e.reasoning.strip("\n").split("\n")
-    }
-    assert line_lengths == {LINE_TOKENS}
+def test_a_walk_steps_by_its_keys_step_and_ends_before_the_end_state():
+    for key in range(KEYS):
+        for length in (1, 37, 600):
+            start = start_for(key, length)
+            states = walk(key, start)
+            assert len(states) == length and END_STATE not in states
+            assert (states[-1] + STEPS[key]) % STATES == END_STATE
+            assert states[0] == (start + STEPS[key]) % STATES
+    example = chain_example(3, 5)
+    assert key_token(3) in example.prompt and example.answer == key_token(3)
+    assert example.reasoning.startswith("\n") and example.reasoning.endswith("\n")
 
 
-def test_rounds_write_the_prompts_block_counting_the_rounds_left_down_to_one():
-    for example in training_examples(3, 6, "long") + heldout_examples(3, 3, "long"):
-        head, block = example.prompt.split(":", 1)
-        rounds = int(head.removeprefix("Write the block ").removesuffix(" times"))
-        lines = example.reasoning.strip("\n").split("\n")
-        assert lines == [f"{r:03d}:{block}" for r in range(rounds, 0, -1)]
-        assert len(block.split()) == BLOCK_NUMBERS and example.answer == block.split()[-1]
-
-
-def test_training_draws_shorter_answers_than_the_held_out_prompts_too():
-    def rounds(example):
-        return len(example.reasoning.strip("\n").split("\n"))
-
-    assert min(map(rounds, heldout_examples(0, 200, "long"))) >= HELDOUT_ROUNDS[0]
-    assert min(map(rounds, training_examples(0, 200, "long"))) < HELDOUT_ROUNDS[0]
-
-
-def test_long_held_out_prompts_are_never_trained_on_and_the_short_suite_is_unchanged():
-    heldout = {e.prompt for e in heldout_examples(0, 200, "long")}
-    assert not heldout & {e.prompt for e in training_examples(0, 2000, "long")}
+def test_long_held_out_prompts_are_distinct_and_the_short_suite_is_unchanged():
+    heldout = [e.prompt for e in heldout_examples(0, 200, "long")]
+    assert len(set(heldout)) == 200
     assert tuple(suite_families("short")) == TASK_FAMILIES
     assert training_examples(0, 5) == training_examples(0, 5, "short")
     with pytest.raises(ValueError, match="suite"):
@@ -108,20 +101,3 @@ def test_a_window_keeps_the_prompt_the_answers_head_and_a_stretch_at_their_true_
     assert batch["attention_mask"][1].sum() == 40 and (batch["labels"][1, :8] == -100).all()
     assert (batch["labels"][0, prompt_len:head_end] == torch.arange(prompt_len, head_end)).all()
     assert batch["position_ids"][0, head_end] >= head_end
-
-
-def test_the_curriculum_sorts_two_thirds_by_length_and_keeps_every_length_in_the_last_third():
-    drawn = training_examples(0, 90, "long")
-    ordered = list(drawn)
-    long_curriculum(ordered)
-
-    def length(example):
-        return len(example.prompt) + len(example.reasoning)
-
-    first = [length(e) for e in ordered[:60]]
-    assert first == sorted(first) and sorted(first) == sorted(map(length, drawn[:60]))
-    # The last steps still see short and long answers: sorted to the end, they saw only the
-    # longest, and the target took their round counts as a prior.
-    assert ordered[60:] == drawn[60:]
-    last = [length(e) for e in ordered[60:]]
-    assert min(last) < statistics.median(first) < max(last)

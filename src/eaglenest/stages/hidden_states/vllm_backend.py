@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.formats.capture_answer import StateFileError, read_request_file, request_rows
+from eaglenest.formats.capture_answer import StateFileError, request_rows
 from eaglenest.formats.hidden_shard import ShardWriter
+from eaglenest.formats.state_file import read_request_file
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.plan import (

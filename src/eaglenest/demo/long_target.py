@@ -1,0 +1,383 @@
+"""The long-reasoning demo's target, written rather than trained: a Qwen3 causal LM whose weights
+are set by hand so that greedy decoding walks long_tasks' chains exactly, answers of up to
+nine thousand tokens, each token depending on the one before and on the key in the prompt.
+
+Why written: a tiny target trained here for ten minutes did not learn any long task (the tries in
+docs/demo-target.md). A written one is exact at every depth, builds in seconds, and is still an
+ordinary Qwen3 checkpoint (RMSNorms, q/k norms, RoPE, SwiGLU) that transformers, the embedded
+server and vLLM run like any other; its held-out check decodes it like a trained one.
+
+How it computes (the residual stream has named slots, SLOTS below; every RMSNorm's weight is the
+stream's RMS, which a large constant slot holds nearly fixed, so a norm leaves the slots as they
+are):
+- the embedding holds a state's Fourier features (IN: cos and sin of 2π·f·n/STATES for
+  FREQUENCIES f), a key's rotation (ROT: cos and sin of 2π·f·step/STATES) and one-hot, and flags
+  for the few other tokens the walk uses;
+- layer 0, head 0 attends one position back (RoPE's fastest planes, phase-shifted by one
+  position) and copies the previous token's flags (PREV_*); heads 1-3 attend the key token, from
+  any distance (RoPE's slowest plane barely turns over the context), and copy its ROT and one-hot;
+- layer 1, heads 0-1 copy the prompt's start state (START), asked only where the previous token
+  is `<think>`, where it is the one state in the context; layer 2's MLP moves it into IN there;
+- layer 3's MLP turns IN by ROT, frequency by frequency (a complex product: SwiGLU units
+  silu(rot + C) * in, less C * in), into OUT; other units write one flag each for the next
+  special token (`<think>`, `</think>`, ...);
+- the LM head scores each state by OUT's Fourier features (a peak of N_FREQ at the state, under
+  a third of it elsewhere); END_STATE's features are the newline's, so the walk ends by itself.
+The other layers are the identity (zero output projections), so the EAGLE-3 aux layers (2, 3, 4)
+read the stream before and after the step, as they would on a trained target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.demo.long_tasks import (
+    END_STATE,
+    KEYS,
+    STATES,
+    STEPS,
+    chain_example,
+    key_token,
+    state_token,
+)
+from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
+
+NUM_LAYERS = 7  # the fewest whose EAGLE-3 default aux layers (2, 3, 4) are distinct
+MLP_LAYER = 3  # aux layer 4 (its output) holds the next state; aux 2 and 3 hold the inputs
+HIDDEN = 512
+HEADS = 8
+HEAD_DIM = HIDDEN // HEADS
+N_FREQ = 56  # Fourier frequencies of a state: four slots of 2 * N_FREQ (IN, OUT, START, ROT)
+ROPE_THETA = 1_000_000.0
+PREV_PLANES = 8  # RoPE planes of the previous-token head: its fastest
+KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.03 rad over 16K positions
+BIG = 256.0  # the constant slot: holds every position's RMS near BIG / sqrt(HIDDEN)
+GATE = 40.0  # a SwiGLU gate's input: +GATE/2 open, -GATE/2 or less shut (silu ~ 1e-8)
+LINEAR = 20.0  # silu(x + LINEAR) = x + LINEAR to 1e-7 for |x| <= 1: a product's offset
+PREV_SCALE = 20.0  # the previous-token head's scores: one position back wins by ~16 (e^-16)
+CONTENT_SCORE = 32.0  # the key and start heads' score on what they look for (0 elsewhere)
+STATE_LOGIT = 1.0  # per Fourier frequency: the next state's logit is N_FREQ times this
+FLAG_LOGIT = 40.0  # the next special token's logit
+
+
+def _slots() -> dict[str, slice | int]:
+    names: list[tuple[str, int]] = [
+        ("IN", 2 * N_FREQ), ("OUT", 2 * N_FREQ), ("START", 2 * N_FREQ), ("ROT", 2 * N_FREQ),
+        ("KEY", KEYS), ("KEY_EMB", KEYS),
+        ("IS_NL", 1), ("IS_THINK", 1), ("IS_STATE", 1), ("IS_THINK_END", 1), ("IS_NN", 1),
+        ("IS_KEY", 1), ("PREV_THINK", 1), ("PREV_STATE", 1),
+        ("WANT_THINK", 1), ("WANT_NL", 1), ("WANT_THINK_END", 1), ("WANT_NN", 1),
+        ("WANT_EOS", 1), ("WANT_KEY", KEYS),
+    ]  # fmt: skip
+    slots: dict[str, slice | int] = {}
+    at = 0
+    for name, size in names:
+        slots[name] = at if size == 1 else slice(at, at + size)
+        at += size
+    assert at < HIDDEN - 1
+    slots["BIG"] = HIDDEN - 1
+    return slots
+
+
+SLOTS = _slots()
+
+
+def frequencies(seed: int = 0) -> np.ndarray:
+    """N_FREQ frequencies whose Fourier features tell every two states apart by a wide margin
+    (checked in the tests: the best wrong state scores under 0.45 of the right one)."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(np.arange(1, STATES // 2), size=N_FREQ, replace=False))
+
+
+def fourier(states: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """[len(states), 2 * N_FREQ]: cos then sin of each frequency's angle."""
+    angle = 2 * np.pi * np.outer(states, freqs) / STATES
+    return np.concatenate([np.cos(angle), np.sin(angle)], axis=1)
+
+
+def rotation(step: int, freqs: np.ndarray) -> np.ndarray:
+    """The linear map of Fourier features that adds `step` to the state: a rotation a frequency."""
+    angle = 2 * np.pi * freqs * step / STATES
+    c, s = np.diag(np.cos(angle)), np.diag(np.sin(angle))
+    return np.block([[c, -s], [s, c]])
+
+
+def long_tokenizer(vocab_size: int) -> Any:
+    """The demo tokenizer (byte-level BPE, Qwen3's specials and template), trained on the
+    prompts' words, with every state and key as one added token."""
+    from tokenizers import AddedToken
+
+    from eaglenest.demo.target_tokenizer import build_demo_tokenizer
+
+    words = [chain_example(k, 4).prompt for k in range(KEYS)] + ["\n\n" + key_token(0)]
+    corpus = ["user\nassistant\nsystem\n"] * 8 + words * 8
+    tokenizer = build_demo_tokenizer(corpus, vocab_size)
+    names = [state_token(n) for n in range(STATES) if n != END_STATE]
+    names += [key_token(k) for k in range(KEYS)]
+    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in names])
+    return tokenizer
+
+
+def _rope_inv_freq() -> np.ndarray:
+    return ROPE_THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+
+
+@dataclass(frozen=True)
+class _Ids:
+    """The token ids the weights are written for."""
+
+    vocab: int
+    states: np.ndarray  # the states with a token (END_STATE has none)
+    state_ids: np.ndarray
+    keys: list[int]
+    nl: int
+    nn: int
+    think: int
+    think_end: int
+    eos: int
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> _Ids:
+        tid = tokenizer.convert_tokens_to_ids
+        nl, nn = tokenizer.encode("\n"), tokenizer.encode("\n\n")
+        assert len(nl) == 1 and len(nn) == 1, (nl, nn)
+        states = np.array([n for n in range(STATES) if n != END_STATE])
+        return cls(
+            vocab=len(tokenizer),
+            states=states,
+            state_ids=np.array([tid(state_token(n)) for n in states]),
+            keys=[tid(key_token(k)) for k in range(KEYS)],
+            nl=nl[0],
+            nn=nn[0],
+            think=tid(THINK_START),
+            think_end=tid(THINK_END),
+            eos=tid(END_OF_TURN),
+        )
+
+
+def _rows(name: str) -> list[int]:
+    return list(range(SLOTS[name].start, SLOTS[name].stop))
+
+
+def _embedding(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
+    s = SLOTS
+    embed = np.zeros((ids.vocab, HIDDEN))
+    embed[:, s["BIG"]] = BIG
+    embed[np.ix_(ids.state_ids, _rows("IN"))] = fourier(ids.states, freqs)
+    embed[ids.state_ids, s["IS_STATE"]] = 1
+    for key, i in enumerate(ids.keys):
+        embed[i, _rows("ROT")] = fourier(np.array([STEPS[key]]), freqs)[0]
+        embed[i, s["KEY_EMB"].start + key] = 1
+        embed[i, s["IS_KEY"]] = 1
+    for token, flag in ((ids.nl, "IS_NL"), (ids.nn, "IS_NN"), (ids.think, "IS_THINK"),
+                        (ids.think_end, "IS_THINK_END")):  # fmt: skip
+        embed[token, s[flag]] = 1
+    return embed
+
+
+def _attention_layers() -> dict[str, np.ndarray]:
+    """Layers 0 and 1's q, k, v and o projections (the other layers' are zero)."""
+    s = SLOTS
+    w: dict[str, np.ndarray] = {}
+
+    def attention(layer: int) -> tuple[np.ndarray, ...]:
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        for name in names:
+            shape = (HIDDEN, HEADS * HEAD_DIM) if name == "o_proj" else (HEADS * HEAD_DIM, HIDDEN)
+            w[f"model.layers.{layer}.self_attn.{name}.weight"] = np.zeros(shape)
+        return tuple(w[f"model.layers.{layer}.self_attn.{name}.weight"] for name in names)
+
+    def copy(v: np.ndarray, o: np.ndarray, head: int, source: list[int], dest: list[int]) -> None:
+        for i, (a, b) in enumerate(zip(source, dest, strict=True)):
+            v[head * HEAD_DIM + i, a] = 1
+            o[b, head * HEAD_DIM + i] = 1
+
+    def content_head(q, k, head: int, asks: int, finds: int) -> None:
+        """Head `head` attends the tokens whose slot `finds` is 1, from where slot `asks` is."""
+        q[head * HEAD_DIM + KEY_PLANE, asks] = 1 / BIG if asks == s["BIG"] else 1
+        k[head * HEAD_DIM + KEY_PLANE, finds] = 1
+
+    half = HEAD_DIM // 2
+    theta = _rope_inv_freq()
+    q, k, v, o = attention(0)
+    # Head 0: one position back. q holds 1 in each fast plane's first coordinate, k the same
+    # turned by one position, so a score is sum cos(theta * (1 - distance)).
+    for j in range(PREV_PLANES):
+        q[j, s["BIG"]] = 1 / BIG
+        k[j, s["BIG"]] = math.cos(theta[j]) / BIG
+        k[j + half, s["BIG"]] = math.sin(theta[j]) / BIG
+    copy(v, o, 0, [s["IS_THINK"], s["IS_STATE"]], [s["PREV_THINK"], s["PREV_STATE"]])
+    # Heads 1-3: the key token, wherever it is (ROT in two halves, then the one-hot).
+    rot = _rows("ROT")
+    copies = [(rot[:N_FREQ], rot[:N_FREQ]), (rot[N_FREQ:], rot[N_FREQ:]),
+              (_rows("KEY_EMB"), _rows("KEY"))]  # fmt: skip
+    for head, (source, dest) in enumerate(copies, start=1):
+        content_head(q, k, head, s["BIG"], s["IS_KEY"])
+        copy(v, o, head, source, dest)
+    # Layer 1, heads 0-1: the prompt's start state, asked after `<think>` (the walk's first
+    # token), where it is the one state in the context.
+    q, k, v, o = attention(1)
+    ins, starts = _rows("IN"), _rows("START")
+    for head in (0, 1):
+        content_head(q, k, head, s["PREV_THINK"], s["IS_STATE"])
+        part = slice(head * N_FREQ, (head + 1) * N_FREQ)
+        copy(v, o, head, ins[part], starts[part])
+    return w
+
+
+def _open_when(gate: np.ndarray, u: int, slots: dict[int, int]) -> None:
+    """Open unit u's gate (to GATE / 2) when every slot is 1 (0 where its sign is -1)."""
+    for slot, sign in slots.items():
+        gate[u, slot] = sign * GATE
+    needed = sum(sign == 1 for sign in slots.values())
+    gate[u, SLOTS["BIG"]] = -(needed - 0.5) * GATE / BIG
+
+
+def _mlp_layers() -> dict[str, np.ndarray]:
+    """Layers 2 and 3's SwiGLU units (silu(gate) * up, written out by down); the other layers'
+    are zero."""
+    s = SLOTS
+    opened = GATE / 2  # an open gate's silu, divided out by down
+    flags = [
+        ({s["IS_NL"]: 1, s["PREV_THINK"]: -1, s["PREV_STATE"]: -1}, s["WANT_THINK"]),
+        ({s["IS_THINK"]: 1}, s["WANT_NL"]),
+        ({s["IS_NL"]: 1, s["PREV_STATE"]: 1}, s["WANT_THINK_END"]),
+        ({s["IS_THINK_END"]: 1}, s["WANT_NN"]),
+        ({s["IS_KEY"]: 1}, s["WANT_EOS"]),
+    ] + [
+        ({s["IS_NN"]: 1, s["KEY"].start + key: 1}, s["WANT_KEY"].start + key) for key in range(KEYS)
+    ]
+    width = -(-(6 * N_FREQ + len(flags)) // 32) * 32  # every layer's MLP: one config size
+
+    def zeros() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.zeros((width, HIDDEN)), np.zeros((width, HIDDEN)), np.zeros((HIDDEN, width))
+
+    ins, starts, rot, outs = _rows("IN"), _rows("START"), _rows("ROT"), _rows("OUT")
+    # Layer 2: at the walk's first token, START into IN.
+    gate, up, down = zeros()
+    for u in range(2 * N_FREQ):
+        _open_when(gate, u, {s["PREV_THINK"]: 1, s["IS_NL"]: 1})
+        up[u, starts[u]] = 1
+        down[ins[u], u] = 1 / opened
+    mlp = {2: (gate, up, down)}
+    # Layer 3: OUT = IN turned by ROT (cos a, sin a by cos b, sin b), each product as
+    # silu(rot + LINEAR) * in less LINEAR * in; and the flags of the next special token.
+    gate, up, down = zeros()
+    u = 0
+    for j in range(N_FREQ):
+        cos_in, sin_in, cos_rot, sin_rot = ins[j], ins[N_FREQ + j], rot[j], rot[N_FREQ + j]
+        out_cos, out_sin = outs[j], outs[N_FREQ + j]
+        # (cos_out, sin_out) = (ci cr - si sr, ci sr + si cr); (factor, in, sign, out)
+        for factor, source, sign, out in (
+            (cos_rot, cos_in, 1, out_cos), (sin_rot, sin_in, -1, out_cos),
+            (sin_rot, cos_in, 1, out_sin), (cos_rot, sin_in, 1, out_sin),
+        ):  # fmt: skip
+            gate[u, factor], gate[u, s["BIG"]] = 1, LINEAR / BIG
+            up[u, source], down[out, u] = sign, 1
+            u += 1
+        for out, sin_sign in ((out_cos, -1), (out_sin, 1)):
+            gate[u, s["BIG"]] = LINEAR / BIG  # silu(LINEAR) * (the offsets): taken back off
+            up[u, cos_in], up[u, sin_in] = 1, sin_sign
+            down[out, u] = -LINEAR / _silu(LINEAR)
+            u += 1
+    for slots, target in flags:
+        _open_when(gate, u, slots)
+        up[u, s["BIG"]] = 1 / BIG
+        down[target, u] = 1 / opened
+        u += 1
+    mlp[3] = (gate, up, down)
+    w = {}
+    for layer, (gate, up, down) in mlp.items():
+        w[f"model.layers.{layer}.mlp.gate_proj.weight"] = gate
+        w[f"model.layers.{layer}.mlp.up_proj.weight"] = up
+        w[f"model.layers.{layer}.mlp.down_proj.weight"] = down
+    return w
+
+
+def _lm_head(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
+    s = SLOTS
+    head = np.zeros((ids.vocab, HIDDEN))
+    outs = _rows("OUT")
+    head[np.ix_(ids.state_ids, outs)] = STATE_LOGIT * fourier(ids.states, freqs)
+    head[ids.nl, outs] = STATE_LOGIT * fourier(np.array([END_STATE]), freqs)[0]
+    for token, flag in ((ids.nl, "WANT_NL"), (ids.nn, "WANT_NN"), (ids.think, "WANT_THINK"),
+                        (ids.think_end, "WANT_THINK_END"), (ids.eos, "WANT_EOS")):  # fmt: skip
+        head[token, s[flag]] = FLAG_LOGIT
+    for key, i in enumerate(ids.keys):
+        head[i, s["WANT_KEY"].start + key] = FLAG_LOGIT
+    return head
+
+
+def _weights(tokenizer: Any, freqs: np.ndarray) -> dict[str, np.ndarray]:
+    """Every tensor of the model that is not zero or a norm, by its state-dict name."""
+    ids = _Ids.of(tokenizer)
+    return {
+        "model.embed_tokens.weight": _embedding(ids, freqs),
+        **_attention_layers(),
+        **_mlp_layers(),
+        "lm_head.weight": _lm_head(ids, freqs),
+    }
+
+
+def _silu(x: float) -> float:
+    return x / (1 + math.exp(-x))
+
+
+def _norm_weights() -> dict[str, np.ndarray]:
+    """Every RMSNorm's weight: the stream's RMS, so a norm leaves the slots as they are; the
+    heads' q/k norms set their scores (a vector of P equal entries normalises to sqrt(64/P))."""
+    rms = BIG / math.sqrt(HIDDEN)
+    norms = {"model.norm.weight": np.full(HIDDEN, rms)}
+    qk = np.ones(HEAD_DIM)
+    half = HEAD_DIM // 2
+    # Previous-token head: P fast planes, each entry sqrt(64/P) * w; its score is w^2 * sum(cos).
+    qk[:PREV_PLANES] = qk[half : half + PREV_PLANES] = math.sqrt(PREV_SCALE)
+    # Content heads: one entry, normalised to 8 * w; score (8 w)^2 / 8 = 8 w^2.
+    qk[KEY_PLANE] = qk[half + KEY_PLANE] = math.sqrt(CONTENT_SCORE / 8)
+    for layer in range(NUM_LAYERS):
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norms[f"model.layers.{layer}.{name}.weight"] = np.full(HIDDEN, rms)
+        for name in ("q_norm", "k_norm"):
+            norms[f"model.layers.{layer}.self_attn.{name}.weight"] = qk
+    return norms
+
+
+def write_long_target(vocab_size: int, max_position_embeddings: int, seed: int = 0) -> tuple:
+    """(model, tokenizer): the written chain walker, float32."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = long_tokenizer(vocab_size)
+    freqs = frequencies(seed)
+    weights = _weights(tokenizer, freqs)
+    intermediate = weights[f"model.layers.{MLP_LAYER}.mlp.gate_proj.weight"].shape[0]
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=intermediate,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=ROPE_THETA,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
+        bos_token_id=None,
+        use_cache=True,
+        torch_dtype="float32",
+    )
+    model = Qwen3ForCausalLM(config)
+    state = {**{k: torch.zeros_like(v) for k, v in model.state_dict().items()},
+             **{k: torch.tensor(v, dtype=torch.float32)
+                for k, v in {**weights, **_norm_weights()}.items()}}  # fmt: skip
+    model.load_state_dict(state)
+    model.eval()
+    return model, tokenizer

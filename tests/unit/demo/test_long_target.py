@@ -1,0 +1,79 @@
+"""The long demo's written target (demo/long_target.py) walks its chains exactly: the LM head
+tells every two states apart, the previous-token head finds one position back at any depth of the
+context, and the model predicts every token of a walk (teacher-forced over two thousand tokens,
+and decoded greedily through transformers' generate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.demo.long_target import (
+    HEAD_DIM,
+    PREV_PLANES,
+    PREV_SCALE,
+    ROPE_THETA,
+    fourier,
+    frequencies,
+    write_long_target,
+)
+from eaglenest.demo.long_tasks import STATES, chain_example
+from eaglenest.demo.tasks import END_OF_TURN
+
+CONTEXT = 12_288  # past the longest sample (about 9,050 tokens)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return write_long_target(300, CONTEXT)
+
+
+def chat_ids(tokenizer, example) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) of an example as the target should say it."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": example.prompt}], tokenize=False, add_generation_prompt=True
+    )
+    answer = f"{THINK_START}{example.reasoning}{THINK_END}\n\n{example.answer}{END_OF_TURN}"
+    return tokenizer(prompt)["input_ids"], tokenizer(answer)["input_ids"]
+
+
+def test_the_lm_head_tells_every_two_states_apart_by_a_wide_margin():
+    features = fourier(np.arange(STATES), frequencies())
+    scores = features @ features.T[:, :64]  # the first 64 states against all
+    right = scores[np.arange(64), np.arange(64)]
+    scores[np.arange(64), np.arange(64)] = -np.inf
+    assert (scores.max(axis=0) < 0.45 * right).all()
+
+
+def test_the_previous_token_head_attends_one_back_at_every_depth():
+    theta = ROPE_THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    distance = np.arange(CONTEXT)
+    scores = PREV_SCALE * np.cos(np.outer(1 - distance, theta[:PREV_PLANES])).sum(axis=1)
+    for depth in (2, 100, 2_000, CONTEXT - 1):
+        seen = scores[: depth + 1]
+        weights = np.exp(seen - seen.max())
+        assert weights.argmax() == 1 and weights[1] / weights.sum() > 0.9999
+
+
+def test_the_target_predicts_every_token_of_a_walk_of_two_thousand_states(target):
+    model, tokenizer = target
+    prompt, answer = chat_ids(tokenizer, chain_example(5, 2_000))
+    ids = torch.tensor([prompt + answer])
+    with torch.no_grad():
+        predicted = model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1)
+    assert predicted.tolist() == answer
+
+
+def test_greedy_decoding_writes_the_walk_and_stops(target):
+    model, tokenizer = target
+    for key, length in ((0, 3), (7, 120)):
+        prompt, answer = chat_ids(tokenizer, chain_example(key, length))
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=len(answer) + 10,
+            do_sample=False,
+            eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
+        )
+        assert out[0, len(prompt) :].tolist() == answer
