@@ -25,24 +25,20 @@ import copy
 import itertools
 import json
 import os
-import shutil
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from run_data import REPO, deep_update, make_run, run_config, split_shards
+from run_data import REPO, RunFiles, deep_update, make_run, run_config
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.evaluate.evaluate import evaluate_drafter
-from eaglenest.stages.train.train import train_drafter
 
 NO_NORMS = {"fc_norm": False, "norm_output": False}  # the EAGLE-3.1 norms off
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -78,16 +74,8 @@ def cut_shard(source: Path, out: Path, fraction: int) -> int:
 class Study:
     def __init__(self, run_dir: Path, config: dict[str, Any], engine: bool, work: Path):
         self.run_dir, self.config, self.work = run_dir, config, work
-        demo_target = run_dir / "target"
-        self.target = str(demo_target) if demo_target.is_dir() else config["target"]["path"]
-        train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
-        self.train_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in train_ids]
-        self.heldout_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in heldout_ids]
-        self.heldout_tokens = [run_dir / "tokens" / f"{s}.parquet" for s in heldout_ids]
-        self.shared = {
-            "target_head": run_dir / "hidden" / "target_head.safetensors",
-            "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
-        }
+        self.files = RunFiles.of(run_dir, config)
+        self.target = self.files.target
         evaluate = EvaluateSettings.from_config(config).with_target_path(self.target)
         if not evaluate.depths:
             raise SystemExit("depth study: the config has no evaluate.depths")
@@ -98,11 +86,11 @@ class Study:
         """The variant's training shards and their rows."""
         fraction = CUT.get(name)
         if fraction is None:
-            return self.train_paths, sum(_rows(p) for p in self.train_paths)
+            return self.files.train_hidden, sum(_rows(p) for p in self.files.train_hidden)
         folder = self.work / name / "cut"
         folder.mkdir(parents=True, exist_ok=True)
         paths, rows = [], 0
-        for path in self.train_paths:
+        for path in self.files.train_hidden:
             paths.append(folder / path.name)
             rows += cut_shard(path, paths[-1], fraction)
         return paths, rows
@@ -112,26 +100,9 @@ class Study:
         settings = TrainSettings.from_config(config).with_target_path(self.target)
         out = self.work / name
         shards, rows = self.training_shards(name)
-        started = time.perf_counter()
-        report = train_drafter(
-            train_shards=shards,
-            eval_shards=self.heldout_paths,
-            out_dir=out / "drafter",
-            journal_dir=out / "journal",
-            settings=settings,
-            **self.shared,
+        report, metrics, train_s = self.files.train_and_evaluate(
+            out, settings, self.evaluate, self.runtime, train_hidden=shards
         )
-        train_s = time.perf_counter() - started
-        metrics = evaluate_drafter(
-            drafter_dir=out / "drafter",
-            heldout_hidden=self.heldout_paths,
-            heldout_tokens=self.heldout_tokens,
-            out=out / "metrics.json",
-            settings=self.evaluate,
-            runtime=self.runtime,
-            **self.shared,
-        )
-        shutil.rmtree(out / "journal", ignore_errors=True)
         return {
             "changes": change,
             "cut": CUT.get(name),

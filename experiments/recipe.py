@@ -38,23 +38,20 @@ import argparse
 import copy
 import json
 import os
-import shutil
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from run_data import REPO, deep_update, make_run, run_config, split_shards
+from run_data import REPO, RunFiles, deep_update, make_run, run_config
 
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
-from eaglenest.stages.evaluate.evaluate import evaluate_drafter, heldout_prompts
+from eaglenest.stages.evaluate.evaluate import heldout_prompts
 from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request, evaluate_in_vllm
-from eaglenest.stages.train.train import train_drafter
 
 # One change each to the run's `train` section, in the order they are measured (the ones the
 # peer comparison pointed at first).
@@ -153,16 +150,9 @@ class Study:
     def __init__(self, run_dir: Path, config: dict[str, Any], prompts: int, engine: bool,
                  work: Path):  # fmt: skip
         self.run_dir, self.config, self.engine, self.work = run_dir, config, engine, work
-        demo_target = run_dir / "target"
-        self.target = str(demo_target) if demo_target.is_dir() else config["target"]["path"]
-        train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
-        self.train_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in train_ids]
-        self.heldout_paths = [run_dir / "hidden" / f"{s}.safetensors" for s in heldout_ids]
-        self.heldout_tokens = [run_dir / "tokens" / f"{s}.parquet" for s in heldout_ids]
-        self.shared = {
-            "target_head": run_dir / "hidden" / "target_head.safetensors",
-            "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
-        }
+        self.files = RunFiles.of(run_dir, config)
+        self.target = self.files.target
+        self.heldout_tokens = self.files.heldout_tokens
         evaluate = EvaluateSettings.from_config(config)
         self.ks = evaluate.ks
         evaluate = replace(evaluate, live=False, engine=None, vllm=None, live_prompts=prompts)
@@ -189,27 +179,8 @@ class Study:
         config = deep_update(copy.deepcopy(self.config), {"train": copy.deepcopy(change)})
         settings = TrainSettings.from_config(config).with_target_path(self.target)
         out = self.work / name
-        started = time.perf_counter()
-        report = train_drafter(
-            train_shards=self.train_paths,
-            eval_shards=self.heldout_paths,
-            out_dir=out / "drafter",
-            journal_dir=out / "journal",
-            settings=settings,
-            **self.shared,
-        )
-        train_s = time.perf_counter() - started
-        metrics = evaluate_drafter(
-            drafter_dir=out / "drafter",
-            heldout_hidden=self.heldout_paths,
-            heldout_tokens=self.heldout_tokens,
-            out=out / "metrics.json",
-            settings=self.evaluate,
-            runtime=None,
-            **self.shared,
-        )
+        report, metrics, train_s = self.files.train_and_evaluate(out, settings, self.evaluate)
         engine = self.engine_figures(out / "drafter") if self.engine else None
-        shutil.rmtree(out / "journal", ignore_errors=True)
         return {
             "changes": change,
             "vllm": {k: v["acceptance_length"] for k, v in engine["per_k"].items()}

@@ -1,12 +1,16 @@
 """What the studies of experiments/ share: the run's config as Snakemake merges it, the run's data
-made by Snakemake in a copy of the workflow (tests/support/workflow.py), and its shards split into
-training and held-out as the workflow splits them."""
+made by Snakemake in a copy of the workflow (tests/support/workflow.py), its shards split into
+training and held-out as the workflow splits them, and a drafter trained and evaluated on them
+(RunFiles)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +71,60 @@ def split_shards(run_dir: Path, eval_shards: int | list[str]) -> tuple[list[str]
     else:
         heldout = [s for s in shards if s in eval_shards]
     return [s for s in shards if s not in heldout], heldout
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a study reads of a finished run: its target, training and held-out shards, and the
+    files every training and evaluation shares."""
+
+    target: str
+    train_hidden: list[Path]
+    heldout_hidden: list[Path]
+    heldout_tokens: list[Path]
+    shared: dict[str, Path]
+
+    @classmethod
+    def of(cls, run_dir: Path, config: dict[str, Any]) -> RunFiles:
+        demo_target = run_dir / "target"
+        train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
+        return cls(
+            target=str(demo_target) if demo_target.is_dir() else config["target"]["path"],
+            train_hidden=[run_dir / "hidden" / f"{s}.safetensors" for s in train_ids],
+            heldout_hidden=[run_dir / "hidden" / f"{s}.safetensors" for s in heldout_ids],
+            heldout_tokens=[run_dir / "tokens" / f"{s}.parquet" for s in heldout_ids],
+            shared={
+                "target_head": run_dir / "hidden" / "target_head.safetensors",
+                "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",
+            },
+        )
+
+    def train_and_evaluate(self, out: Path, train: Any, evaluate: Any, runtime: Any = None,
+                           train_hidden: list[Path] | None = None) -> tuple[dict, dict, float]:  # fmt: skip
+        """Train a drafter into out/drafter with `train` (TrainSettings) on `train_hidden` (the
+        run's training shards by default), evaluate it with `evaluate` (EvaluateSettings; the
+        engine's when `runtime`), and return (training report, metrics, training seconds)."""
+        from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+        from eaglenest.stages.train.train import train_drafter
+
+        started = time.perf_counter()
+        report = train_drafter(
+            train_shards=train_hidden or self.train_hidden,
+            eval_shards=self.heldout_hidden,
+            out_dir=out / "drafter",
+            journal_dir=out / "journal",
+            settings=train,
+            **self.shared,
+        )
+        train_s = time.perf_counter() - started
+        metrics = evaluate_drafter(
+            drafter_dir=out / "drafter",
+            heldout_hidden=self.heldout_hidden,
+            heldout_tokens=self.heldout_tokens,
+            out=out / "metrics.json",
+            settings=evaluate,
+            runtime=runtime,
+            **self.shared,
+        )
+        shutil.rmtree(out / "journal", ignore_errors=True)
+        return report, metrics, train_s

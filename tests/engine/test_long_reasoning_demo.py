@@ -1,0 +1,94 @@
+"""The long-reasoning demo through real Snakemake (config/tests/long-reasoning.yaml, made small:
+four prompts of the run seed 10, whose answers are 600 to 3,200 tokens): the written target's
+answers are its walks exactly (the server's text and the token ids the pipeline rebuilt), every
+stage runs at those lengths, and acceptance by depth is measured alike by our live decoding and by
+a real vLLM (prompts sent as token ids): per depth and K, rounds within one a prompt, both outputs
+equal to plain greedy decoding, the simulated acceptance per depth there too.
+The full-size run (24 prompts, depths to 8,192, K=3 and 7) and its figures: docs/demo-target.md,
+experiments/RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from support.vllm import PIPELINE_VLLM, require_vllm_venv
+from support.workflow import copy_workflow, job_logs, load_test_config, merged, snakemake
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LONG = load_test_config("long-reasoning")
+RUN = LONG["run"]
+DEPTHS = [0, 1024, 2048]
+SMALL = {
+    "demo_target": {"heldout_prompts": 1},  # the build's check: one walk of 600 states
+    "prompts": {"max_samples": 4, "shard_size": 2},  # seed 10: walks of 618, 638 | 3157, 1201
+    "train": {"epochs": 3},
+    "evaluate": {
+        "ks": [3, 7],
+        "live_prompts": 2,
+        "live_max_new_tokens": 32,
+        "depths": DEPTHS,
+        "engine": "vllm",
+    },
+    "vllm": PIPELINE_VLLM,
+}
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    require_vllm_venv()
+    workdir = copy_workflow(tmp_path_factory.mktemp("long") / "workflow")
+    config = {**merged(LONG, SMALL), "seed": 10}
+    started = time.monotonic()
+    result = snakemake(workdir, config=config, timeout_s=1800)
+    assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+    print(f"long-reasoning demo (4 prompts): {time.monotonic() - started:.0f} s")
+    return {"workdir": workdir, "run": workdir / "results" / RUN}
+
+
+def test_the_long_targets_answers_are_its_walks_token_for_token(long_run):
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from eaglenest.demo.long_tasks import state_token, walk
+
+    run = long_run["run"]
+    samples = pl.concat([pl.read_parquet(p) for p in sorted((run / "samples").glob("0*.parquet"))])
+    tokens = pl.concat([pl.read_parquet(p) for p in sorted((run / "tokens").glob("0????.parquet"))])
+    assert samples.height == tokens.height == 4
+    tokenizer = AutoTokenizer.from_pretrained(run / "target")
+    lengths = []
+    for row in samples.iter_rows(named=True):
+        prompt = row["messages"][-1]["content"]
+        key, start = map(int, re.fullmatch(r"Walk the chain K(\d+) from s(\d+)\.", prompt).groups())
+        assert row["reasoning"].strip() == "".join(state_token(n) for n in walk(key, start))
+        assert row["content"].strip() == f"K{key:02d}"
+        ids = tokens.filter(pl.col("id") == row["id"])["input_ids"][0].to_list()
+        assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+        lengths.append(len(ids))
+    assert max(lengths) > 3_000, lengths
+
+
+def test_own_live_and_vllm_need_the_same_rounds_at_every_depth_of_the_long_run(long_run):
+    metrics = json.loads((long_run["run"] / "eval" / "metrics.json").read_text())
+    table = metrics["by_depth"]
+    assert table["depths"] == DEPTHS
+    assert set(table["per_k"]) == {"3", "7"}
+    for k, rows in table["per_k"].items():
+        assert [row["prompts"] for row in rows] == [2, 2, 1]
+        check_depth_rows(k, rows)
+
+
+def check_depth_rows(k: str, rows: list[dict]) -> None:
+    for row in rows:
+        live, engine, simulated = row["live"], row["engine"], row["simulated"]
+        print(f"K={k} depth {row['depth']}: live {live['acceptance_length']:.3f} ({live['rounds']} "
+              f"rounds), vLLM {engine['acceptance_length']:.3f} ({engine['rounds']} rounds), "
+              f"simulated {simulated['acceptance_length']:.3f}")  # fmt: skip
+        assert live["identical_to_greedy"] and engine["identical_to_plain"]
+        assert live["tokens"] == engine["tokens"]
+        assert abs(live["rounds"] - engine["rounds"]) <= row["prompts"]
+        assert simulated["positions"] > 0
