@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +234,46 @@ class Batcher:
         return output.logits[:, -1, :].float()
 
 
-def _new_cache(model: torch.nn.Module):
-    from transformers import DynamicCache
+def _new_cache(model: torch.nn.Module) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
 
-    return DynamicCache(config=model.config)
+
+class GrowingLayer(DynamicLayer):
+    """transformers' DynamicLayer appending into buffers that double when full. DynamicLayer
+    copies its whole cache at every step (torch.cat), quadratic in the answer's length: a
+    9,000-token answer took a quarter of an hour here. This is amortised linear, and the
+    attention reads the same keys and values (views of the buffers)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.buffers: list[torch.Tensor] = []
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, added = self.length, key_states.shape[-2]
+        if not self.buffers or n + added > self.buffers[0].shape[-2]:
+            capacity = max(2 * (n + added), 64)
+            grown = []
+            for old, new in ((self.keys, key_states), (self.values, value_states)):
+                buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+                if n:
+                    buffer[..., :n, :] = old
+                grown.append(buffer)
+            self.buffers = grown
+        for buffer, new in zip(self.buffers, (key_states, value_states), strict=True):
+            buffer[..., n : n + added, :] = new
+        self.length = n + added
+        self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized and self.buffers:
+            self.buffers = [b[indices, ...] for b in self.buffers]
+            self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
 
 
 def _sample(logits: torch.Tensor, rows: list[_Pending]) -> torch.Tensor:
