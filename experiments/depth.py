@@ -6,7 +6,7 @@ acceptance past each depth.
 
     python experiments/depth.py --run-dir results/long-reasoning \\
         --configfile config/tests/long-reasoning.yaml [--variants full window_512 ...] \\
-        [--engine vllm|none] [--json out.json]
+        [--engine vllm|none] [--epochs N] [--threads N] [--json out.json]
 
 `--run-dir` is a finished run of that config (or one made here, up to the hidden states, when
 omitted). One line per variant and K:
@@ -146,11 +146,16 @@ def main() -> None:
     parser.add_argument("--configfile", type=Path, nargs="+", required=True)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--engine", choices=["vllm", "none"], default="vllm")
+    parser.add_argument(
+        "--epochs", type=int, help="train.epochs for every variant (else the config's)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = run_config(args.configfile)
+    if args.epochs:
+        config["train"]["epochs"] = args.epochs
     if args.engine == "vllm" and not (REPO / VllmRuntime.from_config(config).python).exists():
         sys.exit("depth study: --engine vllm needs .venv-vllm (make vllm)")
     results: dict[str, Any] = {}

@@ -7,9 +7,9 @@ docs/demo-target.md). A written one is exact at every depth, builds in seconds, 
 ordinary Qwen3 checkpoint (RMSNorms, q/k norms, RoPE, SwiGLU) that transformers, the embedded
 server and vLLM run like any other; its held-out check decodes it like a trained one.
 
-How it computes (the residual stream has named slots, SLOTS below; every RMSNorm's weight is the
-stream's RMS, which a large constant slot holds nearly fixed, so a norm leaves the slots as they
-are):
+How it computes (the residual stream has named slots, SLOTS below; a constant slot of
+sqrt(HIDDEN) holds the stream's RMS between 1 and 1.2, so every RMSNorm's weight is 1 and a norm
+leaves the slots as they are but for a factor per position, which no gate or argmax feels):
 - the embedding holds a state's Fourier features (IN: cos and sin of 2π·f·n/STATES for
   FREQUENCIES f), a key's rotation (ROT: cos and sin of 2π·f·step/STATES) and one-hot, and flags
   for the few other tokens the walk uses;
@@ -56,7 +56,10 @@ N_FREQ = 56  # Fourier frequencies of a state: four slots of 2 * N_FREQ (IN, OUT
 ROPE_THETA = 1_000_000.0
 PREV_PLANES = 8  # RoPE planes of the previous-token head: its fastest
 KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.03 rad over 16K positions
-BIG = 256.0  # the constant slot: holds every position's RMS near BIG / sqrt(HIDDEN)
+# The constant slot: the stream's RMS is about 1 (1.0 to 1.2 with the other slots), so every
+# RMSNorm's weight is 1 as in a trained model, and a drafter that starts from the target's final
+# norm and LM head starts from logits of a usual scale.
+BIG = math.sqrt(HIDDEN)
 GATE = 40.0  # a SwiGLU gate's input: +GATE/2 open, -GATE/2 or less shut (silu ~ 1e-8)
 LINEAR = 20.0  # silu(x + LINEAR) = x + LINEAR to 1e-7 for |x| <= 1: a product's offset
 PREV_SCALE = 20.0  # the previous-token head's scores: one position back wins by ~16 (e^-16)
@@ -331,7 +334,7 @@ def _silu(x: float) -> float:
 def _norm_weights() -> dict[str, np.ndarray]:
     """Every RMSNorm's weight: the stream's RMS, so a norm leaves the slots as they are; the
     heads' q/k norms set their scores (a vector of P equal entries normalises to sqrt(64/P))."""
-    rms = BIG / math.sqrt(HIDDEN)
+    rms = BIG / math.sqrt(HIDDEN)  # 1
     norms = {"model.norm.weight": np.full(HIDDEN, rms)}
     qk = np.ones(HEAD_DIM)
     half = HEAD_DIM // 2
