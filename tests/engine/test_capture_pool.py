@@ -13,6 +13,7 @@ Skipped without .venv-vllm. Two engines start here (the servers, once for the mo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -165,6 +166,27 @@ def pool(finished_run: Path, vllm_captured_run: dict, tmp_path_factory: pytest.T
             stop(server)
 
 
+def held_slots(url: str, cap: int) -> int:
+    """How many of a server's request slots the run's jobs hold now (client/slots.py: a POSIX
+    record lock a slot; a slot is held from the request until its state file is read)."""
+    from eaglenest.client.slots import default_slots_dir, slot_file
+    from eaglenest.client.urls import api_base
+
+    path = slot_file(default_slots_dir(), api_base(url))
+    if not path.exists():
+        return 0
+    held = 0
+    with open(path, "r+b") as stream:
+        for index in range(cap):
+            try:
+                fcntl.lockf(stream, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, index, os.SEEK_SET)
+            except OSError:
+                held += 1
+            else:
+                fcntl.lockf(stream, fcntl.LOCK_UN, 1, index, os.SEEK_SET)
+    return held
+
+
 def pool_summaries(workdir: Path) -> list[dict[str, tuple[int, int]]]:
     """Per shard job: each server's (answered, moved to others), from the job's log line."""
     found = []
@@ -228,10 +250,14 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     run = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 600
-    # After 3 answers. (vLLM's gauges of running requests cannot tell whether it holds one now: a
-    # capture request ends within the step that counts it.)
-    while (done := finished_requests(urls[1]) - before[1]) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # After 3 answers, while the jobs hold both of its slots (vLLM's gauges of running requests
+    # cannot tell whether it holds one now: a capture request ends within the step that counts it;
+    # a held slot is a request sent or a state file being read).
+    while time.monotonic() < deadline:
+        done = finished_requests(urls[1]) - before[1]
+        if done >= 3 and held_slots(urls[1], pool["config"]["vllm"]["requests_per_batch"]) == 2:
+            break
+        time.sleep(0.005)
     os.killpg(process_group_of_child(servers[1].pid), signal.SIGKILL)  # vLLM's server and engine
     os.killpg(servers[1].pid, signal.SIGKILL)  # serve-capture itself
     killed_after_s = time.monotonic() - started

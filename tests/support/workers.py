@@ -61,6 +61,9 @@ SHARED_RUN_GROUPS = (
         "engine/test_capture_pool.py",
         "engine/test_training_from_capture_servers.py",
     )),
+    SharedRunGroup("long-reasoning", "long_run", (
+        "engine/test_long_reasoning_demo.py",
+    )),
     SharedRunGroup("plain-decoding", "plain_decoding", (
         "engine/test_vllm_acceptance.py",
         "engine/test_eagle3_variants_in_vllm.py",
