@@ -6,12 +6,17 @@ acceptance past each depth.
 
     python experiments/depth.py --run-dir results/long-reasoning \\
         --configfile config/tests/long-reasoning.yaml [--variants full window_512 ...] \\
-        [--engine vllm|none] [--epochs N] [--threads N] [--json out.json]
+        [--engine vllm|live|none] [--epochs N] [--threads N] [--json out.json]
 
 `--run-dir` is a finished run of that config (or one made here, up to the hidden states, when
 omitted). One line per variant and K:
 
     depth variant=NAME k=K vllm=A@0 A@1024 ... sim=A@0 ... train_tokens_per_s=T changes={...}
+
+`--engine live` decodes with eaglenest's own live loop (transformers target) instead of vLLM
+(`live=` in the lines): for drafters vLLM's CPU build cannot serve, such as the Llama-style
+drafter beside a DeepSeek-V3 (MLA) target; `mla` is the MLA drafter against the default
+Llama-style one (`full`).
 
 `quarter` trains on each training sample's first quarter only (prompt and the start of its
 answer: what a user gets who trains on short samples and serves long ones); the others train on
@@ -49,6 +54,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "window_2048_no_norms": {"drafter": {"sliding_window": 2048, **NO_NORMS}},
     "window_512_no_norms": {"drafter": {"sliding_window": 512, **NO_NORMS}},
     "quarter": {},  # whole-sample training data cut to its first quarter (cut_shard)
+    "mla": {"drafter": {"attention": "mla"}},  # DeepSeek-V3's attention (its targets' drafters)
 }
 CUT = {"quarter": 4}
 
@@ -72,15 +78,16 @@ def cut_shard(source: Path, out: Path, fraction: int) -> int:
 
 
 class Study:
-    def __init__(self, run_dir: Path, config: dict[str, Any], engine: bool, work: Path):
+    def __init__(self, run_dir: Path, config: dict[str, Any], engine: str, work: Path):
         self.run_dir, self.config, self.work = run_dir, config, work
         self.files = RunFiles.of(run_dir, config)
         self.target = self.files.target
         evaluate = EvaluateSettings.from_config(config).with_target_path(self.target)
         if not evaluate.depths:
             raise SystemExit("depth study: the config has no evaluate.depths")
-        self.evaluate = replace(evaluate, live=False, engine="vllm" if engine else None)
-        self.runtime = VllmRuntime.from_config(config) if engine else None
+        vllm = engine == "vllm"
+        self.evaluate = replace(evaluate, live=engine == "live", engine="vllm" if vllm else None)
+        self.runtime = VllmRuntime.from_config(config) if vllm else None
 
     def training_shards(self, name: str) -> tuple[list[Path], int]:
         """The variant's training shards and their rows."""
@@ -124,14 +131,16 @@ def lines(name: str, result: dict[str, Any]) -> list[str]:
     out = []
     for k, rows in table["per_k"].items():
         figures = []
-        for which in ("engine", "simulated"):
+        for which, label in (("engine", "vllm"), ("live", "live"), ("simulated", "sim")):
+            if not any(row.get(which) for row in rows):
+                continue
             values = [
                 f"{row[which]['acceptance_length']:.3f}@{row['depth']}"
                 if row.get(which)
                 else f"-@{row['depth']}"
                 for row in rows
             ]
-            figures.append(f"{'vllm' if which == 'engine' else 'sim'}={' '.join(values)}")
+            figures.append(f"{label}={' '.join(values)}")
         out.append(
             f"depth variant={name} k={k} {' '.join(figures)} "
             f"train_tokens_per_s={result['train_tokens_per_s']:.0f} "
@@ -145,7 +154,7 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, help="a run's results/{run} (else made here)")
     parser.add_argument("--configfile", type=Path, nargs="+", required=True)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--engine", choices=["vllm", "none"], default="vllm")
+    parser.add_argument("--engine", choices=["vllm", "live", "none"], default="vllm")
     parser.add_argument(
         "--epochs", type=int, help="train.epochs for every variant (else the config's)"
     )
@@ -163,7 +172,7 @@ def main() -> None:
         run_dir = args.run_dir or make_run(
             args.configfile, Path(tmp) / "workflow", config["run"], args.threads, hidden=True
         )
-        study = Study(run_dir.resolve(), config, args.engine == "vllm", Path(tmp))
+        study = Study(run_dir.resolve(), config, args.engine, Path(tmp))
         print(f"depth study: depths {list(study.evaluate.depths)}, Ks {list(study.evaluate.ks)}, "
               f"engine {args.engine}", flush=True)  # fmt: skip
         for name in args.variants:

@@ -4,8 +4,11 @@ One batcher thread owns the model. It waits for a request, gathers whatever else
 few milliseconds (up to `max_batch_size`), left-pads the prompts and runs a KV-cached decode loop
 over the batch. Each row has its own sampling parameters and torch.Generator, and leaves the batch
 as soon as it stops, so a short answer is not held back by a long one and finished rows cost
-nothing. Requests that arrive while a batch runs wait for the next one (no continuous batching:
-merging caches of different lengths is not worth its complexity for a demo-sized target).
+nothing. A request that arrives while a batch runs joins it at the next step: it is prefilled
+alone and its keys and values are added as a new row, left-padded to the batch's length, so a
+prompt that missed the gathering window by a millisecond does not wait for the batch's longest
+answer (with the long demo's answers of 9,000 tokens, that wait doubled a shard's time). A
+prompt longer than the batch so far is held until the batch is as long, or the next batch.
 
 Results go back to the aiohttp event loop with `loop.call_soon_threadsafe`, so the HTTP side
 stays a plain `await batcher.generate(...)`.
@@ -25,7 +28,8 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+
+from eaglenest.target_model.kv_cache import growing_cache
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class Batcher:
         # transformers 5 renamed `past_key_values` to `cache`; remote-code models keep the old name.
         self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._queue: queue.Queue = queue.Queue()
+        self._held: list[_Pending] = []  # taken to join a batch they were too long for
         self._thread = threading.Thread(target=self._serve_forever, name="eaglenest-batcher")
         self._thread.daemon = True
 
@@ -152,10 +157,12 @@ class Batcher:
                     pending.resolve(error=RuntimeError(f"generation failed: {error}"))
 
     def _gather_batch(self) -> list[_Pending] | None:
-        first = self._queue.get()
-        if first is _STOP:
-            return None
-        batch = [first]
+        batch, self._held = self._held[: self.max_batch_size], self._held[self.max_batch_size :]
+        if not batch:
+            first = self._queue.get()
+            if first is _STOP:
+                return None
+            batch = [first]
         deadline = time.monotonic() + self.gather_window_s
         while len(batch) < self.max_batch_size:
             remaining = deadline - time.monotonic()
@@ -180,7 +187,7 @@ class Batcher:
         input_ids, attention_mask = self._left_pad([p.prompt_token_ids for p in batch])
         # Left padding shifts every row; positions count real tokens only.
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache(self.model)
+        cache = growing_cache(self.model)
         active = list(range(len(batch)))  # batch indices of rows still generating
         completions: list[list[int]] = [[] for _ in batch]
         step_input = input_ids
@@ -207,9 +214,66 @@ class Batcher:
                 next_tokens = next_tokens[keep]
                 active = [active[row] for row in still_running]
             step_input = next_tokens.unsqueeze(1)
+            position_ids = position_ids[:, -1:] + 1
+            joined = self._join(batch, completions, cache, room=self.max_batch_size - len(active))
+            if joined is not None:
+                mask, positions, tokens = joined
+                active += range(len(batch) - len(tokens), len(batch))
+                attention_mask = torch.cat([attention_mask, mask])
+                position_ids = torch.cat([position_ids, positions])
+                step_input = torch.cat([step_input, tokens.unsqueeze(1)])
+                self.stats.max_batch_size_seen = max(self.stats.max_batch_size_seen, len(active))
             ones = attention_mask.new_ones((len(active), 1))
             attention_mask = torch.cat([attention_mask, ones], dim=1)
-            position_ids = position_ids[:, -1:] + 1
+
+    def _join(
+        self, batch: list[_Pending], completions: list[list[int]], cache: DynamicCache, room: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Requests waiting in the queue, prefilled and added to a running batch as new rows of
+        `batch`, `completions` and `cache`: (their attention mask over the cache's length, their
+        next positions, their first tokens), or None when none joined. A request whose first
+        token ends it is answered here and not added."""
+        length = cache.get_seq_length()
+        joiners = [p for p in self._held if len(p.prompt_token_ids) <= length][:room]
+        self._held = [p for p in self._held if p not in joiners]
+        while len(joiners) < room:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._queue.put(_STOP)
+                break
+            (joiners if len(item.prompt_token_ids) <= length else self._held).append(item)
+        if not joiners:
+            return None
+        self.stats.requests += len(joiners)
+        input_ids, mask = self._left_pad([p.prompt_token_ids for p in joiners])
+        own = growing_cache(self.model)
+        logits = self._forward(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), own)
+        first = _sample(logits, joiners)
+        staying = []
+        for row, pending in enumerate(joiners):
+            token = int(first[row])
+            self.stats.generated_tokens += 1
+            if token in self.stop_token_ids:
+                pending.resolve(GenerationResult([token], "stop"))
+            elif pending.params.max_new_tokens <= 1:
+                pending.resolve(GenerationResult([token], "length"))
+            else:
+                staying.append(row)
+        if not staying:
+            return None
+        keep = torch.tensor(staying, device=self.device)
+        own.batch_select_indices(keep)
+        for layer, rows in zip(cache.layers, own.layers, strict=True):
+            layer.add_rows(rows)
+        batch += [joiners[row] for row in staying]
+        completions += [[int(first[row])] for row in staying]
+        padded = mask.new_zeros((len(staying), length))
+        padded[:, length - mask.shape[1] :] = mask[keep]
+        positions = torch.tensor([[len(joiners[row].prompt_token_ids)] for row in staying])
+        return padded, positions.to(self.device), first[keep]
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -232,48 +296,6 @@ class Batcher:
             **extra,
         )
         return output.logits[:, -1, :].float()
-
-
-def _new_cache(model: torch.nn.Module) -> DynamicCache:
-    cache = DynamicCache(config=model.config)
-    cache.layers = [GrowingLayer() for _ in cache.layers]
-    return cache
-
-
-class GrowingLayer(DynamicLayer):
-    """transformers' DynamicLayer appending into buffers that double when full. DynamicLayer
-    copies its whole cache at every step (torch.cat), quadratic in the answer's length: a
-    9,000-token answer took a quarter of an hour here. This is amortised linear, and the
-    attention reads the same keys and values (views of the buffers)."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.buffers: list[torch.Tensor] = []
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n, added = self.length, key_states.shape[-2]
-        if not self.buffers or n + added > self.buffers[0].shape[-2]:
-            capacity = max(2 * (n + added), 64)
-            grown = []
-            for old, new in ((self.keys, key_states), (self.values, value_states)):
-                buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
-                if n:
-                    buffer[..., :n, :] = old
-                grown.append(buffer)
-            self.buffers = grown
-        for buffer, new in zip(self.buffers, (key_states, value_states), strict=True):
-            buffer[..., n : n + added, :] = new
-        self.length = n + added
-        self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized and self.buffers:
-            self.buffers = [b[indices, ...] for b in self.buffers]
-            self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
 
 
 def _sample(logits: torch.Tensor, rows: list[_Pending]) -> torch.Tensor:

@@ -46,6 +46,7 @@ from eaglenest.stages.evaluate.depths import DepthCut, cut_at_depths, depth_tabl
 from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     Generation,
+    Prefill,
     PromptLookupProposer,
     greedy_generate,
     prompt_lookup,
@@ -212,14 +213,16 @@ def live(
     runs: dict[tuple[str, int], list] = {(name, k): [] for name in proposers for k in ks}
     identical = dict.fromkeys(runs, True)
     greedy_tokens = 0
+    hidden_layers = layer_ids if any(p.needs_hidden for p in proposers.values()) else None
     for prompt in prompts:
-        reference = greedy_generate(target, prompt, max_new_tokens, eos_ids)
+        prefill = Prefill.of(target, prompt, hidden_layers)  # every run of this prompt starts here
+        reference = greedy_generate(target, prompt, max_new_tokens, eos_ids, prefill)
         greedy_wall += reference.wall_s
         greedy_tokens += len(reference.tokens)
         for name, proposer in proposers.items():
             for k in ks:
                 run = speculative_generate(
-                    target, proposer, prompt, k, max_new_tokens, eos_ids, layer_ids
+                    target, proposer, prompt, k, max_new_tokens, eos_ids, layer_ids, prefill
                 )
                 runs[name, k].append(run)
                 identical[name, k] &= run.tokens == reference.tokens

@@ -12,6 +12,11 @@ round, drafts past the end of the output are neither accepted nor drafted, and n
 runs or is timed. (vLLM's counters take a request's last round whole, before its stop check, so
 they can count drafts accepted past the end of turn in that one round.)
 
+Every run starts from a `Prefill` of its prompt, which the runs of one prompt share (greedy and
+each proposer and K; each decodes on a copy of its cache, and counts the prefill's seconds in its
+own): at a depth of 8,192 tokens the prefill is most of a run's cost. The cache is the growing one
+(eaglenest.target_model.kv_cache), whose step does not copy the whole context.
+
 Proposers: `EagleProposer` (the EAGLE-3 drafter, fed the target's aux hidden states of every
 verified position, with its own KV cache) and `PromptLookupProposer` (n-gram lookup in the
 context, the usual training-free baseline).
@@ -19,13 +24,16 @@ context, the usual training-free baseline).
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from eaglenest.drafter.layers import DecodeCache
 from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.target_model.kv_cache import growing_cache
 
 
 @dataclass
@@ -59,6 +67,28 @@ def _target_forward(target, ids: list[int], cache, layer_ids, device):
     return out.logits[0], aux
 
 
+@dataclass
+class Prefill:
+    """The target's forward over a prompt, which every run from that prompt starts with."""
+
+    logits: torch.Tensor  # the last position's
+    aux: torch.Tensor | None  # the aux states of every position (None without layer_ids)
+    cache: Any  # a DynamicCache; each run decodes on its own copy
+    wall_s: float
+
+    @classmethod
+    @torch.inference_mode()
+    def of(cls, target, prompt: list[int], layer_ids) -> Prefill:
+        device = next(target.parameters()).device
+        started = time.perf_counter()
+        cache = growing_cache(target)
+        logits, aux = _target_forward(target, prompt, cache, layer_ids, device)
+        return cls(logits[-1], aux, cache, time.perf_counter() - started)
+
+    def own_cache(self) -> Any:
+        return copy.deepcopy(self.cache)
+
+
 def _inside_output(new: list[int], room: int, eos_ids: set[int]) -> list[int]:
     """A round's new tokens cut at max_new_tokens and after the first end-of-turn token."""
     new = new[:room]
@@ -70,21 +100,20 @@ def _inside_output(new: list[int], room: int, eos_ids: set[int]) -> list[int]:
 
 @torch.inference_mode()
 def greedy_generate(
-    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int]
-) -> Generation:
-    from transformers import DynamicCache
-
+    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int],
+    prefill: Prefill | None = None,
+) -> Generation:  # fmt: skip
     device = next(target.parameters()).device
+    prefill = prefill or Prefill.of(target, prompt, None)
     started = time.perf_counter()
-    cache = DynamicCache()
-    logits, _ = _target_forward(target, prompt, cache, None, device)
-    tokens = [int(logits[-1].argmax())]
+    cache = prefill.own_cache()
+    tokens = [int(prefill.logits.argmax())]
     forwards = 1
     while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
         logits, _ = _target_forward(target, tokens[-1:], cache, None, device)
         tokens.append(int(logits[-1].argmax()))
         forwards += 1
-    return Generation(tokens, forwards, time.perf_counter() - started)
+    return Generation(tokens, forwards, prefill.wall_s + time.perf_counter() - started)
 
 
 class EagleProposer:
@@ -167,17 +196,17 @@ def speculative_generate(
     max_new_tokens: int,
     eos_ids: set[int],
     layer_ids: list[int] | tuple[int, ...],
+    prefill: Prefill | None = None,
 ) -> Generation:
-    from transformers import DynamicCache
-
+    """`prefill`: the prompt's, with the aux states of `layer_ids` (made here when None)."""
     device = next(target.parameters()).device
     layers = layer_ids if proposer.needs_hidden else None
-    started = time.perf_counter()
-    cache = DynamicCache()
-    logits, aux = _target_forward(target, prompt, cache, layers, device)
-    tokens = [int(logits[-1].argmax())]
+    prefill = prefill or Prefill.of(target, prompt, layers)
+    started = time.perf_counter() - prefill.wall_s
+    cache = prefill.own_cache()
+    tokens = [int(prefill.logits.argmax())]
     forwards = 1
-    proposer.start(prompt, aux, tokens[0])
+    proposer.start(prompt, prefill.aux if layers is not None else None, tokens[0])
     accept_lengths: list[int] = []
     draft_lengths: list[int] = []
     while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:

@@ -1,13 +1,14 @@
-"""The embedded server's KV cache (demo/batcher.py, GrowingLayer): the same keys and values as
-transformers' DynamicCache, so the same logits at every step, rows leaving the batch included,
-while it appends in place into buffers that double instead of copying the cache every step."""
+"""The growing KV cache (target_model/kv_cache.py): the same keys and values as transformers'
+DynamicCache, so the same logits at every step, rows leaving the batch and cropped drafts
+included, while it appends in place into buffers that double instead of copying the cache every
+step."""
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from eaglenest.demo.batcher import _new_cache
+from eaglenest.target_model.kv_cache import growing_cache
 
 
 def test_the_growing_cache_gives_dynamic_caches_logits_and_grows_by_doubling():
@@ -16,7 +17,7 @@ def test_the_growing_cache_gives_dynamic_caches_logits_and_grows_by_doubling():
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
     model = Qwen3ForCausalLM(config).eval()
     prompt = torch.randint(0, 64, (3, 5))
-    caches = {"dynamic": DynamicCache(config=config), "growing": _new_cache(model)}
+    caches = {"dynamic": DynamicCache(config=config), "growing": growing_cache(model)}
     logits = {name: [] for name in caches}
     with torch.no_grad():
         for name, cache in caches.items():
@@ -29,6 +30,9 @@ def test_the_growing_cache_gives_dynamic_caches_logits_and_grows_by_doubling():
                     keep = torch.tensor([0, 2])
                     cache.batch_select_indices(keep)
                     step = step[keep]
+                if i % 20 == 10:  # rejected drafts: three positions written, then dropped
+                    model(input_ids=step.repeat(1, 3), past_key_values=cache, use_cache=True)
+                    cache.crop(-3)
             assert cache.get_seq_length() == 5 + 149
     for a, b in zip(logits["dynamic"], logits["growing"], strict=True):
         assert torch.equal(a, b)
