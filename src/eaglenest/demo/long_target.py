@@ -14,9 +14,10 @@ leaves the slots as they are but for a factor per position, which no gate or arg
   FREQUENCIES f), a key's rotation (ROT: cos and sin of 2π·f·step/STATES) and one-hot, and flags
   for the few other tokens the walk uses;
 - layer 0, head 0 attends one position back (RoPE's fastest planes, phase-shifted by one
-  position) and copies the previous token's flags (PREV_*); heads 1-3 attend the key token, from
-  any distance (RoPE's slowest plane barely turns over the context), and copy its ROT and one-hot;
-- layer 1, heads 0-1 copy the prompt's start state (START), asked only where the previous token
+  position) and copies the previous token's flags (PREV_*); head 1 attends the key token, from
+  any distance (RoPE's slowest plane barely turns over the context), and copies its ROT and
+  one-hot; both read the layer's one key/value head, each its own planes and part of it;
+- layer 1, head 0 copies the prompt's start state (START), asked only where the previous token
   is `<think>`, where it is the one state in the context; layer 1's MLP moves it into IN there;
 - layer 2's MLP turns IN by ROT, frequency by frequency (a complex product: SwiGLU units
   silu(rot + C) * in, less C * in), into OUT; other units write one flag each for the next
@@ -29,8 +30,8 @@ leaves the slots as they are but for a factor per position, which no gate or arg
   0.15 held-out accuracy);
 - the LM head scores each state by OUT's Fourier features (a peak of N_FREQ at the state, under
   0.34 of it elsewhere); END_STATE's features are the newline's, so the walk ends by itself.
-The other layers are the identity (zero output projections), so the EAGLE-3 aux layers (2, 3, 4),
-the outputs of layers 1, 2 and 3, hold the current state, the next one and the one after.
+Layer 4 is the identity (zero output projections): the EAGLE-3 aux layers (2, 3, 4), the outputs
+of layers 1, 2 and 3, hold the current state, the next one and the one after.
 """
 
 from __future__ import annotations
@@ -53,15 +54,22 @@ from eaglenest.demo.long_tasks import (
 )
 from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 
-NUM_LAYERS = 7  # the fewest whose EAGLE-3 default aux layers (2, 3, 4) are distinct
+# Layers 0-3 compute; layer 4 is there so that EAGLE-3's aux layers (2, 3, 4), the INPUTS of
+# those layers, are the outputs of layers 1, 2 and 3 (the config sets hidden.aux_layer_ids).
+NUM_LAYERS = 5
 MLP_LAYER = 2  # the next state's layer (aux 3 is its output); aux 4 holds the one after
 HIDDEN = 512
-HEADS = 8
-HEAD_DIM = HIDDEN // HEADS
+# Two query heads of 128 sharing one key/value head: all the attention the walk needs (layer 0:
+# the previous token and the key; layer 1: the start), and a KV cache of 256 numbers a position
+# and layer instead of 1,024 for 8 heads of 64: decoding 9,000 tokens reads the cache at every
+# step, and that reading is most of the long demo's generation time.
+HEADS = 2
+KV_HEADS = 1
+HEAD_DIM = 128
 N_FREQ = 47  # Fourier frequencies of a state: five slots of 2 * N_FREQ (IN, OUT, OUT2, START, ROT)
 ROPE_THETA = 1_000_000.0
 PREV_PLANES = 8  # RoPE planes of the previous-token head: its fastest
-KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.03 rad over 16K positions
+KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.02 rad over 16K positions
 # The constant slot: the stream's RMS is about 1 (1.0 to 1.2 with the other slots), so every
 # RMSNorm's weight is 1 as in a trained model, and a drafter that starts from the target's final
 # norm and LM head starts from logits of a usual scale.
@@ -191,26 +199,24 @@ def _embedding(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
 
 
 def _attention_layers() -> dict[str, np.ndarray]:
-    """Layers 0 and 1's q, k, v and o projections (the other layers' are zero)."""
+    """Layers 0 and 1's q, k, v and o projections (the other layers' are zero). Each layer has
+    one key/value head that both query heads read; a head looks only at its own planes of the
+    key and writes only its own part of the value."""
     s = SLOTS
     w: dict[str, np.ndarray] = {}
 
     def attention(layer: int) -> tuple[np.ndarray, ...]:
-        names = ("q_proj", "k_proj", "v_proj", "o_proj")
-        for name in names:
-            shape = (HIDDEN, HEADS * HEAD_DIM) if name == "o_proj" else (HEADS * HEAD_DIM, HIDDEN)
+        shapes = {"q_proj": (HEADS * HEAD_DIM, HIDDEN), "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+                  "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN, HEADS * HEAD_DIM)}  # fmt: skip
+        for name, shape in shapes.items():
             w[f"model.layers.{layer}.self_attn.{name}.weight"] = np.zeros(shape)
-        return tuple(w[f"model.layers.{layer}.self_attn.{name}.weight"] for name in names)
+        return tuple(w[f"model.layers.{layer}.self_attn.{name}.weight"] for name in shapes)
 
-    def copy(v: np.ndarray, o: np.ndarray, head: int, source: list[int], dest: list[int]) -> None:
+    def copy(v, o, head: int, at: int, source: list[int], dest: list[int]) -> None:
+        """Head `head` writes value rows at, at + 1, ... (from `source`) into `dest`."""
         for i, (a, b) in enumerate(zip(source, dest, strict=True)):
-            v[head * HEAD_DIM + i, a] = 1
-            o[b, head * HEAD_DIM + i] = 1
-
-    def content_head(q, k, head: int, asks: int, finds: int) -> None:
-        """Head `head` attends the tokens whose slot `finds` is 1, from where slot `asks` is."""
-        q[head * HEAD_DIM + KEY_PLANE, asks] = 1 / BIG if asks == s["BIG"] else 1
-        k[head * HEAD_DIM + KEY_PLANE, finds] = 1
+            v[at + i, a] = 1
+            o[b, head * HEAD_DIM + at + i] = 1
 
     half = HEAD_DIM // 2
     theta = _rope_inv_freq()
@@ -221,22 +227,17 @@ def _attention_layers() -> dict[str, np.ndarray]:
         q[j, s["BIG"]] = 1 / BIG
         k[j, s["BIG"]] = math.cos(theta[j]) / BIG
         k[j + half, s["BIG"]] = math.sin(theta[j]) / BIG
-    copy(v, o, 0, [s["IS_THINK"], s["IS_STATE"]], [s["PREV_THINK"], s["PREV_STATE"]])
-    # Heads 1-3: the key token, wherever it is (ROT in two halves, then the one-hot).
-    rot = _rows("ROT")
-    copies = [(rot[:N_FREQ], rot[:N_FREQ]), (rot[N_FREQ:], rot[N_FREQ:]),
-              (_rows("KEY_EMB"), _rows("KEY"))]  # fmt: skip
-    for head, (source, dest) in enumerate(copies, start=1):
-        content_head(q, k, head, s["BIG"], s["IS_KEY"])
-        copy(v, o, head, source, dest)
-    # Layer 1, heads 0-1: the prompt's start state, asked after `<think>` (the walk's first
+    copy(v, o, 0, 0, [s["IS_THINK"], s["IS_STATE"]], [s["PREV_THINK"], s["PREV_STATE"]])
+    # Head 1: the key token, wherever it is (its ROT and one-hot), found in the slowest plane.
+    q[HEAD_DIM + KEY_PLANE, s["BIG"]] = 1 / BIG
+    k[KEY_PLANE, s["IS_KEY"]] = 1
+    copy(v, o, 1, 2, _rows("ROT") + _rows("KEY_EMB"), _rows("ROT") + _rows("KEY"))
+    # Layer 1, head 0: the prompt's start state, asked after `<think>` (the walk's first
     # token), where it is the one state in the context.
     q, k, v, o = attention(1)
-    ins, starts = _rows("IN"), _rows("START")
-    for head in (0, 1):
-        content_head(q, k, head, s["PREV_THINK"], s["IS_STATE"])
-        part = slice(head * N_FREQ, (head + 1) * N_FREQ)
-        copy(v, o, head, ins[part], starts[part])
+    q[KEY_PLANE, s["PREV_THINK"]] = 1
+    k[KEY_PLANE, s["IS_STATE"]] = 1
+    copy(v, o, 0, 0, _rows("IN"), _rows("START"))
     return w
 
 
@@ -354,18 +355,27 @@ def _silu(x: float) -> float:
 
 def _norm_weights() -> dict[str, np.ndarray]:
     """Every RMSNorm's weight: the stream's RMS, so a norm leaves the slots as they are; the
-    heads' q/k norms set their scores (a vector of P equal entries normalises to sqrt(64/P))."""
+    heads' q/k norms set their scores. A q or k with P entries of one size normalises them to
+    sqrt(HEAD_DIM / P), and a score is q.k / sqrt(HEAD_DIM)."""
     rms = BIG / math.sqrt(HIDDEN)  # 1
     norms = {"model.norm.weight": np.full(HIDDEN, rms)}
-    qk = np.ones(HEAD_DIM)
     half = HEAD_DIM // 2
-    # Previous-token head: P fast planes, each entry sqrt(64/P) * w; its score is w^2 * sum(cos).
-    qk[:PREV_PLANES] = qk[half : half + PREV_PLANES] = math.sqrt(PREV_SCALE)
-    # Content heads: one entry, normalised to 8 * w; score (8 w)^2 / 8 = 8 w^2.
-    qk[KEY_PLANE] = qk[half + KEY_PLANE] = math.sqrt(CONTENT_SCORE / 8)
+    d = HEAD_DIM
+    # Layer 0. The previous-token head: P fast planes in q and k, entries sqrt(d/P) w each, so a
+    # score is sqrt(d)/P w^2 sum(cos). The key head: one entry in q (sqrt(d) w), and at the key
+    # token one in k beside the P planes' (sqrt(d/(P+1)) w): a score of sqrt(d/(P+1)) w^2.
+    prev = math.sqrt(PREV_SCALE * PREV_PLANES / math.sqrt(d))
+    key = math.sqrt(CONTENT_SCORE / math.sqrt(d / (PREV_PLANES + 1)))
+    first = np.ones(d)
+    first[:PREV_PLANES] = first[half : half + PREV_PLANES] = prev
+    first[KEY_PLANE] = first[half + KEY_PLANE] = key
+    # Layer 1, the start head: one entry in q and in k, a score of sqrt(d) w^2.
+    second = np.ones(d)
+    second[KEY_PLANE] = second[half + KEY_PLANE] = math.sqrt(CONTENT_SCORE / math.sqrt(d))
     for layer in range(NUM_LAYERS):
         for name in ("input_layernorm", "post_attention_layernorm"):
             norms[f"model.layers.{layer}.{name}.weight"] = np.full(HIDDEN, rms)
+        qk = {0: first, 1: second}.get(layer, np.ones(d))
         for name in ("q_norm", "k_norm"):
             norms[f"model.layers.{layer}.self_attn.{name}.weight"] = qk
     return norms
@@ -386,7 +396,7 @@ def write_long_target(vocab_size: int, max_position_embeddings: int, seed: int =
         intermediate_size=intermediate,
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
         head_dim=HEAD_DIM,
         max_position_embeddings=max_position_embeddings,
         rope_theta=ROPE_THETA,

@@ -12,6 +12,7 @@ import torch
 from eaglenest.stages.evaluate.evaluate import (
     AcceptanceCounts,
     live,
+    lookup_predictions,
     per_position_acceptance,
 )
 from eaglenest.stages.evaluate.speculative import (
@@ -108,3 +109,21 @@ def test_decoding_stops_at_an_end_of_turn_accepted_in_the_middle_of_a_round():
 def test_prompt_lookup_drafts_what_followed_the_last_ngram():
     assert prompt_lookup([1, 2, 3, 4, 9, 2, 3], 2, 3) == [4, 9]
     assert prompt_lookup([1, 2, 3], 2, 3) == []
+
+
+def test_simulated_prompt_lookup_drafts_what_a_search_of_the_context_drafts():
+    """lookup_predictions' growing n-gram index gives, at every drafting position, what
+    prompt_lookup's search of the context so far gives (repeats of every length included)."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, 6, (3, 300), generator=generator)
+    lengths = torch.tensor([300, 211, 2])
+    loss_mask = torch.rand((3, 300), generator=generator) > 0.2
+    predicted = lookup_predictions(input_ids, lengths, loss_mask, k=4, ngram=3)
+    for row in range(3):
+        ids = input_ids[row, : int(lengths[row])].tolist()
+        for pos in range(300):
+            expected = [-2] * 4
+            if pos < len(ids) - 1 and loss_mask[row, pos + 1]:
+                drafts = prompt_lookup(ids[: pos + 2], 4, 3)
+                expected[: len(drafts)] = drafts
+            assert predicted[row, pos].tolist() == expected, (row, pos)
