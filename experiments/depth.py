@@ -15,8 +15,8 @@ omitted). One line per variant and K:
 
 `--engine live` decodes with eaglenest's own live loop (transformers target) instead of vLLM
 (`live=` in the lines): for drafters vLLM's CPU build cannot serve, such as the Llama-style
-drafter beside a DeepSeek-V3 (MLA) target; `mla` is the MLA drafter against the default
-Llama-style one (`full`).
+drafter beside a DeepSeek-V3 (MLA) target; `mla` and `llama` set the drafter's attention (on the
+DeepSeek-V3 demo, whose config trains an MLA drafter, compare `full` with `llama`).
 
 `quarter` trains on each training sample's first quarter only (prompt and the start of its
 answer: what a user gets who trains on short samples and serves long ones); the others train on
@@ -53,8 +53,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "full_no_norms": {"drafter": NO_NORMS},
     "window_2048_no_norms": {"drafter": {"sliding_window": 2048, **NO_NORMS}},
     "window_512_no_norms": {"drafter": {"sliding_window": 512, **NO_NORMS}},
-    "quarter": {},  # whole-sample training data cut to its first quarter (cut_shard)
-    "mla": {"drafter": {"attention": "mla"}},  # DeepSeek-V3's attention (its targets' drafters)
+    # Whole-sample training data cut to its first quarter (cut_shard), in batches of a quarter
+    # of the size, so that it takes about as many steps as `full` (the long demo's drafter takes
+    # off after ~55 steps: with fewer, this would measure too few steps, not short samples).
+    "quarter": {"max_batch_tokens": 512},
+    # The drafter's attention: DeepSeek-V3's MLA (its targets' drafters), or the Llama-style one
+    # (on config/tests/deepseek-v3.yaml, whose drafter is MLA, `full` is the MLA drafter).
+    "mla": {"drafter": {"attention": "mla"}},
+    "llama": {"drafter": {"attention": "llama"}},
 }
 CUT = {"quarter": 4}
 
