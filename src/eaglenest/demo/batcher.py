@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from eaglenest.target_model.kv_cache import growing_cache
+from eaglenest.target_model.kv_cache import GrowingLayer, growing_cache
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Batcher:
 
     def waiting(self) -> int:
         """Requests queued for a batch (not yet generating)."""
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._held)
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams
@@ -233,6 +233,8 @@ class Batcher:
         `batch`, `completions` and `cache`: (their attention mask over the cache's length, their
         next positions, their first tokens), or None when none joined. A request whose first
         token ends it is answered here and not added."""
+        if not all(isinstance(layer, GrowingLayer) for layer in cache.layers):
+            return None  # a sliding-window model's cache: requests wait for the next batch
         length = cache.get_seq_length()
         joiners = [p for p in self._held if len(p.prompt_token_ids) <= length][:room]
         self._held = [p for p in self._held if p not in joiners]
