@@ -162,7 +162,7 @@ def agreement_block(data: RunData) -> str:
         agreement = report.get("agreement") or {}
         counts = {
             k: agreement.get(k, 0)
-            for k in ("compared", "exact", "prompt_exact", "completion_exact")
+            for k in ("compared", "exact", "prompt_exact", "completion_exact", "retokenized")
         }
         counts["parser stripped"] = report.get("parser_stripped_whitespace", 0)
         total.update(counts)
@@ -185,6 +185,7 @@ def agreement_block(data: RunData) -> str:
             "exact",
             "prompt exact",
             "completion exact",
+            "same text, other tokens",
             "parser stripped",
             "share exact",
         ],

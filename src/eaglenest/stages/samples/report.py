@@ -46,6 +46,9 @@ class Agreement:
     share: float | None  # exact / compared; None when nothing was compared
     prompt_exact: int
     completion_exact: int
+    # Mismatched samples whose ids decode to the rebuild's very text: another tokenization of
+    # it, which the model wrote and no rebuild can know (the server's ids are used).
+    retokenized: int
     first_mismatches: list[dict[str, Any]]  # up to tokenize.max_mismatches_logged
 
 
@@ -104,6 +107,7 @@ class TokenizeReport:
             share=counts["agreed"] / compared if compared else None,
             prompt_exact=counts["prompt_agreed"],
             completion_exact=counts["completion_agreed"],
+            retokenized=counts["retokenized"],
             first_mismatches=tally.mismatches,
         )
         overlength = Overlength(
@@ -152,13 +156,14 @@ class TokenizeReport:
         if agreement.compared:
             log.info(
                 "shard %s: rebuild agrees with the server's ids for %d of %d samples (%.4f); "
-                "prompts %d, completions %d",
+                "prompts %d, completions %d; %d more hold the same text in other tokens",
                 self.shard,
                 agreement.exact,
                 agreement.compared,
                 agreement.share,
                 agreement.prompt_exact,
                 agreement.completion_exact,
+                agreement.retokenized,
             )
         self._log_parser()
         for mismatch in agreement.first_mismatches:

@@ -158,8 +158,10 @@ def test_server_ids_are_used_and_compared_with_the_rebuild(qwen3_dir):
     assert (agreement["compared"], agreement["exact"]) == (6, 5)
     assert agreement["share"] == pytest.approx(5 / 6)
     assert (agreement["prompt_exact"], agreement["completion_exact"]) == (6, 5)
+    assert agreement["retokenized"] == 1  # the same text in other ids, not a lost character
     [mismatch] = agreement["first_mismatches"]
     assert mismatch["id"] == odd["id"] and mismatch["part"] == "completion"
+    assert mismatch["same_text"] is True
     assert mismatch["position"] == len(odd["prompt_token_ids"]) + split_at
     assert mismatch["server_ids"][MISMATCH_WINDOW : MISMATCH_WINDOW + 2] == as_bytes[:2]
     split_text = tokenizer.decode(as_bytes)  # the same text, in other ids
