@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from support.vllm import VLLM_PYTHON, require_vllm_venv
+from support.vllm import EAGER, VLLM_PYTHON, require_vllm_venv
 
 from eaglenest.common.config import settings_from_sections
 from eaglenest.drafter.export import export_drafter, load_drafter
@@ -94,7 +94,8 @@ def test_vllm_decodes_with_a_full_vocabulary_drafter_as_plain_greedy(demo_target
     engine = evaluate_in_vllm(
         prompts=prompts, drafter_dir=drafter_dir, target_path=demo_target_dir, ks=(3,),
         max_new_tokens=48, model_dtype="float32",
-        engine=settings_from_sections(VllmEngine, vllm={"engine_args": {"max_num_seqs": 1}}),
+        engine=settings_from_sections(VllmEngine,
+                                      vllm={"engine_args": {**EAGER, "max_num_seqs": 1}}),
         runtime=settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
     )  # fmt: skip
     vllm = engine["per_k"]["3"]
