@@ -188,6 +188,8 @@ class Batcher:
         # Left padding shifts every row; positions count real tokens only.
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = growing_cache(self.model)
+        # A sliding-window model's cache keeps other layers: its requests wait for the next batch.
+        joinable = all(isinstance(layer, GrowingLayer) for layer in cache.layers)
         active = list(range(len(batch)))  # batch indices of rows still generating
         completions: list[list[int]] = [[] for _ in batch]
         step_input = input_ids
@@ -215,7 +217,8 @@ class Batcher:
                 active = [active[row] for row in still_running]
             step_input = next_tokens.unsqueeze(1)
             position_ids = position_ids[:, -1:] + 1
-            joined = self._join(batch, completions, cache, room=self.max_batch_size - len(active))
+            room = self.max_batch_size - len(active)
+            joined = self._join(batch, completions, cache, room) if joinable else None
             if joined is not None:
                 mask, positions, tokens = joined
                 active += range(len(batch) - len(tokens), len(batch))
@@ -233,8 +236,6 @@ class Batcher:
         `batch`, `completions` and `cache`: (their attention mask over the cache's length, their
         next positions, their first tokens), or None when none joined. A request whose first
         token ends it is answered here and not added."""
-        if not all(isinstance(layer, GrowingLayer) for layer in cache.layers):
-            return None  # a sliding-window model's cache: requests wait for the next batch
         length = cache.get_seq_length()
         joiners = [p for p in self._held if len(p.prompt_token_ids) <= length][:room]
         self._held = [p for p in self._held if p not in joiners]

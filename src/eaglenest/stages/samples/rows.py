@@ -187,8 +187,11 @@ def _compare_with_rebuild(
     same_text = server_text == rebuilt_text
     tally.counts["retokenized"] += same_text
     if len(tally.mismatches) < settings.max_mismatches_logged:
-        mismatch = describe_mismatch(tokenizer, sample_id, server_ids, rebuilt_ids, len(server[0]))
-        tally.mismatches.append({**mismatch, "same_text": same_text})
+        tally.mismatches.append(
+            describe_mismatch(
+                tokenizer, sample_id, server_ids, rebuilt_ids, len(server[0]), same_text
+            )
+        )
     return False
 
 

@@ -53,8 +53,15 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def describe_mismatch(
-    tokenizer: Any, sample_id: str, server: list[int], rebuilt: list[int], prompt_len: int
+    tokenizer: Any,
+    sample_id: str,
+    server: list[int],
+    rebuilt: list[int],
+    prompt_len: int,
+    same_text: bool,
 ) -> dict[str, Any]:
+    """Where `server` and `rebuilt` first differ, with the ids and text around it; `same_text`:
+    whether the whole sequences decode to the same text (another tokenization of it)."""
     position = first_difference(server, rebuilt)
     window = slice(max(0, position - MISMATCH_WINDOW), position + MISMATCH_WINDOW)
     server_ids, rebuilt_ids = server[window], rebuilt[window]
@@ -70,4 +77,5 @@ def describe_mismatch(
         "rebuilt_text": rebuilt_text,
         "server_len": len(server),
         "rebuilt_len": len(rebuilt),
+        "same_text": same_text,
     }
