@@ -277,7 +277,14 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     moved = {url: sum(s[url][1] for s in summaries) for url in urls}
     # Every sample answered exactly once over both servers: none twice, none lost.
     assert sum(answered.values()) == samples, answered
-    assert answered[urls[0]] == first and answered[urls[1]] >= 3
+    # vLLM counts a request finished before the client has read its state file: one finished
+    # just before the kill can still be moved (its file lost), never lost (CI saw 2 answered of
+    # done == 3). So what the killed server finished was answered or moved, and only the
+    # requests of its two held slots can be among the moved.
+    slots = pool["config"]["vllm"]["requests_per_batch"]
+    assert answered[urls[0]] == first, (answered, first)
+    assert answered[urls[1]] + moved[urls[1]] >= done, (answered, moved, done)
+    assert answered[urls[1]] >= done - slots, (answered, done)
     assert moved[urls[1]] >= 1, moved  # the killed server's requests in flight went elsewhere
     assert "does not answer" in job_logs(workdir)
     assert not state_files(pool["tmp"] / "server0-storage")
