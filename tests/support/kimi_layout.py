@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from support.servers import free_port, wait_healthy
-from support.vllm import VLLM_VENV
+from support.vllm import VLLM_VENV, server_env
 from support.workers import CORES
 from support.workflow import DEMO_CONFIGFILE, load_test_config
 
@@ -41,10 +41,9 @@ def kimi_server(model_dir: Path, log_path: Path, served_name: str) -> Iterator[s
         "--dtype", "float32",
         *server_flags(cpu_engine_args(engine_args, target_uses_mla=config_uses_mla(config))),
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "ab") as log_stream:
         process = subprocess.Popen(command, stdout=log_stream, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
+                                   stdin=subprocess.DEVNULL, env=server_env(), start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, url, log_path, STARTUP_TIMEOUT_S, "vLLM (Kimi-K2.5 layout)")

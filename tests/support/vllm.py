@@ -84,6 +84,19 @@ def stop_process_group(process: subprocess.Popen) -> None:
             continue
 
 
+def server_env() -> dict[str, str]:
+    """The environment of a vLLM server a test starts as a user would: a KV cache of 1 GiB, and
+    under xdist the worker's threads as the pipeline's own engines get them (engine_thread_env:
+    no OpenMP thread pinned to a core the other worker uses), the worker thread in the engine
+    core's process (as engine_in_this_process does in a job: one import of vLLM fewer)."""
+    from eaglenest.vllm_engine.process import engine_thread_env
+
+    threads = engine_thread_env()
+    if threads:
+        threads["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return {**os.environ, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+
+
 def start_vllm_server(
     model_dir: Path, log_path: Path, port: int, served_name: str = SERVED_NAME,
     engine_args: dict | None = None,
@@ -109,14 +122,13 @@ def start_vllm_server(
         "--dtype", "float32",
         *server_flags(cpu_engine_args(engine_args or {}, target_uses_mla=mla)),
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "ab") as log_stream:
         return subprocess.Popen(
             command,
             stdout=log_stream,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=server_env(),
             start_new_session=True,
         )
 
