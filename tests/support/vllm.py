@@ -88,7 +88,7 @@ def server_env() -> dict[str, str]:
     """The environment of a vLLM server a test starts as a user would: a KV cache of 1 GiB, and
     under xdist the worker's threads as the pipeline's own engines get them (engine_thread_env:
     no OpenMP thread pinned to a core the other worker uses), the worker thread in the engine
-    core's process (as engine_in_this_process does in a job: one import of vLLM fewer)."""
+    core's process (as worker_in_engine_core has it in a job: one import of vLLM fewer)."""
     from eaglenest.vllm_engine.process import engine_thread_env
 
     threads = engine_thread_env()

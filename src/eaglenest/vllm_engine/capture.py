@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.vllm_engine.process import llm_arguments, say, start_group_watchdog
+from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 CONNECTOR_MODULE = "eaglenest.vllm_engine.connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
@@ -56,12 +56,11 @@ def capture_arguments(request: dict, out_dir: Path) -> dict:
 
 
 def engine(request: dict, out_dir: Path):
-    from vllm import LLM
     from vllm.config import KVTransferConfig
 
     args = capture_arguments(request, out_dir)
     args["kv_transfer_config"] = KVTransferConfig(**args["kv_transfer_config"])
-    return LLM(**args)
+    return one_shot_llm(args)
 
 
 def main(request_path: str) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.vllm_engine.process import llm_arguments, say, start_group_watchdog
+from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -32,8 +32,6 @@ SPEC_COUNTERS = {
 
 
 def engine(request: dict):
-    from vllm import LLM
-
     method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
         method["speculative_config"] = {
@@ -41,7 +39,7 @@ def engine(request: dict):
             "model": request["drafter"],
             "num_speculative_tokens": request["k"],
         }
-    return LLM(**llm_arguments(request, **method))
+    return one_shot_llm(llm_arguments(request, **method))
 
 
 def spec_counters(llm) -> dict:

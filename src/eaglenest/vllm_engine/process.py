@@ -99,8 +99,6 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
         args[key] = request[key]
     args.update(model=request["target"], **method)
     args = {key: value for key, value in args.items() if value is not None}
-    if _on_cpu():
-        engine_in_this_process()
     if request.get("cpu_workarounds", True) and _on_cpu():
         drafter = (args.get("speculative_config") or {}).get("model")
         args = cpu_engine_args(
@@ -111,19 +109,32 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
     return args
 
 
-def engine_in_this_process() -> None:
-    """In the child, on CPU, before vLLM builds its engine: vLLM's worker runs in the engine core's
-    process, and a one-shot `vllm.LLM` (capture, evaluation) runs its engine core in this process,
-    instead of a process spawned for each, which imports vLLM and torch again (a one-shot engine's
-    start here: 14 s instead of 30 s, the tokens and acceptance counts identical; a server still
-    spawns its engine core, as vLLM's AsyncLLM always does). vLLM spawns the CPU worker only to pin
-    its OpenMP threads to cores, which a job's engine does not do (engine_thread_env's `nobind`):
-    so only then, and never over the user's own setting."""
-    if (
+def worker_in_engine_core() -> bool:
+    """In the child: whether vLLM's worker runs in its engine core's process instead of one more
+    process spawned for it, which imports vLLM and torch once more (a one-shot engine's start
+    here: about 8 s of 30). vLLM spawns the CPU worker only to pin its OpenMP threads to cores,
+    which a job's engine does not do (engine_thread_env's `nobind`); so on CPU then, and never
+    over the user's own setting. (The engine core itself stays in a process of its own: in
+    ours, vLLM's scan for Triton kernels to replace trips over modules a multimodal target's
+    front end loads, such as llvmlite's, seen with the Kimi-K2.5 layout.)"""
+    return (
         os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind"
         and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
-    ):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        and _on_cpu()
+    )
+
+
+def one_shot_llm(args: dict[str, Any]) -> Any:
+    """In the child: `vllm.LLM(**args)`, its worker in the engine core's process when
+    `worker_in_engine_core` (vLLM's single-process executor named by class: its CPU platform
+    turns the name "uni" back into "mp")."""
+    from vllm import LLM
+
+    if worker_in_engine_core() and "distributed_executor_backend" not in args:
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        args = {**args, "distributed_executor_backend": UniProcExecutor}
+    return LLM(**args)
 
 
 def _on_cpu() -> bool:

@@ -14,12 +14,13 @@ Imports what vllm_engine/capture.py imports: vLLM, and of ours process.py and cp
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 from eaglenest.vllm_engine.capture import capture_arguments
 from eaglenest.vllm_engine.cpu import server_flags
-from eaglenest.vllm_engine.process import start_group_watchdog
+from eaglenest.vllm_engine.process import start_group_watchdog, worker_in_engine_core
 
 
 def server_argv(request: dict) -> list[str]:
@@ -33,6 +34,8 @@ def main(request_path: str) -> None:
     start_group_watchdog()  # nothing vLLM starts outlives this process, kill -9 included
     request = json.loads(Path(request_path).read_text())
     sys.argv = server_argv(request)
+    if worker_in_engine_core():  # the server's engine core stays a process of its own (AsyncLLM)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     print("vLLM capture server:", " ".join(sys.argv[1:]), flush=True)
     from vllm.entrypoints.launchers.api_server.entry import main as serve
 
