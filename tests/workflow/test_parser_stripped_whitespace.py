@@ -36,8 +36,9 @@ def run_samples(workdir: Path, target_dir: Path, run: str, **sections) -> tuple[
     """The first shard's tokens report and job log of the small demo under `run`, served by the
     demo server with `sections` over it."""
     shutil.copytree(target_dir, workdir / "results" / run / "target")
-    # One shard of 8 prompts: every sample is checked alike, each prompt is an answer to wait for.
-    few = {"prompts": {"max_samples": 8, "shard_size": 8}}
+    # Shards of 8 prompts (the first is asked for): every sample is checked alike, each prompt is
+    # an answer to wait for.
+    few = {"prompts": {"max_samples": 16, "shard_size": 8}}
     config = {**merged(merged(SMALL_DEMO, few), sections), "run": run}
     report = f"results/{run}/tokens/00000.report.json"
     result = snakemake(workdir, report, config=config)

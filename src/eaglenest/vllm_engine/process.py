@@ -111,8 +111,8 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
 
 def worker_in_engine_core() -> bool:
     """In the child: whether vLLM's worker runs in its engine core's process instead of one more
-    process spawned for it, which imports vLLM and torch once more (a one-shot engine's start
-    here: about 8 s of 30). vLLM spawns the CPU worker only to pin its OpenMP threads to cores,
+    process spawned for it, which imports vLLM and torch once more (a one-shot decode here: a
+    few seconds of 30). vLLM spawns the CPU worker only to pin its OpenMP threads to cores,
     which a job's engine does not do (engine_thread_env's `nobind`); so on CPU then, and never
     over the user's own setting. (The engine core itself stays in a process of its own: in
     ours, vLLM's scan for Triton kernels to replace trips over modules a multimodal target's
