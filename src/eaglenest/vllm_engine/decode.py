@@ -1,21 +1,25 @@
 """The engine side of the evaluation in vLLM (`evaluate.engine: vllm`): runs under vLLM's
-interpreter, started by vllm_evaluate.py, once per configuration.
+interpreter, started by vllm_evaluate.py, once per evaluation.
 
-    python -m eaglenest.vllm_engine.decode <request.json>
+    python -m eaglenest.vllm_engine.decode <requests.json>
 
-Decodes the held-out prompts (token ids) at temperature 0 with offline `vllm.LLM`: plainly, or
-with EAGLE-3 speculative decoding by the exported drafter and K draft tokens. Answers one message
-(eaglenest.vllm_engine.process.say): the generated token ids per prompt, the wall time of
-`generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`), which are the
-figures users see in production. The request's `groups` (name -> prompts; the prompts cut at each
-depth) are decoded after, by the same engine, one `generate` each, with the counters' growth over
-that call as the group's own.
+`requests.json` is a list of configurations (plainly, and with each K), decoded in turn, each by
+a fresh offline `vllm.LLM` that is shut down before the next starts: one process imports vLLM
+once for all of them (~9 s of CPU an import here), where a process per configuration imported it
+len(ks) + 1 times. Each engine decodes the held-out prompts (token ids) at temperature 0:
+plainly, or with EAGLE-3 speculative decoding by the exported drafter and K draft tokens, and
+answers one message (eaglenest.vllm_engine.process.say): the generated token ids per prompt, the
+wall time of `generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`),
+which are the figures users see in production. The request's `groups` (name -> prompts; the
+prompts cut at each depth) are decoded after, by the same engine, one `generate` each, with the
+counters' growth over that call as the group's own.
 
 Imports vLLM and eaglenest.vllm_engine.process only.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -86,21 +90,37 @@ def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
     }
 
 
-def main(request_path: str) -> None:
-    start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
+def shut_down(llm) -> None:
+    """Stops the engine core's process (and its memory: the KV cache, the weights) before the
+    next engine starts; the client's counters go with the object."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    del llm
+    gc.collect()
+
+
+def decode_request(request: dict) -> dict:
+    """One engine, one configuration: its answer message."""
     from vllm import SamplingParams
 
-    request = json.loads(Path(request_path).read_text())
     started = time.perf_counter()
     llm = engine(request)
-    say({"engine_ready_s": round(time.perf_counter() - started, 3)})
+    say({"engine_ready_s": round(time.perf_counter() - started, 3), "k": request["k"]})
     sampling = SamplingParams(max_tokens=request["max_new_tokens"], temperature=0.0)
     answer = decode_prompts(llm, request["prompts"], sampling)
     groups = {
         name: decode_prompts(llm, prompts, sampling)
         for name, prompts in (request.get("groups") or {}).items()
     }
-    say({"done": True, **answer, "groups": groups})
+    shut_down(llm)
+    return {"done": True, "k": request["k"], **answer, "groups": groups}
+
+
+def main(requests_path: str) -> None:
+    start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
+    for request in json.loads(Path(requests_path).read_text()):
+        say(decode_request(request))
 
 
 if __name__ == "__main__":  # LLM(...) starts its workers with spawn

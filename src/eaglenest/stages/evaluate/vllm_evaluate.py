@@ -1,6 +1,7 @@
 """Acceptance measured by the serving engine (`evaluate.engine: vllm`): the held-out prompts are
 decoded by vLLM at temperature 0 once plainly and once per K with EAGLE-3 and the exported
-drafter, each in a fresh engine (vllm_engine/decode.py under vLLM's interpreter).
+drafter, each in a fresh engine, the engines one after another in one process
+(vllm_engine/decode.py under vLLM's interpreter).
 
 Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
@@ -68,26 +69,42 @@ def with_draft_room(request: dict[str, Any], runtime: VllmRuntime) -> dict[str, 
     return request
 
 
-def decode(request: dict[str, Any], runtime: VllmRuntime, work_dir: Path) -> dict[str, Any]:
-    """One engine, one configuration; its answer (tokens, wall time, counters)."""
-    request = with_draft_room(request, runtime)
+def config_name(k: int | None) -> str:
+    return f"k{k}" if k is not None else "plain"
+
+
+def decode_each(
+    requests: list[dict[str, Any]], runtime: VllmRuntime, work_dir: Path
+) -> list[dict[str, Any]]:
+    """One engine per request (a configuration: `k` None for plain decoding), one after another
+    in one process; their answers (tokens, wall time, counters), in order."""
+    requests = [with_draft_room(request, runtime) for request in requests]
     python = engine_python(runtime.python)
-    name = f"k{request['k']}" if request["k"] is not None else "plain"
-    path = work_dir / f"{name}.json"
-    path.write_text(json.dumps(request))
+    names = "+".join(config_name(request["k"]) for request in requests)
+    path = work_dir / f"{names}.json"
+    path.write_text(json.dumps(requests))
     env = {"VLLM_CPU_KVCACHE_SPACE": str(runtime.cpu_kvcache_space_gb)}
     tail: list[str] = []
+    answers: list[dict[str, Any]] = []
     with engine_process(python, DECODE_MODULE, [str(path)], env) as process:
         for message in engine_messages(process, tail):
             if "engine_ready_s" in message:
+                name = config_name(message["k"])
                 log.info("vLLM (%s) ready after %.1f s", name, message["engine_ready_s"])
             elif message.get("done"):
-                return message
+                answers.append(message)
+                if len(answers) == len(requests):
+                    return answers
         code = process.wait()
     raise EngineError(
-        f"vLLM decoding ({name}) ended (exit code {code}) without an answer; end of its log:\n"
-        + "\n".join(tail)
+        f"vLLM decoding ({names}) ended (exit code {code}) after {len(answers)} of "
+        f"{len(requests)} configurations; end of its log:\n" + "\n".join(tail)
     )
+
+
+def decode(request: dict[str, Any], runtime: VllmRuntime, work_dir: Path) -> dict[str, Any]:
+    """One engine, one configuration; its answer (tokens, wall time, counters)."""
+    return decode_each([request], runtime, work_dir)[0]
 
 
 def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[str, Any]:
@@ -171,10 +188,13 @@ def evaluate_in_vllm(
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
     try:
-        plain = plain or decode({**request, "k": None}, runtime, work_dir)
+        configs = ([] if plain else [None]) + list(ks)
+        answers = decode_each([{**request, "k": k} for k in configs], runtime, work_dir)
+        by_config = dict(zip(configs, answers, strict=True))
+        plain = plain or by_config[None]
         per_k = {}
         for k in ks:
-            answer = decode({**request, "k": k}, runtime, work_dir)
+            answer = by_config[k]
             per_k[str(k)] = acceptance(answer, plain, k)
             log.info("vLLM K=%d: %s", k, per_k[str(k)])
             for depth, group in (answer.get("groups") or {}).items():
