@@ -19,8 +19,8 @@ drafter beside a DeepSeek-V3 (MLA) target; `mla` and `llama` set the drafter's a
 DeepSeek-V3 demo, whose config trains an MLA drafter, compare `full` with `llama`).
 
 `quarter` trains on each training sample's first quarter only (prompt and the start of its
-answer: what a user gets who trains on short samples and serves long ones); the others train on
-whole samples. The held-out samples, prompts, engine and seed are the same for every variant.
+answer: what a user gets who trains on short samples and serves long ones), `quarter_window_512`
+the same with a window of 512; the others train on whole samples. The held-out samples, prompts, engine and seed are the same for every variant.
 """
 
 from __future__ import annotations
@@ -57,12 +57,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # of the size, so that it takes about as many steps as `full` (the long demo's drafter takes
     # off after ~55 steps: with fewer, this would measure too few steps, not short samples).
     "quarter": {"max_batch_tokens": 512},
+    # The same short samples with a window shorter than them: whether a window keeps a drafter
+    # trained short from losing acceptance when served long (a window sees the same span at
+    # every depth; full attention meets spans past anything it trained on).
+    "quarter_window_512": {"max_batch_tokens": 512, "drafter": {"sliding_window": 512}},
     # The drafter's attention: DeepSeek-V3's MLA (its targets' drafters), or the Llama-style one
     # (on config/tests/deepseek-v3.yaml, whose drafter is MLA, `full` is the MLA drafter).
     "mla": {"drafter": {"attention": "mla"}},
     "llama": {"drafter": {"attention": "llama"}},
 }
-CUT = {"quarter": 4}
+CUT = {"quarter": 4, "quarter_window_512": 4}
 
 
 def cut_shard(source: Path, out: Path, fraction: int) -> int:
