@@ -58,7 +58,8 @@ run: $(STAMP)
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, each with its share of the cores; the tests
 # of one shared run go to one worker (tests/support/workers.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# Three on this project's two cores keep them busier than two (docs/development.md).
+TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS)
 
 # Creates .venv-vllm too (once; later runs reuse it): tests/engine/ runs against a real vLLM,

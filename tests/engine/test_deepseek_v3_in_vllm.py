@@ -12,11 +12,18 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from support.vllm import DEEPSEEK, EAGER, VLLM_PYTHON
+from support.vllm import DEEPSEEK, DEEPSEEK_RUN, EAGER, VLLM_PYTHON
 
 
-def test_the_deepseek_v3_demo_target_has_the_kimi_k2_architecture(deepseek_target_dir):
-    """MLA at the only latent size vLLM's CPU kernel takes, routed experts with a shared one."""
+def test_the_deepseek_v3_demo_target_has_the_kimi_k2_architecture(
+    deepseek_workdir, deepseek_target_dir
+):
+    """MLA at the only latent size vLLM's CPU kernel takes, routed experts with a shared one;
+    built by the pipeline's rule (the suite's one trained build through Snakemake: the small
+    demo's target is built once by the library and copied into `finished_run`), logged."""
+    workdir, _ = deepseek_workdir
+    log = (workdir / "logs" / DEEPSEEK_RUN / "build_demo_target.log").read_text()
+    assert "held-out: well-formed 1.00" in log and "demo target written to" in log, log[-2000:]
     target = json.loads((deepseek_target_dir / "config.json").read_text())
     assert target["architectures"] == ["DeepseekV3ForCausalLM"]
     assert target["kv_lora_rank"] == 512 and target["qk_rope_head_dim"] == 64

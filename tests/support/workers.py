@@ -1,11 +1,12 @@
-"""The suite on several pytest-xdist workers (`make test` and `make check` run two): what a
+"""The suite on several pytest-xdist workers (`make test` and `make check` run three): what a
 worker may use of the machine, which tests run on one worker because they share a run, in what
 order the work is handed out, and what the workers build once between them.
 
-- Cores: a worker's share (`CORES`), given to every process a test starts (Snakemake's
-  `--cores`, torch, the engines' OpenMP pools through eaglenest.common.threads), so that two
-  workers never ask for more threads than the machine has (on 2 cores, two 2-thread torch jobs
-  slow each other down many times over).
+- Cores: a worker's share (`CORES`, at least one), given to every process a test starts
+  (Snakemake's `--cores`, torch, the engines' OpenMP pools through eaglenest.common.threads), so
+  that no worker's job asks for the machine (on 2 cores, two 2-thread torch jobs slow each other
+  down many times over). On 2 cores three one-thread workers: much of the suite waits (engine
+  starts, servers, Snakemake's planning), and the third keeps the cores busy meanwhile.
 - Groups: the test modules that share a session fixture which is a run of its own (the
   DeepSeek-V3 target and its Kimi-K2.5 run, the offline vLLM capture, the plain vLLM decode) form
   one group each (`SHARED_RUN_GROUPS`), which one worker runs whole (`SharedRunScheduling`): the
@@ -36,7 +37,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1 ... under xdist; None without it
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-# The tests were sized for two cores; a worker gets its share of the machine, at most two.
+# The tests were sized for two cores; a worker gets its share of the machine, one to two.
 CORES = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
