@@ -92,12 +92,10 @@ def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
 
 def shut_down(llm) -> None:
     """Stops the engine core's process (and its memory: the KV cache, the weights) before the
-    next engine starts; the client's counters go with the object."""
+    next engine starts."""
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None:
         core.shutdown()
-    del llm
-    gc.collect()
 
 
 def decode_request(request: dict) -> dict:
@@ -121,6 +119,7 @@ def main(requests_path: str) -> None:
     start_group_watchdog()  # first, while no thread runs: vLLM's processes die with this one
     for request in json.loads(Path(requests_path).read_text()):
         say(decode_request(request))
+        gc.collect()  # the last engine's client, unreachable now, before the next one starts
 
 
 if __name__ == "__main__":  # LLM(...) starts its workers with spawn

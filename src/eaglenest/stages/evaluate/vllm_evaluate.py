@@ -70,6 +70,7 @@ def with_draft_room(request: dict[str, Any], runtime: VllmRuntime) -> dict[str, 
 
 
 def config_name(k: int | None) -> str:
+    """How logs and files name a configuration: `plain`, `k3` ..."""
     return f"k{k}" if k is not None else "plain"
 
 
