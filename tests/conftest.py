@@ -6,13 +6,12 @@ tests of one shared run go to one worker, and the demo target is built once for 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from support.lanes import COLLECTED
 from support.workers import SharedRunScheduling, built_once, order_for_workers, use_worker_cores
-from support.workflow import SMALL_DEMO, SMALL_RUN, copy_run, copy_workflow, job_logs, snakemake
+from support.workflow import SMALL_DEMO, copy_run, copy_workflow_with_target, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
 # the workflow tests'): built in well under a minute on two cores, and answering held-out prompts
@@ -46,8 +45,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, demo_target_dir: Path
     there, even a dry run (which writes override.yaml), asks for `finished_run_copy`."""
 
     def build(out: Path) -> None:
-        workdir = copy_workflow(out / "workflow")
-        shutil.copytree(demo_target_dir, workdir / "results" / SMALL_RUN / "target")
+        workdir = copy_workflow_with_target(out / "workflow", demo_target_dir)
         # Training and live evaluation included: about 2 minutes on two quiet cores.
         result = snakemake(workdir, config=SMALL_DEMO, timeout_s=2400)
         assert result.returncode == 0, (

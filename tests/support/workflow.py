@@ -54,6 +54,14 @@ def copy_workflow(workdir: Path) -> Path:
     return workdir
 
 
+def copy_workflow_with_target(workdir: Path, target_dir: Path) -> Path:
+    """`copy_workflow` with the demo target already in place under results/{SMALL_RUN}/target
+    (no provenance: Snakemake plans every job after it, and never its build)."""
+    copy_workflow(workdir)
+    shutil.copytree(target_dir, workdir / "results" / SMALL_RUN / "target")
+    return workdir
+
+
 def copy_run(workdir: Path, dest: Path) -> Path:
     """A copy of a workdir where Snakemake ran: file times and .snakemake's records kept, so
     Snakemake plans there what it would plan in the original."""

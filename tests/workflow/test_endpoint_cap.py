@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
     SMALL_RUN,
-    copy_workflow,
+    copy_workflow_with_target,
     job_logs,
     merged,
     snakemake,
@@ -52,12 +51,6 @@ def external_server_config(url: str, slots_dir: Path) -> dict:
     return config
 
 
-def workdir_with_target(workdir: Path, target_dir: Path) -> Path:
-    copy_workflow(workdir)
-    shutil.copytree(target_dir, workdir / "results" / SMALL_RUN / "target")
-    return workdir
-
-
 def busiest_overlap(workdir: Path) -> int:
     """The most shard jobs that were generating at the same moment (from their activity files)."""
     spans = []
@@ -72,7 +65,7 @@ def busiest_overlap(workdir: Path) -> int:
 def test_shard_jobs_at_once_never_exceed_the_endpoint_cap(
     jobs: int, demo_target_dir: Path, tmp_path: Path
 ):
-    workdir = workdir_with_target(tmp_path / "run", demo_target_dir)
+    workdir = copy_workflow_with_target(tmp_path / "run", demo_target_dir)
     with running_server(
         model_name=MODEL, echo=True, echo_latency_s=0.5, echo_latency_sigma=0.5
     ) as url:
@@ -90,7 +83,7 @@ def test_shard_jobs_at_once_never_exceed_the_endpoint_cap(
 
 
 def test_kill_9_unlock_and_rerun_answer_every_prompt_once(demo_target_dir: Path, tmp_path: Path):
-    workdir = workdir_with_target(tmp_path / "run", demo_target_dir)
+    workdir = copy_workflow_with_target(tmp_path / "run", demo_target_dir)
     journals = [workdir / f"results/{SMALL_RUN}/journal/generate/{shard}.jsonl" for shard in SHARDS]
     with running_server(model_name=MODEL, echo=True, echo_latency_s=0.4) as url:
         config = external_server_config(url, tmp_path / "slots")

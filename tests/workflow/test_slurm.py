@@ -23,7 +23,7 @@ from support.servers import free_port
 from support.workflow import (
     SMALL_DEMO,
     SMALL_RUN,
-    copy_workflow,
+    copy_workflow_with_target,
     job_logs,
     planned_jobs,
     snakemake,
@@ -216,13 +216,6 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
             stop_daemon(root / pid_file)
 
 
-def prepared_workdir(workdir: Path, target_dir: Path) -> Path:
-    """The workflow with the demo target already in place."""
-    copy_workflow(workdir)
-    shutil.copytree(target_dir, workdir / "results" / SMALL_RUN / "target")
-    return workdir
-
-
 def samples(workdir: Path, files: tuple[str, ...] = TARGETS) -> pl.DataFrame:
     frames = [pl.read_parquet(workdir / path) for path in files]
     return pl.concat(frames).sort("id")
@@ -232,7 +225,7 @@ def test_slurm_run_equals_local_run(slurm_env: dict[str, str], finished_run: Pat
     # The local run: finished_run, the same config through the same targets (and beyond), on one
     # host. The SLURM run starts from its target, so the answers can be compared.
     local = finished_run
-    slurm = prepared_workdir(tmp_path / "slurm", local / "results" / SMALL_RUN / "target")
+    slurm = copy_workflow_with_target(tmp_path / "slurm", local / "results" / SMALL_RUN / "target")
 
     # The demo target was copied in: only prompts, probe, generation and samples are left.
     planned = planned_jobs(snakemake(slurm, "-n", *TARGETS, config=SMALL_DEMO))
