@@ -285,9 +285,15 @@ def test_a_server_killed_mid_run_leaves_its_requests_to_the_other(pool):
     assert answered[urls[0]] == first, (answered, first)
     assert answered[urls[1]] + moved[urls[1]] >= done, (answered, moved, done)
     assert answered[urls[1]] >= done - slots, (answered, done)
-    assert moved[urls[1]] >= 1, moved  # the killed server's requests in flight went elsewhere
+    # Its requests in flight went elsewhere (moved). Its held slots can still be answered between
+    # the check above and the kill (a state file read to its end): then the kill found it idle,
+    # nothing is moved, and what it finished was answered (the assertion two lines up). Seen once
+    # in four runs on three workers: 3 answered, 0 moved, the next shard's job told "does not
+    # answer" (asserted below either way).
+    state = "requests in flight" if moved[urls[1]] else "idle"
     assert "does not answer" in job_logs(workdir)
     assert not state_files(pool["tmp"] / "server0-storage")
-    print(f"server killed -9 after {done} of its answers, {killed_after_s:.1f} s into the run; "
+    print(f"server killed -9 after {done} of its answers ({state}), "
+          f"{killed_after_s:.1f} s into the run; "
           f"the run completed in {run_s:.1f} s: answered {answered}, moved {moved}, "
           f"{samples} samples")  # fmt: skip
