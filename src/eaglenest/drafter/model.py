@@ -34,6 +34,8 @@ from the target head).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -123,6 +125,17 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step over [B, T]: logits over the draft vocab, and the hidden state that
         the next step takes in place of fc(aux)."""
+        normed, hidden = self.step_states(input_ids, hidden, positions, cache)
+        return self.lm_head(normed), hidden
+
+    def step_states(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: TTTStack | DecodeCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step` short of the LM head: its input norm(h'') and the next step's hidden state."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         c = self.config
         cos, sin = rope_cos_sin(positions, c.rope_dim, c.rope_theta, c.attention == "mla")
@@ -131,7 +144,7 @@ class Eagle3Drafter(nn.Module):
         else:
             hidden = self.midlayer(embeds, hidden, cos, sin, cache)
         normed = self.norm(hidden)
-        return self.lm_head(normed), normed if self.config.norm_output else hidden
+        return normed, normed if self.config.norm_output else hidden
 
     def _checkpointed_layer(self, embeds, hidden, cos, sin, cache: TTTStack) -> torch.Tensor:
         """The decoder layer recomputed in backward. The recomputation must see the cache as the
@@ -194,6 +207,22 @@ class Eagle3Drafter(nn.Module):
             else:
                 tokens = shift_left(input_ids, 2 + i)
         return logits
+
+    def teacher_forced_states(
+        self, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
+    ) -> Iterator[torch.Tensor]:
+        """`forward`'s steps on the data's tokens, yielding each step's LM-head input [B, T, H]
+        instead of its logits: the evaluation scores the head only where a draft chain is
+        still alive (over a large draft vocabulary the head is most of a step's cost)."""
+        b, t = input_ids.shape
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        hidden = self.project(aux)
+        cache = TTTStack(None)
+        for i in range(ttt_steps):
+            normed, hidden = self.step_states(
+                shift_left(input_ids, 1 + i), hidden, positions + i, cache
+            )
+            yield normed
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything but the frozen target embedding (reloaded from the target head)."""

@@ -36,7 +36,7 @@ from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch, open_shards
 from eaglenest.drafter.export import load_drafter
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
@@ -138,24 +138,25 @@ def simulate(
         # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
         greedy_draft = batch.target_logits.argmax(-1)
         greedy = torch.where(batch.in_draft_vocab, signal.draft_ids.cpu()[greedy_draft], -1)
+        greedy_next = shifted_stack(greedy, 1, kmax)  # what step i must match
+        data_next = shifted_stack(batch.input_ids, 2, kmax)  # the input of step i + 1
         for name, proposer in proposers.items():
             if isinstance(proposer, int):
                 predicted = lookup_predictions(
                     batch.input_ids, lengths, batch.loss_mask, kmax, proposer
                 )
             else:
-                logits = ttt_forward(proposer, on_device.aux, on_device.input_ids, kmax)
-                predicted = torch.stack(
-                    [proposer.draft_to_target(step.argmax(-1)).cpu() for step in logits], dim=-1
+                start = chain_positions(batch.loss_mask, lengths, min(ks))
+                predicted = chain_predictions(
+                    proposer, on_device, start, greedy_next, data_next, kmax
                 )
             for k in ks:
                 where = chain_positions(batch.loss_mask, lengths, k)
-                chains = (predicted[..., :k], shifted_stack(greedy, 1, k))
-                data_next = shifted_stack(batch.input_ids, 2, k)
-                counts[name][k].add(chains[0][where], chains[1][where], data_next[where])
+                chains = (predicted[..., :k], greedy_next[..., :k])
+                counts[name][k].add(chains[0][where], chains[1][where], data_next[where, :k])
                 for depth in depths if name == first else ():
                     deep = where & (torch.arange(where.shape[1])[None] >= depth)
-                    by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep])
+                    by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep, :k])
     results = {
         name: {str(k): c.result() for k, c in per_k.items()} for name, per_k in counts.items()
     }
@@ -164,6 +165,34 @@ def simulate(
             str(d): {str(k): c.result() for k, c in per_k.items()} for d, per_k in by_depth.items()
         }
     return results
+
+
+def chain_predictions(
+    drafter: Eagle3Drafter,
+    batch,
+    start: torch.Tensor,
+    greedy_next: torch.Tensor,
+    data_next: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """[B, T, K] the drafter's step-i draft (a target id) at each position whose chain reaches
+    step i: from the positions in `start`, on while each step matches the target's greedy token
+    and the data goes on with it (AcceptanceCounts' `reached`); -3 (no token) elsewhere. The
+    LM head runs only there: the counts are those of every position's whole chain, for a
+    fraction of the head's cost (a chain mostly ends at its first or second step)."""
+    b, t = start.shape
+    predicted = torch.full((b, t, k), -3, dtype=torch.long)
+    alive = start.clone()
+    steps = drafter.teacher_forced_states(batch.aux, batch.input_ids, k)
+    for i, normed in enumerate(steps):
+        rows = alive.to(normed.device)
+        draft = drafter.lm_head(normed[rows]).argmax(-1)
+        predicted[..., i][alive] = drafter.draft_to_target(draft).cpu()
+        goes_on = data_next[..., i] == greedy_next[..., i]
+        alive &= (predicted[..., i] == greedy_next[..., i]) & goes_on
+        if not alive.any():
+            break
+    return predicted
 
 
 def lookup_predictions(
@@ -316,7 +345,10 @@ def live_metrics(
     )
     by_depth = {}
     for cut in cuts:
-        if cut.prompts:
+        # Depth 0 is the held-out prompts themselves, decoded above.
+        if cut.prompts and cut.prompts == prompts:
+            by_depth[str(cut.depth)] = results["eagle3"]
+        elif cut.prompts:
             log.info("live at depth %d: %d prompts", cut.depth, len(cut.prompts))
             by_depth[str(cut.depth)] = live(
                 target, {"eagle3": EagleProposer(drafter)}, cut.prompts, settings.ks,

@@ -8,9 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.drafter_sizes import CONFIG
 
+from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.stages.evaluate.evaluate import (
     AcceptanceCounts,
+    chain_predictions,
     live,
     lookup_predictions,
     per_position_acceptance,
@@ -44,6 +47,39 @@ def test_oracle_predictions_give_k_plus_one_and_random_ones_about_one():
     random = AcceptanceCounts(7)
     random.add(torch.randint(0, 1000, (500, 7)), greedy, greedy)
     assert random.result()["acceptance_length"] < 1.05
+
+
+def test_simulated_chains_score_the_head_only_where_they_live_and_count_as_whole_ones():
+    """The simulated acceptance's drafts, the LM head run only at positions whose chain reaches
+    a step, count exactly as every position's whole chain does: scored from a drafter whose
+    greedy target agrees with it often, so chains end at every step."""
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(CONFIG).eval()
+    b, t, k = 2, 40, 4
+    input_ids = torch.randint(0, CONFIG.vocab_size, (b, t))
+    aux = torch.randn(b, t, len(CONFIG.aux_layer_ids) * CONFIG.target_hidden_size)
+    with torch.no_grad():
+        logits = ttt_forward(drafter, aux, input_ids, k)
+    full = torch.stack([drafter.draft_to_target(step.argmax(-1)) for step in logits], dim=-1)
+    greedy = full.clone()  # the target agrees with the drafter, but for one position in four
+    disagree = torch.rand(b, t, k) < 0.25
+    greedy[disagree] = -1
+    data_next = greedy.clone()
+    data_next[torch.rand(b, t, k) < 0.1] = 7  # the sample went another way (cut by sampling)
+    start = torch.ones(b, t, dtype=torch.bool)
+    start[:, -k - 2 :] = False
+    batch = SimpleNamespace(aux=aux, input_ids=input_ids)
+    with torch.no_grad():
+        lean = chain_predictions(drafter, batch, start, greedy, data_next, k)
+    scored = lean != -3
+    assert scored[..., 0].equal(start)
+    assert 0 < scored[..., 2:].sum() < start.sum()  # some chains live on, others have ended
+    assert lean[scored].equal(full[scored])
+    whole, partial = AcceptanceCounts(k), AcceptanceCounts(k)
+    whole.add(full[start], greedy[start], data_next[start])
+    partial.add(lean[start], greedy[start], data_next[start])
+    assert partial.result() == whole.result()
+    assert whole.result()["acceptance_length"] > 1.5
 
 
 class SuccessorTarget(torch.nn.Module):
