@@ -116,12 +116,17 @@ class TargetSignal:
         self.target_to_draft = vocab.target_to_draft.to(device)
 
     def from_final_hidden(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, in_vocab = [], []
-        for rows in final.float().split(HEAD_CHUNK_ROWS):
-            full = rows @ self.head.T
-            logits.append(full[:, self.draft_ids] - full.logsumexp(-1, keepdim=True))
-            in_vocab.append(self.t2d[full.argmax(-1)])
-        return torch.cat(logits), torch.cat(in_vocab)
+        # Written in place, chunk by chunk: each extra [rows, D] tensor (a difference, a
+        # concatenation) cost about as much as the gather itself.
+        logits = final.new_empty((final.shape[0], len(self.draft_ids)), dtype=torch.float32)
+        in_vocab = torch.empty(final.shape[0], dtype=torch.bool, device=final.device)
+        for start in range(0, final.shape[0], HEAD_CHUNK_ROWS):
+            rows = slice(start, start + HEAD_CHUNK_ROWS)
+            full = final[rows].float() @ self.head.T
+            torch.index_select(full, 1, self.draft_ids, out=logits[rows])
+            logits[rows].sub_(full.logsumexp(-1, keepdim=True))
+            in_vocab[rows] = self.t2d[full.argmax(-1)]
+        return logits, in_vocab
 
     def from_topk(
         self, ids: torch.Tensor, values: torch.Tensor
