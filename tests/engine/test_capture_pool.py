@@ -75,7 +75,8 @@ def finished_requests(url: str) -> int:
     """Requests a server has answered, from its Prometheus metrics (vLLM's own counter)."""
     import urllib.request
 
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+    # A server busy with a batch on a loaded machine can take seconds to answer (5 s timed out).
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as response:
         text = response.read().decode()
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("vllm:request_success_total")))  # fmt: skip
