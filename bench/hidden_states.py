@@ -150,7 +150,7 @@ def capture_config(args, target: Path, base: dict, url: str | None) -> dict:
 
 def whole_run_capture(args, tmp: Path, target: Path, base: dict, frame: pl.DataFrame) -> dict:
     """K shards by an engine per shard job, then by one capture server; every start included."""
-    from eaglenest.stages.hidden_states.capture_server import capture_server
+    from eaglenest.capture.server import capture_server
 
     shards, n_tokens = split_shards(tmp, frame, args.shards), int(frame["n_tokens"].sum())
     runs = {}

@@ -50,7 +50,7 @@ from run_data import REPO, RunFiles, deep_update, make_run, run_config
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
-from eaglenest.stages.evaluate.evaluate import heldout_prompts
+from eaglenest.stages.evaluate.live import heldout_prompts
 from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request, evaluate_in_vllm
 
 # One change each to the run's `train` section, in the order they are measured (the ones the

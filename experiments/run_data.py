@@ -1,7 +1,7 @@
 """What the studies of experiments/ share: the run's config as Snakemake merges it, the run's data
 made by Snakemake in a copy of the workflow (tests/support/workflow.py), its shards split into
-training and held-out as the workflow splits them, and a drafter trained and evaluated on them
-(RunFiles)."""
+training and held-out by the workflow's own split (eaglenest.run.split), and a drafter trained
+and evaluated on them (RunFiles)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.workflow import REPO, copy_workflow, snakemake_command
 
 from eaglenest.common.config import validate_config
+from eaglenest.run.split import split_shards
 
 
 def deep_update(base: dict, change: dict) -> dict:
@@ -63,16 +64,6 @@ def make_run(
     return workdir / "results" / run
 
 
-def split_shards(run_dir: Path, eval_shards: int | list[str]) -> tuple[list[str], list[str]]:
-    """(training, held-out) shard ids of the run, as rules/common.smk splits them."""
-    shards = sorted(p.stem for p in (run_dir / "tokens").glob("[0-9][0-9][0-9][0-9][0-9].parquet"))
-    if isinstance(eval_shards, int):
-        heldout = shards[len(shards) - eval_shards :] if eval_shards else []
-    else:
-        heldout = [s for s in shards if s in eval_shards]
-    return [s for s in shards if s not in heldout], heldout
-
-
 @dataclass(frozen=True)
 class RunFiles:
     """What a study reads of a finished run: its target, training and held-out shards, and the
@@ -87,7 +78,8 @@ class RunFiles:
     @classmethod
     def of(cls, run_dir: Path, config: dict[str, Any]) -> RunFiles:
         demo_target = run_dir / "target"
-        train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
+        split = split_shards(config)
+        train_ids, heldout_ids = split.training, split.heldout
         return cls(
             target=str(demo_target) if demo_target.is_dir() else config["target"]["path"],
             train_hidden=[run_dir / "hidden" / f"{s}.safetensors" for s in train_ids],

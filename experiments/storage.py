@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from run_data import make_run, run_config, split_shards
+from run_data import make_run, run_config
 
+from eaglenest.run.split import split_shards
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.train import TrainSettings
@@ -124,7 +125,8 @@ def measure(
     # The demo's target is built into the run (rules/common.smk), a real one is target.path.
     demo_target = run_dir / "target"
     target = str(demo_target) if demo_target.is_dir() else config["target"]["path"]
-    train_ids, heldout_ids = split_shards(run_dir, config["train"]["eval_shards"])
+    split = split_shards(config)
+    train_ids, heldout_ids = split.training, split.heldout
     base = HiddenSettings.from_config(config)
     reference = replace(base, dtype="bf16", target_signal="final_hidden")
     heldout, _ = extract(run_dir, heldout_ids, work / "heldout_bf16", reference, target)

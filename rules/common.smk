@@ -22,12 +22,12 @@ onstart:
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.common.hidden_store import stored_training_shards
-from eaglenest.stages.prompts.shards import (
+from eaglenest.run.shards import (
     prepared_params_json,
     shard_ids,
     shard_params_json,
 )
+from eaglenest.run.split import split_shards
 from eaglenest.stages.prompts.sources import local_source_files
 from eaglenest.settings.demo_target import DemoTargetSettings
 from eaglenest.settings.evaluate import EvaluateSettings
@@ -181,47 +181,27 @@ def get_final_outputs():
     return outputs
 
 
-def split_eval_shards():
-    """(training shards, held-out shards) from train.eval_shards: a count or a list of ids."""
-    wanted = config["train"]["eval_shards"]
-    if isinstance(wanted, int):
-        heldout = SHARDS[len(SHARDS) - wanted :] if wanted else []
-    else:
-        unknown = sorted(set(wanted) - set(SHARDS))
-        if unknown:
-            raise WorkflowError(
-                f"config key 'train.eval_shards' names shards {unknown} that this run does "
-                f"not have (shards: {SHARDS[0]}..{SHARDS[-1]})"
-            )
-        heldout = [s for s in SHARDS if s in wanted]
-    training = [s for s in SHARDS if s not in heldout]
-    if not training:
-        raise WorkflowError(
-            f"config key 'train.eval_shards' holds out every shard ({len(SHARDS)}): "
-            "nothing is left to train on"
-        )
-    return training, heldout
-
-
-TRAIN_SHARDS, EVAL_SHARDS = split_eval_shards()
-# hidden.store: the shards whose states are files (hidden/{shard}.safetensors); the others' come
-# from the capture servers to the training and evaluation jobs (eaglenest.common.hidden_store).
+try:
+    # Held out, trained on, stored and fetched: one split for the rules, `eaglenest plan` and
+    # experiments/ (eaglenest.run.split).
+    SPLIT = split_shards(config)
+except ValueError as err:
+    raise WorkflowError(str(err)) from None
+TRAIN_SHARDS, EVAL_SHARDS = list(SPLIT.training), list(SPLIT.heldout)
+STORED_SHARDS = list(SPLIT.stored)
 STORE = HiddenStoreSettings.from_config(config)
-STORED_TRAIN_SHARDS = stored_training_shards(config, TRAIN_SHARDS)
-STORED_EVAL_SHARDS = [] if STORE.from_pool else EVAL_SHARDS
-STORED_SHARDS = STORED_TRAIN_SHARDS + STORED_EVAL_SHARDS
 
 
 def get_hidden_files(shards):
     """The hidden-state files of those of `shards` that are stored."""
-    stored = [s for s in shards if s in STORED_SHARDS]
-    return expand(run_path("hidden/{shard}.safetensors"), shard=stored)
+    return expand(
+        run_path("hidden/{shard}.safetensors"), shard=SPLIT.stored_among(shards)
+    )
 
 
 def get_pooled_tokens(shards):
     """The tokens shards of those of `shards` whose states the capture servers give."""
-    pooled = [s for s in shards if s not in STORED_SHARDS]
-    return expand(run_path("tokens/{shard}.parquet"), shard=pooled)
+    return expand(run_path("tokens/{shard}.parquet"), shard=SPLIT.fetched_among(shards))
 
 
 def get_store_params():

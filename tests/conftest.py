@@ -1,6 +1,7 @@
 """Shared fixtures of every folder (expensive ones session-scoped: each is built once per test
-run). The lanes are folders, marked by their own conftest (support/lanes.py); here the session
-keeps the list of every test it collected, for tests/house/test_lanes.py. Under pytest-xdist
+run). The lanes are folders, marked by their own conftest (support/lanes.py); here every test's
+setup and call is guarded (a test outside its lane's folder that starts Snakemake or vLLM fails),
+and the session keeps the list of every test it collected, for tests/house/. Under pytest-xdist
 (`make test` runs two workers: support/workers.py) a worker uses its share of the cores, the
 tests of one shared run go to one worker, and the demo target is built once for all."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.lanes import COLLECTED
+from support.lanes import COLLECTED, guarded
 from support.workers import SharedRunScheduling, built_once, order_for_workers, use_worker_cores
 from support.workflow import SMALL_DEMO, copy_run, copy_workflow_with_target, job_logs, snakemake
 
@@ -70,6 +71,18 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> SharedRunScheduling:
     """Under xdist (`-n N`): the tests of a shared run on one worker, longest first."""
     return SharedRunScheduling(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with guarded(item.path, item.nodeid):  # session fixtures a test asks for first start here
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with guarded(item.path, item.nodeid):
+        yield
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` and `-k` deselect any

@@ -27,7 +27,7 @@ SUBCOMMANDS = {
     ),
     "build-demo-target": ("eaglenest.demo.target", "Build and train the tiny demo target model."),
     "serve-capture": (
-        "eaglenest.stages.hidden_states.capture_server",
+        "eaglenest.capture.server",
         "Start one vLLM capture engine a node for the hidden-state shards (vllm.capture_urls).",
     ),
     "vllm-cpu-flags": (
@@ -35,7 +35,7 @@ SUBCOMMANDS = {
         "Print the flags a vLLM server on CPU needs to compute what it computes on GPUs.",
     ),
     "plan": (
-        "eaglenest.common.plan",
+        "eaglenest.run.plan",
         "Print the shards, jobs, disk and hours per stage of a config, before anything runs.",
     ),
     "config-docs": (

@@ -111,7 +111,7 @@ def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory)
     compares a drafter's decoding with it; with the arguments every such engine gets."""
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
-    from eaglenest.stages.evaluate.evaluate import heldout_prompts
+    from eaglenest.stages.evaluate.live import heldout_prompts
     from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request
 
     require_vllm_venv()

@@ -171,7 +171,7 @@ def held_slots(url: str, cap: int) -> int:
     """How many of a server's request slots the run's jobs hold now (client/slots.py: a POSIX
     record lock a slot; a slot is held from the request until its state file is read)."""
     from eaglenest.client.slots import default_slots_dir, slot_file
-    from eaglenest.client.urls import api_base
+    from eaglenest.settings.urls import api_base
 
     path = slot_file(default_slots_dir(), api_base(url))
     if not path.exists():

@@ -215,12 +215,13 @@ def test_budget_captures_the_shard_that_fits_once_and_the_rest_comes_from_the_se
     `hidden.cache_gb`, so it alone is captured as a file (through the server); the held-out
     shard does not (from the server): the same drafter and evaluation as from files."""
     from eaglenest.common.config import validate_config
-    from eaglenest.common.hidden_store import estimated_shard_bytes
+    from eaglenest.run.store import estimated_sample_bytes
 
     workdir = server["workdir"]
     config = run_config(server["url"], "budget")
     config["hidden"]["cache_gb"] = 1.0
-    shard_bytes = estimated_shard_bytes(validate_config(copy_of(config)), 64)
+    validated = validate_config(copy_of(config))
+    shard_bytes = validated["prompts"]["shard_size"] * estimated_sample_bytes(validated, 64)
     config["hidden"]["cache_gb"] = 1.5 * shard_bytes / 1e9
     dry = snakemake(workdir, *TARGETS, "-n", config=config)
     jobs = {"extract_hidden_states": 1, "train_drafter": 1, "evaluate_drafter": 1}

@@ -20,12 +20,9 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(
     drafter of the small demo is compared with."""
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.evaluate import EvaluateSettings
-    from eaglenest.stages.evaluate.evaluate import (
-        emitted_per_round,
-        evaluate_drafter,
-        live_vs_engine,
-    )
-    from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
+    from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+    from eaglenest.stages.evaluate.live import emitted_per_round
+    from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm, live_vs_engine
 
     results = finished_run / "results" / SMALL_RUN
     evaluate = {**SMALL_DEMO["evaluate"], "device": "cpu", "live_prompts": 8,

@@ -54,7 +54,7 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
     rounds without the window (same weights) are not."""
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.train import TrainSettings
-    from eaglenest.stages.evaluate.evaluate import heldout_prompts
+    from eaglenest.stages.evaluate.live import heldout_prompts
     from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
     from eaglenest.stages.train.train import train_drafter
 

@@ -1,106 +1,30 @@
 """The lanes are folders: tests/workflow/'s conftest marks its tests `snakemake`, tests/engine/'s
 `vllm`, and the quick lane (`make check`) is what neither marks (nor `slow`). Nothing is inferred
-at collection; instead this house test reads what every test's code reaches (support/lanes.py)
-and fails when one outside those folders starts Snakemake or vLLM, so the lanes stay honest."""
+at collection; instead every test runs guarded (support/lanes.py): one outside those folders that
+starts Snakemake or vLLM fails before the process exists, naming the folder to move it to. This
+test is itself in the quick lane, so the guard is on around it."""
 
 from __future__ import annotations
 
-import json
-import os
+import asyncio
 import re
 import subprocess
 import sys
-from collections.abc import Iterable
-from pathlib import Path
 
+import pytest
 from support.lanes import (
     CHECK_LANE,
     COLLECTED,
     SNAKEMAKE,
     TESTS_DIR,
     VLLM,
-    lane_violations,
+    LaneError,
+    command_lanes,
+    misplaced_lanes,
 )
+from support.vllm import VLLM_PYTHON
 
 REPO = TESTS_DIR.parent
-# The engine modules at the top of tests/ until they move to tests/engine/ (issue 37), marked
-# `vllm` by hand there; a file is "relative to" itself, so they count as the engine folder.
-# A new test module as someone might write it, none of its tests marked by hand.
-NEW_MODULE = """
-import subprocess, sys
-import pytest
-from support.vllm import require_vllm_venv
-from support.workflow import snakemake
-
-
-def dry_run(workdir):
-    return snakemake(workdir, "-n")
-
-
-def lint():
-    return subprocess.run([sys.executable, "-m", "snakemake", "--lint"], check=False)
-
-
-@pytest.fixture
-def planned(tmp_path):
-    return dry_run(tmp_path)
-
-
-def test_plain():
-    assert True
-
-
-def test_reads_the_word_without_running_it():
-    assert "snakemake" in "snakemake.config"
-
-
-def test_a_helper_starts_snakemake():
-    lint()
-
-
-def test_a_fixture_runs_the_workflow(planned):
-    pass
-
-
-def test_against_vllm():
-    require_vllm_venv()
-"""
-# The lanes of a tree like tests/ (workflow/, engine/, unit/), and its lane check written out.
-NEW_CONFTEST = """
-import json
-from pathlib import Path
-import pytest
-from support.lanes import TESTS_DIR, lane_violations, mark_folder
-
-ROOT = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items):
-    mark_folder(items, ROOT / "workflow", pytest.mark.snakemake)
-    mark_folder(items, ROOT / "engine", pytest.mark.vllm)
-    folders = {"snakemake": (ROOT / "workflow", ROOT / "engine"), "vllm": (ROOT / "engine",)}
-    found = lane_violations(items, roots=(TESTS_DIR, ROOT), folders=folders)
-    (ROOT / "violations.json").write_text(json.dumps(found))
-"""
-
-
-def collected(*args: str, cwd: Path = REPO) -> list[str]:
-    """The node ids `pytest --collect-only` selects."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(TESTS_DIR)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode in (0, 5), result.stdout + result.stderr  # 5: none selected
-    return [line for line in result.stdout.splitlines() if "::" in line]
-
-
-def names(node_ids: Iterable[str]) -> set[str]:
-    return {re.sub(r"\[.*\]$", "", node_id.split("::")[-1]) for node_id in node_ids}
 
 
 def test_make_check_runs_the_check_lane():
@@ -109,74 +33,66 @@ def test_make_check_runs_the_check_lane():
     assert f'-m "{CHECK_LANE}"' in recipe.group(1)
 
 
-def test_the_workflow_folders_tests_are_out_of_the_check_lane():
-    paths = [
-        "tests/workflow/test_snakemake_lint.py",
-        "tests/workflow/test_config_errors_in_snakemake.py",
-        "tests/workflow/test_samples_and_vocab_rules.py",
-        "tests/house/test_lint.py",
-        "tests/unit/common/test_config.py",
-        "tests/unit/common/test_io.py",
-        "tests/unit/stages/vocab/test_vocab.py",
-    ]
-    every = collected(*paths)
-    quick = collected("-m", CHECK_LANE, *paths)
-    workflow = [n for n in every if n.startswith("tests/workflow/")]
-    assert quick and set(quick) < set(every) and workflow
-    assert collected("-m", SNAKEMAKE, *paths) == workflow  # marked by their folder
-    assert not set(workflow) & set(quick)
-    assert names(n for n in quick if "test_lint.py::" in n) == {"test_snakefmt_check_passes"}
-    assert "test_snakemake_lint_reports_nothing" not in names(quick)
-    assert "test_snakemake_fails_naming_the_key" not in names(quick)
-    assert "test_samples_and_vocab_rules_in_snakemake" not in names(quick)
-    for module in ("test_config.py", "test_vocab.py"):  # their unit tests stay in
-        assert [n for n in quick if n.startswith("tests/unit/") and f"{module}::" in n], module
-    assert [n for n in every if "test_io.py::" in n] == [n for n in quick if "test_io.py::" in n]
-
-
-def test_a_test_that_starts_snakemake_or_vllm_outside_its_lanes_folder_is_named(tmp_path):
-    """The check on a new tree: the same module, none of it marked by hand, in a unit folder, the
-    workflow folder and the engine folder."""
-    (tmp_path / "conftest.py").write_text(NEW_CONFTEST)
-    for folder in ("unit", "workflow", "engine"):
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / "test_new.py").write_text(NEW_MODULE)
-    options = ["-c", str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path)]
-    quick = collected("-m", CHECK_LANE, *options, cwd=tmp_path)
-    assert {n.split("/")[0] for n in quick} == {"unit"}  # the lanes are the folders
-    assert names(quick) == names(collected("unit", *options, cwd=tmp_path))
-    assert {n.split("/")[0] for n in collected("-m", VLLM, *options, cwd=tmp_path)} == {"engine"}
-    violations = {
-        (lane, node_id.split("::")[0].split("/")[0], node_id.split("::")[-1])
-        for lane, node_id in json.loads((tmp_path / "violations.json").read_text())
-    }
-    assert violations == {
-        (SNAKEMAKE, "unit", "test_a_helper_starts_snakemake"),
-        (SNAKEMAKE, "unit", "test_a_fixture_runs_the_workflow"),
-        (VLLM, "unit", "test_against_vllm"),
-        (VLLM, "workflow", "test_against_vllm"),
-    }
-
-
-def test_no_test_outside_the_workflow_and_engine_folders_reaches_snakemake_or_vllm(request):
+def test_the_lane_folders_mark_their_tests_and_nothing_else(request):
+    """Every collected test of tests/workflow/ is marked `snakemake`, of tests/engine/ `vllm` (and
+    `slow`), and no other test carries either mark: the quick lane is the rest."""
     items = request.config.stash.get(COLLECTED, [])
-    every_module = set(TESTS_DIR.rglob("test_*.py"))
-    if not every_module <= {Path(item.path) for item in items}:
-        # This session collected part of the suite only: check the whole in a session of its own.
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", str(TESTS_DIR), "-q", "-p", "no:cacheprovider"]
-            + ["-k", request.node.name, "--durations=0", "--durations-min=1000"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
-        return
-    violations = lane_violations(items)
-    assert violations == [], (
-        "these tests start Snakemake or vLLM outside tests/workflow/ (Snakemake) or tests/engine/"
-        " (vLLM), where the quick lane would run them; move them to their lane's folder:\n"
-        + "\n".join(f"{lane}: {node_id}" for lane, node_id in violations)
-    )
+    assert items, "tests/conftest.py stores what the session collected"
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        in_workflow = item.path.is_relative_to(TESTS_DIR / "workflow")
+        in_engine = item.path.is_relative_to(TESTS_DIR / "engine")
+        assert (SNAKEMAKE in marks) == in_workflow, item.nodeid
+        assert (VLLM in marks) == in_engine, item.nodeid
+        if in_engine:
+            assert "slow" in marks, item.nodeid
+
+
+@pytest.mark.parametrize(
+    "command, lanes",
+    [
+        ([sys.executable, "-m", "snakemake", "--cores", "1"], {SNAKEMAKE}),
+        ("snakemake -n --configfile x.yaml", {SNAKEMAKE}),
+        (["eaglenest", "serve-capture", "--", "snakemake", "--until", "x"], {SNAKEMAKE}),
+        ([VLLM_PYTHON, "-c", "pass"], {VLLM}),
+        ([VLLM_PYTHON, "-m", "eaglenest.vllm_engine.decode"], {VLLM}),
+        (["/tmp/stand-in/python", "-m", "eaglenest.vllm_engine.decode"], set()),
+        (["python", "-m", "vllm.entrypoints.openai.api_server"], {VLLM}),
+        ([sys.executable, "-c", "print('snakemake')"], set()),
+        (["snakefmt", "--check", "rules/"], set()),
+        (["eaglenest", "serve", "--port", "0"], set()),
+    ],
+)
+def test_a_command_belongs_to_the_lanes_it_starts(command, lanes):
+    assert command_lanes(command) == lanes
+
+
+def test_each_folder_may_start_its_own_lanes_only():
+    snakemake = ["python", "-m", "snakemake"]
+    vllm = [VLLM_PYTHON, "-m", "eaglenest.vllm_engine.serve"]
+    assert misplaced_lanes(TESTS_DIR / "unit" / "client" / "test_x.py", snakemake) == [SNAKEMAKE]
+    assert misplaced_lanes(TESTS_DIR / "house" / "test_x.py", vllm) == [VLLM]
+    assert misplaced_lanes(TESTS_DIR / "workflow" / "test_x.py", snakemake) == []
+    assert misplaced_lanes(TESTS_DIR / "workflow" / "test_x.py", vllm) == [VLLM]
+    assert misplaced_lanes(TESTS_DIR / "engine" / "test_x.py", snakemake) == []
+    assert misplaced_lanes(TESTS_DIR / "engine" / "test_x.py", vllm) == []
+
+
+def test_this_quick_test_cannot_start_snakemake_or_vllm_but_any_other_process(tmp_path):
+    marker = tmp_path / "ran"
+    script = f"open({str(marker)!r}, 'w').close()"
+    with pytest.raises(
+        LaneError, match=r"starts snakemake .* lives in tests/workflow/ or tests/engine/"
+    ):
+        subprocess.run([sys.executable, "-m", "snakemake", "-c", script], check=False)
+    with pytest.raises(LaneError, match=r"starts vllm .* lives in tests/engine/; move it there"):
+        subprocess.run([VLLM_PYTHON, "-c", script], check=False)
+
+    async def through_asyncio():
+        await asyncio.create_subprocess_exec(sys.executable, "-m", "snakemake", "--version")
+
+    with pytest.raises(LaneError, match="starts snakemake"):
+        asyncio.run(through_asyncio())
+    assert not marker.exists()
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert marker.exists()

@@ -3,38 +3,43 @@ development, only those marked neither `snakemake` nor `vllm` nor `slow` (CHECK_
 
 A lane's folder marks its tests in its conftest (`mark_folder`): tests/workflow/ `snakemake`
 (real Snakemake in a temp dir), tests/engine/ `vllm` (a real vLLM from .venv-vllm). Nothing is
-inferred at collection. tests/house/test_lanes.py keeps the lanes honest with `lane_violations`:
-no test outside those folders may reach Snakemake or vLLM, read from what its code reaches (its
-function and fixtures and, transitively, every function of tests/ they name). Code that starts a
-process (names `subprocess` or one of its functions) and holds the string "snakemake"
-(`python -m snakemake ...`, as support.workflow's runner does) runs Snakemake; code that names
-support.vllm's venv (or its `require_vllm_venv` gate) runs vLLM."""
+inferred at collection. The lanes are held at run time (`guarded`, around every test's setup and
+call by tests/conftest.py): a test outside its lane's folder that starts Snakemake or vLLM fails
+the moment it tries, before the process exists, with the folder to move it to."""
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import os
+import shlex
 import subprocess
-import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from support.vllm import VLLM_PYTHON, VLLM_STAMP, VLLM_VENV, require_vllm_venv
+from support.vllm import VLLM_VENV
 
 CHECK_LANE = "not snakemake and not vllm and not slow"
 TESTS_DIR = Path(__file__).resolve().parents[1]
-SNAKEMAKE = "snakemake"  # the module `python -m` runs, a string constant of the code that starts it
+SNAKEMAKE = "snakemake"
 VLLM = "vllm"
-# Where a test that reaches each lane's component may live: a workflow test starts Snakemake; an
+# Where a test that starts each lane's component may live: a workflow test starts Snakemake; an
 # engine test may too (the pipeline against a real vLLM), and is the only one to start vLLM.
 LANE_FOLDERS = {
     SNAKEMAKE: (TESTS_DIR / "workflow", TESTS_DIR / "engine"),
     VLLM: (TESTS_DIR / "engine",),
 }
-VLLM_OBJECTS = (VLLM_VENV, VLLM_STAMP, VLLM_PYTHON, require_vllm_venv)
+# vLLM's own modules (`python -m vllm.entrypoints...`). Our engine modules
+# (eaglenest.vllm_engine.*) count by the interpreter that runs them: unit tests run them under a
+# stand-in interpreter to test the protocol without vLLM.
+VLLM_MODULES = ("vllm.",)
 # Every test the session collected, before `-m`/`-k` deselect any (stored by tests/conftest.py).
 COLLECTED = pytest.StashKey[list]()
+
+
+class LaneError(RuntimeError):
+    """A test started what its folder's lane does not run."""
 
 
 def mark_folder(items: list[pytest.Item], folder: Path, *marks: pytest.MarkDecorator) -> None:
@@ -46,80 +51,55 @@ def mark_folder(items: list[pytest.Item], folder: Path, *marks: pytest.MarkDecor
                 item.add_marker(mark)
 
 
-def _defined_under(function: object, roots: tuple[Path, ...]) -> bool:
-    code = getattr(function, "__code__", None)
-    return code is not None and any(
-        Path(code.co_filename).resolve().is_relative_to(r) for r in roots
-    )
+def command_argv(args: str | os.PathLike | Sequence) -> list[str]:
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return shlex.split(os.fsdecode(args))
+    return [os.fsdecode(a) for a in args]
 
 
-def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
-    """The code and the code of what it defines (inner functions, lambdas, comprehensions)."""
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
-
-
-def reached(
-    functions: Iterable[Callable], roots: tuple[Path, ...] = (TESTS_DIR,)
-) -> tuple[set[str], list[object]]:
-    """The string constants and the global objects named by these functions' code and by every
-    function defined under `roots` (tests/) it names, transitively."""
-    strings: set[str] = set()
-    objects: list[object] = []
-    todo = [f for f in map(inspect.unwrap, functions) if _defined_under(f, roots)]
-    seen: set[types.CodeType] = set()
-    while todo:
-        function = todo.pop()
-        if function.__code__ in seen:
-            continue
-        seen.add(function.__code__)
-        for code in _code_objects(function.__code__):
-            strings.update(c for c in code.co_consts if isinstance(c, str))
-            for name in code.co_names:
-                if name not in function.__globals__:
-                    continue  # an attribute's name, or a builtin
-                target = function.__globals__[name]
-                objects.append(target)
-                if inspect.isfunction(target) and _defined_under(target, roots):
-                    todo.append(target)
-    return strings, objects
-
-
-def _starts_processes(target: object) -> bool:
-    return target is subprocess or getattr(target, "__module__", None) == "subprocess"
-
-
-def _fixture_functions(item: pytest.Function) -> list[Callable]:
-    return [
-        definition.func
-        for definitions in item._fixtureinfo.name2fixturedefs.values()
-        for definition in definitions
-    ]
-
-
-def lanes_reached(item: pytest.Function, roots: tuple[Path, ...] = (TESTS_DIR,)) -> set[str]:
-    """ "snakemake" when the test's code starts Snakemake, "vllm" when it runs the real vLLM."""
-    strings, objects = reached([item.function, *_fixture_functions(item)], roots)
+def command_lanes(args: str | os.PathLike | Sequence) -> set[str]:
+    """The lanes a command belongs to: "snakemake" when it runs Snakemake (its program or
+    `-m snakemake`, or a command that wraps it: `eaglenest serve-capture -- snakemake ...`),
+    "vllm" when vLLM's interpreter or one of its modules runs."""
+    argv = command_argv(args)
     lanes = set()
-    if SNAKEMAKE in strings and any(_starts_processes(o) for o in objects):
+    if any(Path(a).name == SNAKEMAKE for a in argv):
         lanes.add(SNAKEMAKE)
-    if any(o is v for o in objects for v in VLLM_OBJECTS):
+    program = Path(argv[0]) if argv else Path()
+    if program.is_relative_to(VLLM_VENV) or any(a.startswith(VLLM_MODULES) for a in argv):
         lanes.add(VLLM)
     return lanes
 
 
-def lane_violations(
-    items: Iterable[pytest.Item],
-    roots: tuple[Path, ...] = (TESTS_DIR,),
-    folders: Mapping[str, tuple[Path, ...]] = LANE_FOLDERS,
-) -> list[tuple[str, str]]:
-    """(lane, node id) of each test that reaches a lane's component from outside its folders."""
+def misplaced_lanes(test_path: Path, args) -> list[str]:
+    """The lanes of `args` that a test at `test_path` may not start."""
     return [
-        (lane, item.nodeid)
-        for item in items
-        if isinstance(item, pytest.Function)
-        for lane in sorted(lanes_reached(item, roots))
-        if not any(item.path.is_relative_to(folder) for folder in folders[lane])
+        lane
+        for lane in sorted(command_lanes(args))
+        if not any(test_path.is_relative_to(folder) for folder in LANE_FOLDERS[lane])
     ]
+
+
+@contextlib.contextmanager
+def guarded(test_path: Path, node_id: str) -> Iterator[None]:
+    """Inside the block, a process of a lane `test_path` is not in raises LaneError instead of
+    starting (subprocess, and asyncio's subprocesses, which start through it)."""
+    original = subprocess.Popen.__init__
+
+    def checked_init(self, args, *rest, **kwargs):
+        lanes = misplaced_lanes(test_path, args)
+        if lanes:
+            folders = " or ".join(
+                f"tests/{f.relative_to(TESTS_DIR)}/" for f in LANE_FOLDERS[lanes[0]]
+            )
+            raise LaneError(
+                f"{node_id} starts {lanes[0]} ({shlex.join(command_argv(args))[:200]}): "
+                f"a test that starts {lanes[0]} lives in {folders}; move it there"
+            )
+        original(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = checked_init
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original

@@ -88,7 +88,7 @@ CODE_CHANGES = {
     ),
     # reasoning.py is used by probe, generate, validate and tokenize: a comment or a docstring
     # there changes no behaviour, so nothing reruns.
-    "reasoning.py comment and docstring: nothing": ("client/reasoning.py", "comment", {}),
+    "reasoning.py comment and docstring: nothing": ("common/reasoning.py", "comment", {}),
 }
 
 

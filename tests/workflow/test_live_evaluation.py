@@ -14,10 +14,8 @@ from support.workflow import SMALL_RUN
 
 from eaglenest.drafter.export import load_drafter
 from eaglenest.formats.target_head import TargetHead
-from eaglenest.stages.evaluate.evaluate import (
-    heldout_prompts,
-    untrained_like,
-)
+from eaglenest.stages.evaluate.live import heldout_prompts
+from eaglenest.stages.evaluate.simulated import untrained_like
 from eaglenest.stages.evaluate.speculative import (
     EagleProposer,
     PromptLookupProposer,

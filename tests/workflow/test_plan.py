@@ -12,7 +12,7 @@ from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
 
 from eaglenest.cli import main
 from eaglenest.common.config import merged_config
-from eaglenest.common.plan import DEMO_RATES, Assumptions, Rates, format_plan, plan_run
+from eaglenest.run.plan import DEMO_RATES, Assumptions, Rates, format_plan, plan_run
 
 KIMI = str(REPO / "config" / "examples" / "kimi-k2.5.yaml")
 DEMO = str(REPO / "config" / "config.yaml")
@@ -97,7 +97,7 @@ def test_the_command_asks_for_a_hidden_size_it_cannot_read(capsys):
 def test_the_rates_come_from_a_finished_runs_files(finished_run):
     from support.workflow import SMALL_RUN
 
-    from eaglenest.common.plan import rates_from_run
+    from eaglenest.run.plan import rates_from_run
 
     rates, bytes_per_token = rates_from_run(finished_run, SMALL_RUN)
     assert set(rates) == set(DEMO_RATES) and all(0 < r < 1e7 for r in rates.values())

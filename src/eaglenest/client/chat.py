@@ -21,7 +21,7 @@ import aiohttp
 from eaglenest.client.endpoints import Endpoint
 from eaglenest.client.retry import RETRYABLE_STATUS
 from eaglenest.client.streaming import STREAM_FIELDS, TEXT_FIELDS, StreamAssembler, StreamError
-from eaglenest.client.urls import endpoint_path
+from eaglenest.settings.urls import endpoint_path
 
 
 class RetryableError(Exception):

@@ -12,7 +12,7 @@ import os
 import urllib.parse
 from typing import Any
 
-REDACTED = "<redacted>"
+from eaglenest.settings.urls import REDACTED
 
 
 def api_key_from_env(var_name: str | None) -> str | None:
@@ -53,16 +53,3 @@ def url_secrets(url: str) -> list[str]:
     found = [parts.username, parts.password]
     found += [value for _, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
     return [unquoted for value in found if value for unquoted in {value, urllib.parse.quote(value)}]
-
-
-def redacted_url(url: str) -> str:
-    """`url` with its user info and every query value replaced (the query's names stay)."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
-    query = "&".join(
-        f"{name}={REDACTED}"
-        for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))

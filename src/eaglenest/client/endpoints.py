@@ -4,16 +4,12 @@ server, started for exactly the duration of the job that needs it."""
 from __future__ import annotations
 
 import contextlib
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglenest.client.credentials import redacted_url
-from eaglenest.client.urls import api_base
 from eaglenest.settings.endpoints import EndpointSettings
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
+from eaglenest.settings.urls import api_base, check_distinct, redacted_url
 
 
 @dataclass(frozen=True)
@@ -26,28 +22,6 @@ class Endpoint:
     def name(self) -> str:
         """The URL as logs, files and the slot lock show it: without its credentials."""
         return redacted_url(self.url)
-
-
-def endpoint_identity(url: str) -> str:
-    """What makes two URLs one server: scheme, host and port (defaults filled in), and path,
-    compared without case where case does not matter; credentials and query aside."""
-    parts = urllib.parse.urlsplit(api_base(url))
-    port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
-    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}{parts.path}"
-
-
-def check_distinct(urls: list[str]) -> None:
-    """Refuse an endpoint listed twice: two slot sets would share one lock file in one process,
-    whose record locks do not exclude each other, so the job would send twice the cap."""
-    seen: dict[str, int] = {}
-    for i, url in enumerate(urls):
-        first = seen.setdefault(endpoint_identity(url), i)
-        if first != i:
-            raise ValueError(
-                f"config key 'endpoints': entries {first} ({redacted_url(urls[first])}) and {i} "
-                f"({redacted_url(url)}) are the same endpoint; list it once, with the "
-                "max_concurrency it takes"
-            )
 
 
 @contextlib.contextmanager

@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from eaglenest.client.endpoints import Endpoint, check_distinct
+from eaglenest.client.endpoints import Endpoint
 from eaglenest.client.slots import POLL_S, EndpointSlots
-from eaglenest.client.urls import endpoint_path
+from eaglenest.settings.urls import check_distinct, endpoint_path
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The one retry policy of every request the pipeline sends to a server: the probe's
 (eaglenest.stages.probe), generation's (eaglenest.client.chat, eaglenest.stages.generate.generate) and the
-capture pool's (eaglenest.client.capture_pool). One set of HTTP statuses worth
+capture pool's (eaglenest.capture.pool). One set of HTTP statuses worth
 another attempt, one backoff: exponential from `backoff_base_s`, capped at `backoff_max_s`, with
 jitter, and never shorter than what the server asked for (`Retry-After`, up to a cap)."""
 

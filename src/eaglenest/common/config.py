@@ -81,9 +81,9 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors)
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
-    from eaglenest.client.endpoints import check_distinct
     from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.train import drafter_window
+    from eaglenest.settings.urls import check_distinct
 
     try:
         check_distinct([e["url"] for e in config.get("endpoints") or []])

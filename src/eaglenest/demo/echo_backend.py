@@ -8,7 +8,7 @@ import random
 import re
 from typing import Any
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.protocol import ChatRequest, Completion
 
 ECHO_REASONING = "\nLet me think about this.\n"

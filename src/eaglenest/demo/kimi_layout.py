@@ -127,10 +127,11 @@ def vision_tensors(text_hidden_size: int, seed: int = 0) -> dict[str, Any]:
     norms.append("mm_projector.pre_norm")
     generator = torch.Generator().manual_seed(seed)
     tensors = {
-        name: (torch.randn(shape, generator=generator) * 0.02 if len(shape) > 1 else
-               torch.zeros(shape))
+        name: (
+            torch.randn(shape, generator=generator) * 0.02 if len(shape) > 1 else torch.zeros(shape)
+        )
         for name, shape in shapes.items()
-    }  # fmt: skip
+    }
     for norm in norms:
         tensors[f"{norm}.weight"], tensors[f"{norm}.bias"] = torch.ones(d), torch.zeros(d)
     return tensors

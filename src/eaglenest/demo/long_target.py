@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.long_tasks import (
     END_STATE,
     KEYS,
@@ -84,14 +84,28 @@ FLAG_LOGIT = 40.0  # the next special token's logit
 
 def _slots() -> dict[str, slice | int]:
     names: list[tuple[str, int]] = [
-        ("IN", 2 * N_FREQ), ("OUT", 2 * N_FREQ), ("OUT2", 2 * N_FREQ), ("START", 2 * N_FREQ),
+        ("IN", 2 * N_FREQ),
+        ("OUT", 2 * N_FREQ),
+        ("OUT2", 2 * N_FREQ),
+        ("START", 2 * N_FREQ),
         ("ROT", 2 * N_FREQ),
-        ("KEY", KEYS), ("KEY_EMB", KEYS),
-        ("IS_NL", 1), ("IS_THINK", 1), ("IS_STATE", 1), ("IS_THINK_END", 1), ("IS_NN", 1),
-        ("IS_KEY", 1), ("PREV_THINK", 1), ("PREV_STATE", 1),
-        ("WANT_THINK", 1), ("WANT_NL", 1), ("WANT_THINK_END", 1), ("WANT_NN", 1),
-        ("WANT_EOS", 1), ("WANT_KEY", KEYS),
-    ]  # fmt: skip
+        ("KEY", KEYS),
+        ("KEY_EMB", KEYS),
+        ("IS_NL", 1),
+        ("IS_THINK", 1),
+        ("IS_STATE", 1),
+        ("IS_THINK_END", 1),
+        ("IS_NN", 1),
+        ("IS_KEY", 1),
+        ("PREV_THINK", 1),
+        ("PREV_STATE", 1),
+        ("WANT_THINK", 1),
+        ("WANT_NL", 1),
+        ("WANT_THINK_END", 1),
+        ("WANT_NN", 1),
+        ("WANT_EOS", 1),
+        ("WANT_KEY", KEYS),
+    ]
     slots: dict[str, slice | int] = {}
     at = 0
     for name, size in names:
@@ -192,8 +206,12 @@ def _embedding(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
         embed[i, _rows("ROT")] = fourier(np.array([STEPS[key]]), freqs)[0]
         embed[i, s["KEY_EMB"].start + key] = 1
         embed[i, s["IS_KEY"]] = 1
-    for token, flag in ((ids.nl, "IS_NL"), (ids.nn, "IS_NN"), (ids.think, "IS_THINK"),
-                        (ids.think_end, "IS_THINK_END")):  # fmt: skip
+    for token, flag in (
+        (ids.nl, "IS_NL"),
+        (ids.nn, "IS_NN"),
+        (ids.think, "IS_THINK"),
+        (ids.think_end, "IS_THINK_END"),
+    ):
         embed[token, s[flag]] = 1
     return embed
 
@@ -206,8 +224,12 @@ def _attention_layers() -> dict[str, np.ndarray]:
     w: dict[str, np.ndarray] = {}
 
     def attention(layer: int) -> tuple[np.ndarray, ...]:
-        shapes = {"q_proj": (HEADS * HEAD_DIM, HIDDEN), "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
-                  "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN, HEADS * HEAD_DIM)}  # fmt: skip
+        shapes = {
+            "q_proj": (HEADS * HEAD_DIM, HIDDEN),
+            "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+            "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+            "o_proj": (HIDDEN, HEADS * HEAD_DIM),
+        }
         for name, shape in shapes.items():
             w[f"model.layers.{layer}.self_attn.{name}.weight"] = np.zeros(shape)
         return tuple(w[f"model.layers.{layer}.self_attn.{name}.weight"] for name in shapes)
@@ -282,9 +304,11 @@ def _mlp_layers() -> dict[str, np.ndarray]:
             out_cos, out_sin = dest[j], dest[N_FREQ + j]
             # (cos_out, sin_out) = (ci cr - si sr, ci sr + si cr); (factor, in, sign, out)
             for factor, into, sign, out in (
-                (cos_rot, cos_in, 1, out_cos), (sin_rot, sin_in, -1, out_cos),
-                (sin_rot, cos_in, 1, out_sin), (cos_rot, sin_in, 1, out_sin),
-            ):  # fmt: skip
+                (cos_rot, cos_in, 1, out_cos),
+                (sin_rot, sin_in, -1, out_cos),
+                (sin_rot, cos_in, 1, out_sin),
+                (cos_rot, sin_in, 1, out_sin),
+            ):
                 gate[u, factor], gate[u, s["BIG"]] = 1, LINEAR / BIG
                 up[u, into], down[out, u] = sign, 1
                 u += 1
@@ -330,8 +354,13 @@ def _lm_head(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
     outs = _rows("OUT")
     head[np.ix_(ids.state_ids, outs)] = STATE_LOGIT * fourier(ids.states, freqs)
     head[ids.nl, outs] = STATE_LOGIT * fourier(np.array([END_STATE]), freqs)[0]
-    for token, flag in ((ids.nl, "WANT_NL"), (ids.nn, "WANT_NN"), (ids.think, "WANT_THINK"),
-                        (ids.think_end, "WANT_THINK_END"), (ids.eos, "WANT_EOS")):  # fmt: skip
+    for token, flag in (
+        (ids.nl, "WANT_NL"),
+        (ids.nn, "WANT_NN"),
+        (ids.think, "WANT_THINK"),
+        (ids.think_end, "WANT_THINK_END"),
+        (ids.eos, "WANT_EOS"),
+    ):
         head[token, s[flag]] = FLAG_LOGIT
     for key, i in enumerate(ids.keys):
         head[i, s["WANT_KEY"].start + key] = FLAG_LOGIT
@@ -409,9 +438,13 @@ def write_long_target(vocab_size: int, max_position_embeddings: int, seed: int =
         torch_dtype="float32",
     )
     model = Qwen3ForCausalLM(config)
-    state = {**{k: torch.zeros_like(v) for k, v in model.state_dict().items()},
-             **{k: torch.tensor(v, dtype=torch.float32)
-                for k, v in {**weights, **_norm_weights()}.items()}}  # fmt: skip
+    state = {
+        **{k: torch.zeros_like(v) for k, v in model.state_dict().items()},
+        **{
+            k: torch.tensor(v, dtype=torch.float32)
+            for k, v in {**weights, **_norm_weights()}.items()
+        },
+    }
     model.load_state_dict(state)
     model.eval()
     return model, tokenizer

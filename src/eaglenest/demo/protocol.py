@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from eaglenest.client.reasoning import split_think
+from eaglenest.common.reasoning import split_think
 
 DIALECTS = ("vllm", "vllm_kimi_k2", "sglang", "none")
 # Completion "ids" of the bad_token_ids fault: a string, a float, a null, a negative and an id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglenest.client.reasoning import split_think
+from eaglenest.common.reasoning import split_think
 from eaglenest.demo.tasks import (
     END_OF_TURN,
     PAD_TOKEN,

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.example import DemoExample
 from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 

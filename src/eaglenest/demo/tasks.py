@@ -17,7 +17,7 @@ import random
 import re
 from collections.abc import Callable
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.example import DemoExample
 from eaglenest.demo.long_tasks import LONG_FAMILIES
 

@@ -147,9 +147,12 @@ class _WindowedAttention(torch.autograd.Function):
         for first, last, lo in _window_chunks(t, 1, span):
             mask = _band(first, last, lo, span, q.device)
             out[:, :, first:last] = F.scaled_dot_product_attention(
-                q[:, :, first:last], k[:, :, lo:last], v[:, :, lo:last], attn_mask=mask,
+                q[:, :, first:last],
+                k[:, :, lo:last],
+                v[:, :, lo:last],
+                attn_mask=mask,
                 scale=scale,
-            )  # fmt: skip
+            )
         ctx.save_for_backward(q, k, v)
         ctx.span, ctx.scale = span, scale
         return out
@@ -233,9 +236,15 @@ class _CausalLogSumExp(torch.autograd.Function):
         lse = torch.empty(b, h, t, dtype=wide, device=q.device)
         for first, last, lo in _window_chunks(t, b * h, window):
             scores = _chunk_scores(
-                q[:, :, first:last], k[:, :, lo:last], first, lo, scale, matmul_dtype, visible,
+                q[:, :, first:last],
+                k[:, :, lo:last],
+                first,
+                lo,
+                scale,
+                matmul_dtype,
+                visible,
                 window,
-            )  # fmt: skip
+            )
             torch.logsumexp(scores, -1, out=lse[:, :, first:last])
             del scores
         ctx.save_for_backward(q, k, lse, visible)

@@ -260,8 +260,15 @@ def build_packed_batch(
     width = max(sum(refs[i].length for i in row) for row in rows)
     segments = torch.full((len(rows), width), -1, dtype=torch.long)
     packed: dict[str, torch.Tensor] = {}
-    for name in ("aux", "input_ids", "loss_mask", "final_hidden", "topk_ids", "topk_values",
-                 "token_mask"):  # fmt: skip
+    for name in (
+        "aux",
+        "input_ids",
+        "loss_mask",
+        "final_hidden",
+        "topk_ids",
+        "topk_values",
+        "token_mask",
+    ):
         rowwise = getattr(batch, name)
         if rowwise is None:
             continue

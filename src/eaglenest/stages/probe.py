@@ -21,21 +21,20 @@ from eaglenest.client.credentials import (
     api_key_from_env,
     auth_headers,
     redact,
-    redacted_url,
     url_secrets,
 )
 from eaglenest.client.endpoints import Endpoint, open_endpoints
-from eaglenest.client.reasoning import (
+from eaglenest.client.responses import describe_token_ids
+from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
+from eaglenest.common.io import write_json
+from eaglenest.common.reasoning import (
     NO_FIELD,
     THINK_END,
     extract_reasoning,
     present_fields,
 )
-from eaglenest.client.responses import describe_token_ids
-from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
-from eaglenest.client.urls import api_base, endpoint_path
-from eaglenest.common.io import write_json
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
+from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 from eaglenest.target_model.tokenizer import think_token_ids
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import sha256_file
 from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.target_model.remote_code import remote_code_errors
+
+if TYPE_CHECKING:
+    from eaglenest.settings.hidden_states import HiddenSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,18 @@ def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, int, int]:
     """vLLM's default `eagle_aux_hidden_state_layer_ids`."""
     n = num_hidden_layers
     return (2, n // 2, n - 3)
+
+
+def checked_aux_layer_ids(model_config: Any, settings: HiddenSettings) -> tuple[int, ...]:
+    """The decoder layers whose input is kept: the settings' or the default, checked against the
+    target's config (and top_k against its vocabulary)."""
+    n_layers = model_config.num_hidden_layers
+    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
+    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
+        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
+    if settings.target_signal == "topk" and settings.top_k > model_config.vocab_size:
+        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model_config.vocab_size}")
+    return tuple(layer_ids)
 
 
 def text_config(config: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.target_model.tokenizer import (
     TokenizeError,

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglenest.client.reasoning import (
+from eaglenest.common.reasoning import (
     THINK_END,
     THINK_START,
 )

@@ -59,8 +59,10 @@ def cpu_engine_args(
                 "CPU attention cannot use; train with train.drafter.attention: mla"
             )
     if drafter_uses_mla and "speculative_config" in args:
-        args["speculative_config"] = {"attention_backend": MLA_BACKEND,
-                                      **args["speculative_config"]}  # fmt: skip
+        args["speculative_config"] = {
+            "attention_backend": MLA_BACKEND,
+            **args["speculative_config"],
+        }
     return args
 
 

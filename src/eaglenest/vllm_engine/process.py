@@ -94,8 +94,14 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
     its `engine_args`, then the target and sizes it names, then the method's own; a None is left
     to vLLM's default."""
     args = dict(request["engine_args"])
-    for key in ("dtype", "tensor_parallel_size", "quantization", "max_model_len",
-                "gpu_memory_utilization", "trust_remote_code"):  # fmt: skip
+    for key in (
+        "dtype",
+        "tensor_parallel_size",
+        "quantization",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "trust_remote_code",
+    ):
         args[key] = request[key]
     args.update(model=request["target"], **method)
     args = {key: value for key, value in args.items() if value is not None}
@@ -175,14 +181,22 @@ def engine_process(
     pythonpath = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
         [python, "-m", module, *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         # In a job, vLLM's CPU build keeps to the job's threads (engine_thread_env).
-        env={**os.environ, **engine_thread_env(), **env, "PYTHONPATH": pythonpath,
-             "PYTHONUNBUFFERED": "1"},
+        env={
+            **os.environ,
+            **engine_thread_env(),
+            **env,
+            "PYTHONPATH": pythonpath,
+            "PYTHONUNBUFFERED": "1",
+        },
         start_new_session=True,
         # Safe here: the child calls one function looked up before the fork, then execs.
         preexec_fn=die_with_parent(),  # noqa: PLW1509
-    )  # fmt: skip
+    )
     try:
         yield process
     finally:

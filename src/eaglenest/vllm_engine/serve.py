@@ -1,4 +1,4 @@
-"""The engine side of the capture server (`eaglenest serve-capture`, capture_server.py): vLLM's
+"""The engine side of the capture server (`eaglenest serve-capture`, capture/server.py): vLLM's
 OpenAI server with the `extract_hidden_states` method and our connector, under vLLM's interpreter.
 
     python -m eaglenest.vllm_engine.serve <request.json>

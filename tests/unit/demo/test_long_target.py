@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.long_target import (
     HEAD_DIM,
     PREV_PLANES,

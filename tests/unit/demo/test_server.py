@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eaglenest.client.reasoning import split_think
+from eaglenest.common.reasoning import split_think
 from eaglenest.demo.echo_backend import (
     ECHO_REASONING,
     ECHO_STOP_TOKEN,

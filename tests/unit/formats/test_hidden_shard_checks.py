@@ -39,9 +39,9 @@ def small_shard(tmp_path: Path, offsets: list[int], n_tokens: int = 5) -> Path:
 
 
 def test_shard_rows_offsets_and_tokens_are_checked(tmp_path):
+    from eaglenest.capture.request import VllmCaptureError
     from eaglenest.formats.hidden_shard import open_hidden_shard
     from eaglenest.stages.hidden_states.vllm_backend import pack_request
-    from eaglenest.vllm_engine.capture_request import VllmCaptureError
 
     good = small_shard(tmp_path, [0, 2, 5])
     assert len(open_hidden_shard(good, expect_tokens=tmp_path / "tokens.parquet")) == 2

@@ -22,7 +22,7 @@ from eaglenest.formats.target_head import TargetHeadError, save_target_head
 from eaglenest.settings.hidden_states import TargetHeadSettings
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.settings.target import TargetSettings
-from eaglenest.stages.evaluate.evaluate import eos_token_ids
+from eaglenest.stages.evaluate.live import eos_token_ids
 from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target_model.loading import load_target, target_config_hash
 from eaglenest.target_model.special_tokens import TargetTokens, resolve_target_tokens

@@ -100,9 +100,12 @@ def _inside_output(new: list[int], room: int, eos_ids: set[int]) -> list[int]:
 
 @torch.inference_mode()
 def greedy_generate(
-    target, prompt: list[int], max_new_tokens: int, eos_ids: set[int],
+    target,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos_ids: set[int],
     prefill: Prefill | None = None,
-) -> Generation:  # fmt: skip
+) -> Generation:
     device = next(target.parameters()).device
     prefill = prefill or Prefill.of(target, prompt, None)
     started = time.perf_counter()

@@ -7,7 +7,7 @@ Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position accept
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
 outputs equal the plain ones prompt for prompt, which greedy speculative decoding promises.
 
-Why a fresh engine per K and not one long-lived server, as the capture has (capture_server.py):
+Why a fresh engine per K and not one long-lived server, as the capture has (capture/server.py):
 vLLM 0.32 fixes the speculative method, the drafter and `num_speculative_tokens` when the engine
 starts (its SpeculativeConfig; SamplingParams has no per-request K), so a server would start the
 same len(ks) + 1 engines. They start once per run, not once per shard: 3 starts for ks [3, 7]
@@ -25,7 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
+from eaglenest.stages.evaluate.depths import DepthCut
+from eaglenest.stages.evaluate.live import emitted_per_round
+from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.vllm_engine.process import (
     EngineError,
     engine_messages,
@@ -64,8 +68,11 @@ def with_draft_room(request: dict[str, Any], runtime: VllmRuntime) -> dict[str, 
         log.warning(
             "vllm.max_model_len %d is below the %d that K=%d needs to draft to the end of the "
             "longest answers: vLLM decodes their last tokens without drafts, one a round, and "
-            "counts those rounds", runtime.max_model_len, needed, request["k"],
-        )  # fmt: skip
+            "counts those rounds",
+            runtime.max_model_len,
+            needed,
+            request["k"],
+        )
     return request
 
 
@@ -182,10 +189,16 @@ def evaluate_in_vllm(
     `depth_prompts`: depth -> the prompts cut there, decoded by the same engines; their figures
     under `by_depth` (depth -> K -> figures)."""
     request = engine_request(
-        prompts=prompts, drafter_dir=drafter_dir, target_path=target_path,
-        max_new_tokens=max_new_tokens, model_dtype=model_dtype, engine=engine, runtime=runtime,
-        trust_remote_code=trust_remote_code, groups=depth_prompts,
-    )  # fmt: skip
+        prompts=prompts,
+        drafter_dir=drafter_dir,
+        target_path=target_path,
+        max_new_tokens=max_new_tokens,
+        model_dtype=model_dtype,
+        engine=engine,
+        runtime=runtime,
+        trust_remote_code=trust_remote_code,
+        groups=depth_prompts,
+    )
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
     try:
@@ -212,3 +225,42 @@ def evaluate_in_vllm(
         "by_depth": by_depth,
         "definition": "vLLM's spec_decode counters: acceptance length = 1 + accepted / drafts",
     }
+
+
+def engine_metrics(
+    drafter_dir: str | Path,
+    prompts: list[list[int]],
+    cuts: list[DepthCut],
+    settings: EvaluateSettings,
+    runtime: VllmRuntime | None,
+    model_dtype: str,
+) -> dict[str, Any]:
+    """vLLM's figures (evaluate.engine: vllm) from the held-out prompts and each depth cut, with
+    the emitted tokens per round of every K on the one definition."""
+    engine = evaluate_in_vllm(
+        prompts=prompts,
+        drafter_dir=drafter_dir,
+        target_path=resolve_target_dir(settings.target.path),
+        ks=settings.ks,
+        max_new_tokens=settings.live_max_new_tokens,
+        model_dtype=model_dtype,
+        engine=settings.vllm,
+        runtime=runtime,
+        trust_remote_code=settings.target.trust_remote_code,
+        depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
+    )
+    for per_k in [engine["per_k"], *(engine.get("by_depth") or {}).values()]:
+        for engine_k in per_k.values():
+            engine_k["emitted_per_round"] = emitted_per_round(
+                engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
+            )
+    return engine
+
+
+def live_vs_engine(live: dict[str, dict], engine: dict[str, dict]) -> dict[str, float | None]:
+    """Per K: our live emitted tokens per round over the engine's, on that one definition."""
+    ratios: dict[str, float | None] = {}
+    for k, engine_k in engine.items():
+        ours, theirs = live[k].get("emitted_per_round"), engine_k.get("emitted_per_round")
+        ratios[k] = ours / theirs if ours is not None and theirs else None
+    return ratios

@@ -3,7 +3,7 @@
 Three promises, each from a lesson of the original run:
 - nothing is lost: every finished request (answer or terminal failure) is appended to the shard's
   journal and flushed as it completes; a rerun skips the ids already answered;
-- reasoning is read from whatever field the server used (`eaglenest.client.reasoning`), and the
+- reasoning is read from whatever field the server used (`eaglenest.common.reasoning`), and the
   field is recorded per row;
 - the API key never reaches the journal, the parquet or the logs.
 

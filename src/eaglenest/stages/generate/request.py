@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from eaglenest.client.reasoning import extract_reasoning
 from eaglenest.client.responses import extract_token_ids
 from eaglenest.client.retry import RetryPolicy
+from eaglenest.common.reasoning import extract_reasoning
 from eaglenest.formats.raw import RAW_SCHEMA, checked_token_ids
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 

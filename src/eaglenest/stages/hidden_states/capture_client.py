@@ -1,5 +1,5 @@
 """A hidden-state shard captured by the run's capture servers (`vllm.capture_urls`, each started
-by `eaglenest serve-capture`, capture_server.py) instead of an engine of the job's own.
+by `eaglenest serve-capture`, capture/server.py) instead of an engine of the job's own.
 
 Each sample is one `/v1/completions` request: its token ids as the prompt, `max_tokens` 1,
 `return_token_ids`. vLLM answers with `kv_transfer_params.hidden_states_path`, the file our
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eaglenest.client.capture_pool import CapturePool, CaptureServerError
+from eaglenest.capture.pool import CapturePool, CaptureServerError
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from eaglenest.capture.answer import sample_rows  # noqa: F401 (the backends' import)
 from eaglenest.common.io import library_versions, sha256_file, write_json
-from eaglenest.formats.capture_answer import sample_rows  # noqa: F401 (the backends' import)
 from eaglenest.formats.hidden_shard import (  # TOPK_CHUNK_ROWS: the backends' import
     FORMAT,
     TOPK_CHUNK_ROWS,  # noqa: F401
@@ -40,7 +40,7 @@ from eaglenest.formats.hidden_shard import (  # TOPK_CHUNK_ROWS: the backends' i
     tensor_specs,
 )
 from eaglenest.settings.hidden_states import HiddenSettings
-from eaglenest.target_model.loading import default_aux_layer_ids, target_config_hash, text_config
+from eaglenest.target_model.loading import checked_aux_layer_ids, target_config_hash, text_config
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +62,6 @@ class ShardPlan:
     @property
     def n_tokens(self) -> int:
         return int(self.offsets[-1])
-
-
-def checked_aux_layer_ids(model_config, settings: HiddenSettings) -> tuple[int, ...]:
-    """The decoder layers whose input is kept: the settings' or the default, checked against the
-    target's config (and top_k against its vocabulary)."""
-    n_layers = model_config.num_hidden_layers
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
-    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
-        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
-    if settings.target_signal == "topk" and settings.top_k > model_config.vocab_size:
-        raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model_config.vocab_size}")
-    return tuple(layer_ids)
 
 
 def plan_hidden_shard(tokens: str | Path, model_config, settings: HiddenSettings) -> ShardPlan:

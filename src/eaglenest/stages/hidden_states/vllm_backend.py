@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.formats.capture_answer import StateFileError, request_rows
+from eaglenest.capture.answer import StateFileError, request_rows
+from eaglenest.capture.final_signal import FinalSignal
+from eaglenest.capture.request import VllmCaptureError, engine_request
+from eaglenest.capture.state_file import read_request_file
 from eaglenest.formats.hidden_shard import ShardWriter
-from eaglenest.formats.state_file import read_request_file
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.plan import (
@@ -41,9 +43,7 @@ from eaglenest.stages.hidden_states.plan import (
     plan_hidden_shard,
 )
 from eaglenest.target_model.files import resolve_target_dir
-from eaglenest.target_model.final_signal import FinalSignal
 from eaglenest.target_model.loading import load_text_config
-from eaglenest.vllm_engine.capture_request import VllmCaptureError, engine_request
 from eaglenest.vllm_engine.process import (
     engine_messages,
     engine_process,
@@ -110,14 +110,14 @@ def capture_through_server(
     """The shard through the run's capture servers (`vllm.capture_urls`, capture_client.py)."""
     import asyncio
 
-    from eaglenest.client.credentials import redacted_url
+    from eaglenest.capture.request import served_name
+    from eaglenest.settings.urls import redacted_url
     from eaglenest.stages.hidden_states.capture_client import (
         CaptureJob,
         CaptureServerError,
         run_capture,
         shard_key,
     )
-    from eaglenest.vllm_engine.capture_request import served_name
 
     job = CaptureJob(
         urls=list(runtime.capture_urls),

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglenest.common.io import atomic_path, write_json
+from eaglenest.run.shards import bounds, prompt_options
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.stages.prompts.listing import ROWS_PER_CHUNK, SkipTally, iter_prompts
-from eaglenest.stages.prompts.shards import bounds, prompt_options
 from eaglenest.stages.prompts.sources import PromptSource, PromptSourceError, open_source
 
 # polars and pandera (with pandas) are imported where frames are made: the rules import the

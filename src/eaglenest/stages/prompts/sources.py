@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from eaglenest.run.shards import prompt_options
 from eaglenest.settings.prompts import DEMO_SOURCES, LOCAL_SUFFIXES, PromptOptions, source_kind
 from eaglenest.stages.prompts.normalise import Unparsable
-from eaglenest.stages.prompts.shards import prompt_options
 
 
 class PromptSourceError(ValueError):

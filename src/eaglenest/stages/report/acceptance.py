@@ -159,17 +159,30 @@ def depth_table_html(by_depth: dict[str, Any]) -> str:
     for k, per_depth in by_depth["per_k"].items():
         for row in per_depth:
             live, engine, simulated = (row.get(m) or {} for m in ("live", "engine", "simulated"))
-            rows.append([
-                k, row["depth"], row["prompts"],
-                live.get("acceptance_length"), live.get("rounds"),
-                engine.get("acceptance_length"), engine.get("rounds"),
-                simulated.get("acceptance_length"), simulated.get("positions"),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    k,
+                    row["depth"],
+                    row["prompts"],
+                    live.get("acceptance_length"),
+                    live.get("rounds"),
+                    engine.get("acceptance_length"),
+                    engine.get("rounds"),
+                    simulated.get("acceptance_length"),
+                    simulated.get("positions"),
+                ]
+            )
     header = [
-        "K", "depth", "prompts", "live acceptance length", "live rounds",
-        "engine acceptance length", "engine rounds", "simulated acceptance length",
+        "K",
+        "depth",
+        "prompts",
+        "live acceptance length",
+        "live rounds",
+        "engine acceptance length",
+        "engine rounds",
+        "simulated acceptance length",
         "simulated positions",
-    ]  # fmt: skip
+    ]
     skipped = ", ".join(
         f"{depth}: {counts['too_short']} too short, {counts['prompt_past_depth']} prompt past it"
         for depth, counts in by_depth.get("samples", {}).items()

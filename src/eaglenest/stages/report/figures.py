@@ -201,8 +201,14 @@ def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
             if entry:
                 values = entry["conditional_acceptance"]
                 label = "drafter" if name == "simulated" else name
-                axis.plot(range(1, len(values) + 1), values, marker="o", markersize=3,
-                          color=SOURCE_COLORS[name], label=label)  # fmt: skip
+                axis.plot(
+                    range(1, len(values) + 1),
+                    values,
+                    marker="o",
+                    markersize=3,
+                    color=SOURCE_COLORS[name],
+                    label=label,
+                )
         axis.set_title(f"K={k}")
         axis.set_xlabel("draft position")
         axis.set_ylim(0, 1.02)
@@ -251,8 +257,14 @@ def depth_panel(axis, by_depth: dict[str, Any]) -> None:
                 if row.get(measurement) and row[measurement].get("acceptance_length") is not None
             ]
             if points:
-                axis.plot(*zip(*points), style, marker="o", markersize=3, color=f"C{index}",
-                          label=f"K={k} {measurement}")  # fmt: skip
+                axis.plot(
+                    *zip(*points),
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=f"C{index}",
+                    label=f"K={k} {measurement}",
+                )
     axis.set_xlabel("context depth (tokens)")
     axis.set_ylabel("acceptance length")
     axis.set_title("acceptance by depth")

@@ -70,8 +70,15 @@ class RunFiles:
     hidden_verify: Path | None = None  # hidden/verify.json, with hidden.verify_samples
 
     def __post_init__(self) -> None:
-        optional = ("prompts_report", "probe", "draft_vocab", "train_metrics", "train_report",
-                    "eval_metrics", "hidden_verify")  # fmt: skip
+        optional = (
+            "prompts_report",
+            "probe",
+            "draft_vocab",
+            "train_metrics",
+            "train_report",
+            "eval_metrics",
+            "hidden_verify",
+        )
         for name in optional:
             setattr(self, name, _optional(getattr(self, name)))
         for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):

@@ -102,8 +102,11 @@ def section_lengths(data: RunData) -> Section:
         for column in ("reasoning_chars", "content_chars"):
             stats.append([column.replace("_", " "), *quantiles(data.samples[column]).values()])
     if data.tokens is not None:
-        for column, label in (("prompt_len", "prompt"), ("completion_len", "completion"),
-                              ("n_tokens", "total")):  # fmt: skip
+        for column, label in (
+            ("prompt_len", "prompt"),
+            ("completion_len", "completion"),
+            ("n_tokens", "total"),
+        ):
             stats.append([f"{label} tokens", *quantiles(data.tokens[column]).values()])
     section.blocks.append(table(["", "n", "mean", "median", "p90", "max"], stats))
     return section
@@ -254,10 +257,12 @@ def section_generation(data: RunData) -> Section:
         header += ["most in flight", "most queued by the server"]
         rows = [
             [e["url"], e["cap"], e["jobs"], e["wall_s"], e["busy_s"], pct(e["utilisation"])]
-            + [e["max_in_flight"], "not published" if e["max_server_waiting"] is None
-               else e["max_server_waiting"]]
+            + [
+                e["max_in_flight"],
+                "not published" if e["max_server_waiting"] is None else e["max_server_waiting"],
+            ]
             for e in endpoints
-        ]  # fmt: skip
+        ]
         section.blocks.append(table(header, rows))
         section.notes.append(
             "Endpoints over the latest run's shard jobs (logs/{run}/generate_responses/"
@@ -312,12 +317,18 @@ def section_hidden(data: RunData) -> Section:
 def backend_agreement_block(verify: dict[str, Any]) -> str:
     """hidden/verify.json: vLLM's states against transformers' on the first samples."""
     rows = [
-        ("samples / model dtype / tolerance",
-         f"{verify['samples']} / {verify['model_dtype']} / {verify['tolerance']:.1e}"),
-        *[(f"layer {name}: max / mean relative",
-           f"{f['max_relative']:.2e} / {f['mean_relative']:.2e}")
-          for name, f in verify["layers"].items()],
-    ]  # fmt: skip
+        (
+            "samples / model dtype / tolerance",
+            f"{verify['samples']} / {verify['model_dtype']} / {verify['tolerance']:.1e}",
+        ),
+        *[
+            (
+                f"layer {name}: max / mean relative",
+                f"{f['max_relative']:.2e} / {f['mean_relative']:.2e}",
+            )
+            for name, f in verify["layers"].items()
+        ],
+    ]
     return "<h3>vLLM against transformers (hidden.verify_samples)</h3>" + key_values(rows)
 
 
@@ -325,11 +336,13 @@ def draft_vocab_block(summary: dict[str, Any]) -> str:
     """The draft vocabulary: its size, and the share of completion tokens inside it (below 1,
     training skips the positions whose target token is outside and counts them)."""
     rows = [
-        ("draft / target vocabulary (ids)",
-         f"{fmt(summary['draft_vocab_size'])} / {fmt(summary['target_vocab_size'])}"),
+        (
+            "draft / target vocabulary (ids)",
+            f"{fmt(summary['draft_vocab_size'])} / {fmt(summary['target_vocab_size'])}",
+        ),
         ("distinct ids in completions", summary.get("distinct_ids_seen")),
         ("coverage of completion tokens", pct(summary["coverage"], 2)),
-    ]  # fmt: skip
+    ]
     return "<h3>Draft vocabulary</h3>" + key_values(rows)
 
 

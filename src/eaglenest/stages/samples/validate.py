@@ -17,8 +17,8 @@ from typing import Any
 import pandera.errors
 import polars as pl
 
-from eaglenest.client.reasoning import THINK_END, THINK_START
 from eaglenest.common.io import atomic_path, read_json, write_json
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.formats.raw import TOKEN_ID_COLUMNS, RawSchema, bad_token_ids
 from eaglenest.formats.samples import SAMPLE_COLUMNS, samples_schema
 from eaglenest.settings.samples import ValidationSettings

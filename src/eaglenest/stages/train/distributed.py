@@ -157,8 +157,14 @@ def multi_node_command(settings: TrainSettings, args_file: Path, environ=os.envi
         )
     rendezvous = f"{hosts[0]}:{RENDEZVOUS_PORT}"
     job_id = environ.get("SLURM_JOB_ID", "eaglenest-train")
-    srun = ["srun", f"--nodes={settings.nodes}", f"--ntasks={settings.nodes}",
-            "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]  # fmt: skip
+    srun = [
+        "srun",
+        f"--nodes={settings.nodes}",
+        f"--ntasks={settings.nodes}",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+    ]
     return [*srun, *torchrun_command(settings, args_file, rendezvous, f"eaglenest-{job_id}")]
 
 

@@ -7,7 +7,7 @@ Robustness: a journal of checkpoints and metrics outside the rule's outputs lets
 kill resume exactly where the last checkpoint was (checkpoint.py).
 
 States: from hidden-state files, or (hidden.store none/budget) asked of the capture servers
-ahead of the steps that read them (client/capture_states.py), packed as the files
+ahead of the steps that read them (capture/reader.py), packed as the files
 would hold them; `data_wait_share` is the share of the time the loop waited for them.
 
 Several GPUs, on one node or several (train.gpus, train.nodes): under torchrun (WORLD_SIZE > 1) the model is wrapped in DDP and rank r takes every
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from eaglenest.client.capture_states import PooledStates, ask_ahead, open_pooled_shards
+from eaglenest.capture.reader import PooledStates, ask_ahead, open_pooled_shards
 from eaglenest.common.io import write_json
 from eaglenest.common.threads import job_threads, use_threads
 from eaglenest.drafter.batches import (

@@ -11,12 +11,11 @@ import torch
 from support.drafter_sizes import CONFIG
 
 from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
-from eaglenest.stages.evaluate.evaluate import (
+from eaglenest.stages.evaluate.live import live, per_position_acceptance
+from eaglenest.stages.evaluate.simulated import (
     AcceptanceCounts,
     chain_predictions,
-    live,
     lookup_predictions,
-    per_position_acceptance,
 )
 from eaglenest.stages.evaluate.speculative import (
     prompt_lookup,

@@ -15,16 +15,16 @@ import pytest
 
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.formats.prompts import PromptsSchema, empty_prompts_frame
-from eaglenest.settings.prompts import source_kind
-from eaglenest.stages.prompts.listing import walk_order
-from eaglenest.stages.prompts.normalise import SKIP_REASONS, prompt_id
-from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts, write_prompt_shard
-from eaglenest.stages.prompts.shards import (
+from eaglenest.run.shards import (
     prepared_params_json,
     shard_bounds,
     shard_ids,
     shard_params_json,
 )
+from eaglenest.settings.prompts import source_kind
+from eaglenest.stages.prompts.listing import walk_order
+from eaglenest.stages.prompts.normalise import SKIP_REASONS, prompt_id
+from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts, write_prompt_shard
 from eaglenest.stages.prompts.sources import PromptSourceError, local_source_files
 
 

@@ -17,9 +17,9 @@ from aiohttp import web
 from safetensors.torch import save_file
 from support.servers import free_port
 
-from eaglenest.client import capture_pool
-from eaglenest.client.capture_pool import MOVES_MAX, CapturePool, CaptureServerError
-from eaglenest.formats.state_file import read_request_file
+from eaglenest.capture import pool as capture_pool
+from eaglenest.capture.pool import MOVES_MAX, CapturePool, CaptureServerError
+from eaglenest.capture.state_file import read_request_file
 
 MODEL = "eaglenest-capture-test"
 PROMPT = np.arange(5, dtype=np.int64)

@@ -1,4 +1,5 @@
-"""The run's prompt options and its shards: ids, bounds and the params JSON of the prompt rules.
+"""The run's shards: ids, bounds and the params JSON of the prompt rules (run/split.py divides
+them).
 
 Cheap (no data is read): Snakemake calls these at parse time, and every cluster job parses the
 workflow again.

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.stages.hidden_states.capture_server import merged_config, server_address
-from eaglenest.vllm_engine.capture_request import served_name
+from eaglenest.capture.request import served_name
+from eaglenest.capture.server import merged_config, server_address
 from eaglenest.vllm_engine.cpu import server_flags
 
 REPO = Path(__file__).resolve().parents[3]
@@ -75,7 +75,7 @@ def test_false_engine_arguments_become_no_flags():
 
 
 def test_serve_capture_refuses_a_config_without_the_vllm_backend(tmp_path):
-    from eaglenest.stages.hidden_states.capture_server import server_request
+    from eaglenest.capture.server import server_request
     from eaglenest.vllm_engine.process import EngineError
 
     config = merged_config([str(REPO / "config" / "config.yaml")])
@@ -85,7 +85,7 @@ def test_serve_capture_refuses_a_config_without_the_vllm_backend(tmp_path):
 
 
 def test_serve_capture_says_how_to_build_a_missing_demo_target(tmp_path, monkeypatch):
-    from eaglenest.stages.hidden_states.capture_server import server_request
+    from eaglenest.capture.server import server_request
     from eaglenest.vllm_engine.process import EngineError
 
     override = tmp_path / "override.yaml"

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from eaglenest.common.hidden_store import (
-    hidden_bytes_per_token,
-    shards_that_fit,
-    target_hidden_size,
-)
+from eaglenest.run.shards import shard_bounds
+from eaglenest.run.split import ShardSplit, split_shards
+from eaglenest.run.store import hidden_bytes_per_token, target_hidden_size
+from eaglenest.settings.hidden_states import STORE_MODES
 
 # Measured by rates_from_run on a finished small demo run here (config/tests/demo-small.yaml: the
 # embedded demo server generating, the transformers capture, 2 epochs of training) on the shared
@@ -45,7 +43,6 @@ DEMO_RATES = {
 }
 # Bytes per token of the files every shard keeps besides its hidden states (same run).
 DEMO_BYTES_PER_TOKEN = {"raw": 10.5, "samples": 7.6, "tokens": 3.1}
-STORE_MODES = ("files", "none", "budget")
 DEFAULT_CACHE_GB = 1000.0  # budget mode, when the config has no hidden.cache_gb yet
 
 
@@ -103,15 +100,6 @@ class RunPlan:
         return self.train_shards + self.eval_shards
 
 
-def split_shards(config: dict[str, Any]) -> tuple[int, int]:
-    """(training shards, held-out shards), as rules/common.smk splits them."""
-    prompts = config["prompts"]
-    shards = math.ceil(prompts["max_samples"] / prompts["shard_size"])
-    wanted = config["train"]["eval_shards"]
-    heldout = min(wanted, shards) if isinstance(wanted, int) else len(set(wanted))
-    return shards - heldout, heldout
-
-
 @dataclass(frozen=True)
 class Scale:
     """What the hours divide by: endpoints, capture engines, training processes."""
@@ -139,34 +127,46 @@ def hours(n_tokens: float, tokens_per_s: float, parallel: int) -> float:
 def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
     """The plan of a validated config (schema defaults filled in)."""
     prompts = config["prompts"]
-    train_shards, eval_shards = split_shards(config)
-    shards = train_shards + eval_shards
+    splits = {
+        mode: split_shards(config, mode, assumptions.cache_gb, assumptions.hidden_size)
+        for mode in STORE_MODES
+    }
+    split = splits[config["hidden"]["store"]]
     tokens = prompts["max_samples"] * assumptions.tokens_per_sample
     per_token = hidden_bytes_per_token(config, assumptions.hidden_size)
     scale = Scale.of(config)
-    stages = stage_rows(config, assumptions, scale, (train_shards, eval_shards), tokens, per_token)
+    stages = stage_rows(config, assumptions, scale, split, tokens, per_token)
     other_bytes = sum(row.disk_bytes for row in stages if row.stage != "hidden")
-    epochs = config["train"]["epochs"]
-    stores = plan_stores(
-        shards, train_shards, tokens, per_token, other_bytes, epochs, assumptions,
-        max(1, scale.capture_servers),
-    )  # fmt: skip
+    engines = max(1, scale.capture_servers)
+    stores = [
+        store_row(mode, splits[mode], tokens, per_token, other_bytes, config, assumptions, engines)
+        for mode in STORE_MODES
+    ]
     return RunPlan(
-        config["run"], prompts["max_samples"], prompts["shard_size"], train_shards, eval_shards,
-        tokens, per_token, assumptions, stages, stores, plan_notes(config, assumptions),
-    )  # fmt: skip
+        run=config["run"],
+        samples=prompts["max_samples"],
+        shard_size=prompts["shard_size"],
+        train_shards=len(split.training),
+        eval_shards=len(split.heldout),
+        tokens=tokens,
+        hidden_bytes_per_token=per_token,
+        assumptions=assumptions,
+        stages=stages,
+        stores=stores,
+        notes=plan_notes(config, assumptions),
+    )
 
 
 def stage_rows(
     config: dict[str, Any],
     assumptions: Assumptions,
     scale: Scale,
-    split: tuple[int, int],
+    split: ShardSplit,
     tokens: float,
     per_token: int,
 ) -> list[StageRow]:
     """Jobs (rule by rule, as rules/*.smk plan them), shards, disk and hours of every stage."""
-    train_shards, eval_shards = split
+    train_shards, eval_shards = len(split.training), len(split.heldout)
     shards = train_shards + eval_shards
     rates, epochs = assumptions.rates, config["train"]["epochs"]
     hidden = config["hidden"]
@@ -174,13 +174,15 @@ def stage_rows(
     files = {name: tokens * b for name, b in DEMO_BYTES_PER_TOKEN.items()}
     servers = scale.capture_servers
     capture_note = f"{servers} capture server(s)" if servers else "1 engine at a time"
-    # The config's hidden.store: shards stored as files (common/hidden_store.py), the rest asked
-    # of the capture servers by the jobs that read them.
-    stored = {"files": shards, "none": 0}.get(hidden["store"]) if "store" in hidden else shards
-    if stored is None:  # budget
-        stored = shards_that_fit(assumptions.cache_gb, tokens / shards * per_token, train_shards)
-    hidden_jobs = {"extract_hidden_states": stored, "verify_hidden_states": int(verify),
-                   "save_target_head": 1}  # fmt: skip
+    # The config's hidden.store: shards stored as files (run/split.py), the rest asked of the
+    # capture servers by the jobs that read them.
+    stored = len(split.stored)
+    stored_samples = sum(len(range(*shard_bounds(config, s))) for s in split.stored)
+    hidden_jobs = {
+        "extract_hidden_states": stored,
+        "verify_hidden_states": int(verify),
+        "save_target_head": 1,
+    }
     train_tokens = tokens * train_shards / shards * epochs
     return [
         StageRow(
@@ -211,7 +213,7 @@ def stage_rows(
             "hidden",
             hidden_jobs,
             shards,
-            tokens * per_token * stored / shards,
+            tokens * per_token * stored_samples / config["prompts"]["max_samples"],
             hours(tokens, rates.capture_tokens_per_s, servers),
             f"{capture_note}, hidden.store {hidden.get('store', 'files')}",
         ),
@@ -250,41 +252,33 @@ def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
     ]
 
 
-def plan_stores(
-    shards: int,
-    train_shards: int,
+def store_row(
+    mode: str,
+    split: ShardSplit,
     tokens: float,
     per_token: int,
     other_bytes: float,
-    epochs: int,
+    config: dict[str, Any],
     assumptions: Assumptions,
     engines: int,
-) -> list[StoreRow]:
-    """Disk and capture time of each hidden.store mode. Held-out shards are captured once in
-    every mode (evaluation reads them once); training shards that are not stored are captured
-    again each epoch."""
-    shard_tokens = tokens / shards
-    shard_bytes = shard_tokens * per_token
+) -> StoreRow:
+    """Disk and capture time of one hidden.store mode, its shards split as the workflow splits
+    them (run/split.py). Held-out shards are captured once in every mode (evaluation reads them
+    once); training shards that are not stored are captured again each epoch."""
+    per_sample = tokens / config["prompts"]["max_samples"]
+    samples = {s: len(range(*shard_bounds(config, s))) for s in split.shards}
+    stored = sum(samples[s] for s in split.stored) * per_sample
+    fetched = sum(samples[s] for s in split.training if s not in split.stored) * per_sample
+    captured = tokens + fetched * (config["train"]["epochs"] - 1)
     rate = assumptions.rates.capture_tokens_per_s * engines
-    eval_shards = shards - train_shards
-    # As the workflow splits them (common/hidden_store.py): the first shards that fit.
-    fit = shards_that_fit(assumptions.cache_gb, shard_bytes, train_shards)
-    kept_train = {"files": train_shards, "none": 0, "budget": fit}
-    rows = []
-    for mode in STORE_MODES:
-        kept = kept_train[mode] + (eval_shards if mode == "files" else 0)
-        captures = kept_train[mode] + (train_shards - kept_train[mode]) * epochs + eval_shards
-        rows.append(
-            StoreRow(
-                mode=mode,
-                extract_jobs=kept,
-                stored_shards=kept,
-                hidden_bytes=kept * shard_bytes,
-                total_bytes=kept * shard_bytes + other_bytes,
-                capture_hours=captures * shard_tokens / rate / 3600,
-            )
-        )
-    return rows
+    return StoreRow(
+        mode=mode,
+        extract_jobs=len(split.stored),
+        stored_shards=len(split.stored),
+        hidden_bytes=stored * per_token,
+        total_bytes=stored * per_token + other_bytes,
+        capture_hours=captured / rate / 3600,
+    )
 
 
 # --- measuring the rates ----------------------------------------------------------------------
@@ -394,9 +388,12 @@ def format_plan(plan: RunPlan) -> str:
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--configfile", nargs="+", required=True, help="the run's config files")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key, e.g. prompts.max_samples=500000 (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument("--samples", type=int, help="prompts.max_samples")
     parser.add_argument("--tokens-per-sample", type=float, help="default: generation.max_tokens/2")
     parser.add_argument("--hidden-size", type=int, help="default: the target's config")
@@ -408,9 +405,11 @@ def add_arguments(parser: Any) -> None:
     ):
         key = f"{name}_tokens_per_s"
         parser.add_argument(
-            f"--{name}-tokens-per-s", type=float, default=DEMO_RATES[key],
+            f"--{name}-tokens-per-s",
+            type=float,
+            default=DEMO_RATES[key],
             help=f"{help_text}; default {DEMO_RATES[key]:,.0f}, measured on the demo here",
-        )  # fmt: skip
+        )
 
 
 def overridden(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:

@@ -11,10 +11,10 @@ import time
 import pytest
 from support.servers import free_port
 
-from eaglenest.client.capture_pool import CapturePool, CaptureServerError
+from eaglenest.capture.pool import CapturePool, CaptureServerError
+from eaglenest.capture.server import server_address
 from eaglenest.common.config import settings_from_sections
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.hidden_states.capture_server import server_address
 from eaglenest.vllm_engine.process import EngineError
 
 

@@ -1,5 +1,5 @@
 """What a vLLM capture engine is started with, for the offline engine of a shard job
-(vllm_engine/capture.py) and for the run's capture server (capture_server.py, vllm_engine/serve.py) alike, and
+(vllm_engine/capture.py) and for the run's capture server (capture/server.py, vllm_engine/serve.py) alike, and
 the name that server serves under."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eaglenest.settings.hidden_states import HiddenSettings
-from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.vllm_engine.process import EngineError
+
+if TYPE_CHECKING:
+    from eaglenest.settings.hidden_states import HiddenSettings
+    from eaglenest.settings.vllm import VllmRuntime
 
 
 class VllmCaptureError(EngineError):

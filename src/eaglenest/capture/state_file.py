@@ -2,7 +2,7 @@
 request, our CPU variant in vllm_engine/connector.py): read once vLLM has finished writing it,
 then deleted. vLLM takes the file's `.lock` before it answers and frees it once the file is
 written, or when its process ends; a file missing or torn after the wait was lost with its
-server (StateFileLost), and the capture pool sends the sample to another (client/capture_pool.py).
+server (StateFileLost), and the capture pool sends the sample to another (capture/pool.py).
 """
 
 from __future__ import annotations

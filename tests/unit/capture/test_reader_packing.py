@@ -1,6 +1,6 @@
 """Training from the capture servers (hidden.store none) reads exactly what training from files
 reads: one capture answer (a state file as our connector writes it: `hidden_states` [T, 4, H] and
-`token_ids`) packed by the pool path (client/capture_states.pack_answer) equals, tensor for tensor
+`token_ids`) packed by the pool path (capture/reader.pack_answer) equals, tensor for tensor
 and dtype for dtype, the same answer packed into a real hidden-state file by the capture stage
 (vllm_backend.pack_request) and read back with HiddenShard.sample, for every storage dtype (fp8's
 rounding and scales included) and both target signals."""
@@ -47,6 +47,7 @@ def answers(directory: Path, frame: pl.DataFrame) -> list[str]:
 
 
 def file_samples(tmp_path: Path, frame, tokens: Path, signal, dtype: str, kind: str) -> list:
+    from eaglenest.capture.state_file import read_request_file
     from eaglenest.common.config import settings_from_sections
     from eaglenest.formats.hidden_shard import (
         FORMAT,
@@ -54,7 +55,6 @@ def file_samples(tmp_path: Path, frame, tokens: Path, signal, dtype: str, kind: 
         open_hidden_shard,
         tensor_specs,
     )
-    from eaglenest.formats.state_file import read_request_file
     from eaglenest.settings.hidden_states import HiddenSettings
     from eaglenest.stages.hidden_states.vllm_backend import pack_request
 
@@ -77,7 +77,7 @@ def file_samples(tmp_path: Path, frame, tokens: Path, signal, dtype: str, kind: 
 @pytest.mark.parametrize("kind", ["final_hidden", "topk"])
 @pytest.mark.parametrize("dtype", ["fp8", "bf16", "fp32"])
 def test_a_capture_answer_packs_as_the_hidden_state_file_holds_it(tmp_path, dtype, kind):
-    from eaglenest.client.capture_states import pack_answer
+    from eaglenest.capture.reader import pack_answer
 
     frame = pl.DataFrame({
         "id": ["a", "b"],

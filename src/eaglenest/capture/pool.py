@@ -36,11 +36,10 @@ from typing import TypeVar
 import aiohttp
 import numpy as np
 
-from eaglenest.client.credentials import redacted_url
+from eaglenest.capture.state_file import StateFileLost
 from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.slots import POLL_S, EndpointSlots
-from eaglenest.client.urls import api_base, endpoint_path
-from eaglenest.formats.state_file import StateFileLost
+from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

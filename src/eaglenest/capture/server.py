@@ -37,14 +37,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eaglenest.capture.request import engine_request, served_name
 from eaglenest.common.command import run_command
 from eaglenest.common.config import ConfigError, merged_config
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
-from eaglenest.stages.hidden_states.plan import checked_aux_layer_ids
 from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
-from eaglenest.target_model.loading import load_text_config
-from eaglenest.vllm_engine.capture_request import engine_request, served_name
+from eaglenest.target_model.loading import checked_aux_layer_ids, load_text_config
 from eaglenest.vllm_engine.process import (
     EngineError,
     die_with_parent,

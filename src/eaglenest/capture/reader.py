@@ -7,11 +7,11 @@ none, and budget's shards that are not stored): training and evaluation, instead
     ...                       # shard.sample(i) as HiddenShard.sample(i) of the file, exactly
     states.close()
 
-The pool is the capture stage's (client/capture_pool.py): the same `vllm.capture_urls`,
+The pool is the capture stage's (capture/pool.py): the same `vllm.capture_urls`,
 served-name check, per-server caps, retries and wait for a server to come back. Each answer is
 packed by the capture stage's own functions (formats/capture_answer.request_rows, then
 formats/hidden_shard.stored_rows, and loaded_rows when read): rounded to the storage dtype (fp8
-included) and with the same target signal (target_model/final_signal.py) as a file would hold,
+included) and with the same target signal (capture/final_signal.py) as a file would hold,
 so training from the servers equals training from files.
 Nothing hidden-state-shaped is written by this job; the servers' own per-request state files,
 vLLM's transport to us (vllm_engine/connector.py), are read and deleted as in the capture stage,
@@ -43,8 +43,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from eaglenest.capture.answer import request_rows
+from eaglenest.capture.final_signal import FinalSignal
+from eaglenest.capture.pool import CapturePool, remove_state_file
+from eaglenest.capture.request import engine_request, served_name
+from eaglenest.capture.state_file import read_request_file
+from eaglenest.formats.hidden_shard import loaded_rows, stored_rows
+from eaglenest.formats.tokens import read_tokens
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.target_model.files import resolve_target_dir
+from eaglenest.target_model.loading import default_aux_layer_ids, load_text_config
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +67,6 @@ def stored_answer(
     """Sample `i` of a tokens frame from the state file a capture server wrote for it (read, then
     deleted): its tensors as a hidden-state file would store them (the capture stage's own
     functions: request_rows, stored_rows)."""
-    from eaglenest.formats.capture_answer import request_rows
-    from eaglenest.formats.hidden_shard import stored_rows
-    from eaglenest.formats.state_file import read_request_file
-
     aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
     return stored_rows(aux, target, ids, mask, dtype, n_aux)
 
@@ -71,8 +76,6 @@ def pack_answer(
 ) -> dict[str, torch.Tensor]:
     """`stored_answer` as `HiddenShard.sample` reads it from a file (loaded_rows): what a
     pooled shard's `sample(i)` gives."""
-    from eaglenest.formats.hidden_shard import loaded_rows
-
     return loaded_rows(stored_answer(frame, i, path, signal, dtype, n_aux, tokens))
 
 
@@ -80,8 +83,6 @@ class PooledShard:
     """A tokens shard whose states come from the capture servers, read as a HiddenShard."""
 
     def __init__(self, states: PooledStates, tokens: str | Path, number: int):
-        from eaglenest.formats.tokens import read_tokens
-
         self.states, self.number, self.path = states, number, Path(tokens)
         self.frame = read_tokens(tokens)
         offsets = np.zeros(len(self.frame) + 1, dtype=np.int64)
@@ -172,11 +173,6 @@ class PooledStates:
         key: str,
         ahead_tokens: int,
     ):
-        from eaglenest.target_model.files import resolve_target_dir
-        from eaglenest.target_model.final_signal import FinalSignal
-        from eaglenest.target_model.loading import default_aux_layer_ids, load_text_config
-        from eaglenest.vllm_engine.capture_request import engine_request, served_name
-
         if not runtime.capture_urls:
             raise ValueError("hidden.store none/budget: vllm.capture_urls names no capture server")
         target = settings.target
@@ -208,7 +204,6 @@ class PooledStates:
         self.thread.start()
         # Here, not at the top: training and evaluation import this module in every mode, and
         # the pool's HTTP client (aiohttp) is not on a GPU training machine that reads files.
-        from eaglenest.client.capture_pool import CapturePool
 
         self.pool = CapturePool(
             list(runtime.capture_urls),
@@ -224,8 +219,10 @@ class PooledStates:
             raise
         log.info(
             "states from the capture servers %s (%s), up to %d tokens asked ahead",
-            ", ".join(runtime.capture_urls), self.model, self.ahead,
-        )  # fmt: skip
+            ", ".join(runtime.capture_urls),
+            self.model,
+            self.ahead,
+        )
 
     @classmethod
     def of_job(
@@ -298,7 +295,6 @@ class PooledStates:
 
     def take(self, shard: PooledShard, i: int) -> dict[str, torch.Tensor]:
         stream = self.streams.get(shard.number)
-        from eaglenest.formats.hidden_shard import loaded_rows
 
         future = stream.take(shard, i) if stream is not None else self.submit(shard, i)
         return loaded_rows(future.result())
@@ -319,8 +315,6 @@ class PooledStates:
     def _remove_leftovers(self) -> None:
         """State files of this job's earlier attempts (a killed job's last requests are written
         by the servers after it died) and of requests cancelled at the end."""
-        from eaglenest.client.capture_pool import remove_state_file
-
         for directory in self.storage_dirs:
             for path in Path(directory).glob(f"cmpl-eaglenest-{self.key}-*"):
                 if not path.name.endswith(".lock"):

@@ -1,8 +1,8 @@
 """A capture server's answer for one sample (vLLM's per-request state file, written by our
-connector, vllm_engine/connector.py; read by formats/state_file.py) turned into the rows a
+connector, vllm_engine/connector.py; read by capture/state_file.py) turned into the rows a
 hidden-state shard holds, its token ids checked against the sample's. The one
 conversion of the capture stage (stages/hidden_states/vllm_backend.py) and of the jobs that ask
-the capture servers for states instead of reading files (client/capture_states.py).
+the capture servers for states instead of reading files (capture/reader.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def sample_rows(input_ids, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def request_rows(frame, i: int, states, signal, tokens: Path) -> tuple:
     """(aux, target signal, input_ids, loss_mask) of sample `i` of a tokens frame from its state
-    file's tensors (formats/state_file.py, `read_request_file`), its token ids checked against the sample's: what
+    file's tensors (capture/state_file.py, `read_request_file`), its token ids checked against the sample's: what
     `ShardWriter.write_sample` and `formats.hidden_shard.stored_rows` take. Shared by the capture
     stage and by training from the capture servers (hidden.store none), so both pack alike."""
     ids, mask = sample_rows(frame["input_ids"][i].to_numpy(), frame["prompt_len"][i])

@@ -1,7 +1,7 @@
 """The target signal of the loss from the output of the target's last decoder layer, as the
 vLLM capture gives it (layer N, before the final norm): the final norm, then the LM head for
 top-k. Used by the capture stage (stages/hidden_states/vllm_backend.py) and by the jobs that ask
-the capture servers for states (client/capture_states.py), so both compute the same signal."""
+the capture servers for states (capture/reader.py), so both compute the same signal."""
 
 from __future__ import annotations
 

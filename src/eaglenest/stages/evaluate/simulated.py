@@ -1,0 +1,231 @@
+"""Simulated acceptance, from stored features: at every position t whose next token x[t+1] is a
+completion token, the drafter runs its chain of K steps (the training-time-test forward with K
+steps) and step i is compared with the target's greedy token at position t+1+i. Feeding the data
+token x[t+1+i] to step i equals feeding the drafter's own prediction as long as the chain has
+matched so far, except where the stored (sampled) token differs from the greedy one: there the
+real chain would continue on a sequence we have no features for, so it is counted up to that
+token and cut (reported as `cut_by_sampling`). Only positions with room for K steps count.
+
+Baselines on the same data: an untrained drafter (same architecture and initialisation seed) and
+prompt lookup (n-gram drafting from the context)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from eaglenest.capture.reader import ask_ahead
+from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch
+from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.settings.evaluate import EvaluateSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AcceptanceCounts:
+    k: int
+    positions: int = 0
+    accepted: int = 0
+    reached: np.ndarray | None = None  # chains that got to step i
+    hits: np.ndarray | None = None  # of those, step i matched
+    cut_by_sampling: int = 0
+
+    def __post_init__(self):
+        self.reached = np.zeros(self.k, dtype=np.int64)
+        self.hits = np.zeros(self.k, dtype=np.int64)
+
+    def add(self, predicted: torch.Tensor, greedy: torch.Tensor, data_next: torch.Tensor) -> None:
+        """Chains [N, K]: draft i, the target's greedy token there, and the stored token after
+        the draft's position (the input of step i+1)."""
+        match = predicted == greedy
+        goes_on = match & (data_next == greedy)
+        reached = torch.ones_like(match)
+        reached[:, 1:] = goes_on[:, :-1].cumprod(dim=1).bool()
+        accepted = reached & match
+        self.positions += int(predicted.shape[0])
+        self.accepted += int(accepted.sum())
+        self.reached += reached.sum(0).cpu().numpy()
+        self.hits += accepted.sum(0).cpu().numpy()
+        self.cut_by_sampling += int((accepted & ~goes_on).sum())
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "acceptance_length": 1 + self.accepted / max(self.positions, 1),
+            "conditional_acceptance": [
+                float(h / r) if r else 0.0 for h, r in zip(self.hits, self.reached, strict=True)
+            ],
+            "positions": self.positions,
+            "cut_by_sampling": self.cut_by_sampling,
+        }
+
+
+def chain_positions(loss_mask: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, T] bool: t where x[t+1] is a completion token and steps up to t+1+k stay inside."""
+    b, t = loss_mask.shape
+    index = torch.arange(t)[None].expand(b, t)
+    next_is_completion = torch.zeros_like(loss_mask)
+    next_is_completion[:, :-1] = loss_mask[:, 1:]
+    return next_is_completion & (index + 1 + k <= lengths[:, None] - 1)
+
+
+def shifted_stack(x: torch.Tensor, first: int, k: int, fill: int = -1) -> torch.Tensor:
+    """[B, T, K]: out[:, t, i] = x[:, t + first + i]."""
+    b, t = x.shape
+    padded = torch.cat([x, torch.full((b, first + k), fill, dtype=x.dtype)], dim=1)
+    return torch.stack([padded[:, first + i : first + i + t] for i in range(k)], dim=-1)
+
+
+@torch.no_grad()
+def simulate(
+    proposers: dict[str, Eagle3Drafter | int],
+    plan: BatchPlan,
+    signal: TargetSignal,
+    ks: tuple[int, ...],
+    device: str = "cpu",
+    depths: tuple[int, ...] = (),
+) -> dict[str, dict[str, Any]]:
+    """Simulated acceptance for each proposer (a drafter, or an int = prompt-lookup n-gram).
+    With `depths`, also the first proposer's at the positions at or past each depth, under
+    "by_depth": depth (str) -> K (str) -> figures."""
+    counts = {name: {k: AcceptanceCounts(k) for k in ks} for name in proposers}
+    first = next(iter(proposers))
+    by_depth = {d: {k: AcceptanceCounts(k) for k in ks} for d in depths}
+    kmax = max(ks)
+    order = plan.epoch_order(0)
+    ask_ahead(plan.shards, order)  # states from the capture servers (hidden.store none/budget)
+    for refs in order:
+        on_device = signal.fill(build_batch(refs, plan.shards).to(device))
+        batch = on_device.to("cpu")
+        lengths = torch.tensor([r.length for r in refs])
+        # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
+        greedy_draft = batch.target_logits.argmax(-1)
+        greedy = torch.where(batch.in_draft_vocab, signal.draft_ids.cpu()[greedy_draft], -1)
+        greedy_next = shifted_stack(greedy, 1, kmax)  # what step i must match
+        data_next = shifted_stack(batch.input_ids, 2, kmax)  # the input of step i + 1
+        for name, proposer in proposers.items():
+            if isinstance(proposer, int):
+                predicted = lookup_predictions(
+                    batch.input_ids, lengths, batch.loss_mask, kmax, proposer
+                )
+            else:
+                start = chain_positions(batch.loss_mask, lengths, min(ks))
+                predicted = chain_predictions(
+                    proposer, on_device, start, greedy_next, data_next, kmax
+                )
+            for k in ks:
+                where = chain_positions(batch.loss_mask, lengths, k)
+                chains = (predicted[..., :k], greedy_next[..., :k])
+                counts[name][k].add(chains[0][where], chains[1][where], data_next[where, :k])
+                for depth in depths if name == first else ():
+                    deep = where & (torch.arange(where.shape[1])[None] >= depth)
+                    by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep, :k])
+    results = {
+        name: {str(k): c.result() for k, c in per_k.items()} for name, per_k in counts.items()
+    }
+    if depths:
+        results["by_depth"] = {
+            str(d): {str(k): c.result() for k, c in per_k.items()} for d, per_k in by_depth.items()
+        }
+    return results
+
+
+def chain_predictions(
+    drafter: Eagle3Drafter,
+    batch,
+    start: torch.Tensor,
+    greedy_next: torch.Tensor,
+    data_next: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """[B, T, K] the drafter's step-i draft (a target id) at each position whose chain reaches
+    step i: from the positions in `start`, on while each step matches the target's greedy token
+    and the data goes on with it (AcceptanceCounts' `reached`); -3 (no token) elsewhere. The
+    LM head runs only there: the counts are those of every position's whole chain, for a
+    fraction of the head's cost (a chain mostly ends at its first or second step)."""
+    b, t = start.shape
+    predicted = torch.full((b, t, k), -3, dtype=torch.long)
+    alive = start.clone()
+    steps = drafter.teacher_forced_states(batch.aux, batch.input_ids, k)
+    for i, normed in enumerate(steps):
+        rows = alive.to(normed.device)
+        draft = drafter.lm_head(normed[rows]).argmax(-1)
+        predicted[..., i][alive] = drafter.draft_to_target(draft).cpu()
+        goes_on = data_next[..., i] == greedy_next[..., i]
+        alive &= (predicted[..., i] == greedy_next[..., i]) & goes_on
+        if not alive.any():
+            break
+    return predicted
+
+
+def lookup_predictions(
+    input_ids: torch.Tensor, lengths: torch.Tensor, loss_mask: torch.Tensor, k: int, ngram: int
+) -> torch.Tensor:
+    """[B, T, K] prompt-lookup drafts at every drafting position (-2 where it proposes nothing):
+    at each position, `prompt_lookup` of the context so far, from an index of each n-gram's
+    latest start that grows with the context (linear in a sample's length; searching the
+    context at each position was quadratic: minutes for the long demo's 9,000-token samples)."""
+    b, t = input_ids.shape
+    out = torch.full((b, t, k), -2, dtype=torch.long)
+    for row in range(b):
+        ids = input_ids[row, : int(lengths[row])].tolist()
+        latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]
+        for pos in range(len(ids) - 1):
+            size = pos + 2  # the context is ids[:size]
+            # The n-grams that now start early enough to have a token after them in the context.
+            for n in range(1, ngram + 1):
+                start = size - n - 1
+                if start >= 0:
+                    latest[n][tuple(ids[start : start + n])] = start
+            if not loss_mask[row, pos + 1]:
+                continue
+            for n in range(min(ngram, size - 1), 0, -1):
+                start = latest[n].get(tuple(ids[size - n : size]))
+                if start is not None:
+                    drafts = ids[start + n : min(start + n + k, size)]
+                    out[row, pos, : len(drafts)] = torch.tensor(drafts, dtype=torch.long)
+                    break
+    return out
+
+
+def untrained_like(model: Eagle3Drafter, seed: int) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    fresh = Eagle3Drafter(model.config)
+    fresh.embed_tokens.weight.data.copy_(model.embed_tokens.weight.data)
+    fresh.set_vocab(model.d2t, model.t2d)
+    return fresh.to(model.fc.weight.device).eval()
+
+
+def simulate_all(
+    drafter: Eagle3Drafter, shards: list, signal: TargetSignal, settings: EvaluateSettings, device
+) -> dict[str, dict[str, Any]]:
+    """`simulate` of the drafter, its untrained twin and prompt lookup on the held-out shards."""
+    untrained = untrained_like(drafter, settings.seed)
+    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
+    proposers = {"eagle3": drafter, "untrained": untrained}
+    proposers["prompt_lookup"] = settings.prompt_lookup_ngram
+    return simulate(proposers, plan, signal, settings.ks, device, settings.depths)
+
+
+def simulated_metrics(
+    settings: EvaluateSettings, heldout_hidden: list[str | Path], simulated: dict[str, Any]
+) -> dict[str, Any]:
+    """metrics.json's frame: the simulated figures, the live and engine ones still to come."""
+    return {
+        "ks": list(settings.ks),
+        "heldout_shards": [Path(p).stem for p in heldout_hidden],
+        "simulated": simulated["eagle3"],
+        "baselines": {
+            "untrained": simulated["untrained"],
+            "prompt_lookup": simulated["prompt_lookup"],
+        },
+        "live": None,
+        "live_baselines": None,
+        "live_skipped_reason": None,
+        "definition": "acceptance length = 1 + accepted draft tokens per verification round",
+    }
