@@ -87,4 +87,4 @@ fmt: $(STAMP)
 	$(BIN)/ruff format src scripts tests bench experiments
 
 clean:
-	rm -rf results logs benchmarks .snakemake
+	rm -rf results logs benchmarks .snakemake .cache

@@ -17,8 +17,8 @@ after a failure:
 - packed: a packed batch (`BatchPlan(packed=True)`, `build_packed_batch`) through the dense masked
   block and through the linear-memory path gives the loss and gradients of the same samples one
   to a row (`build_batch`);
-- train: `train_drafter` on synthetic shards (bench/train.py `write_run`, the demo's sizes) on the
-  CPU in float32, on the device in float32 and in bf16: the loss curves agree;
+- train: `train_drafter` on synthetic shards (tests/support/synthetic_run.py, the demo's sizes)
+  on the CPU in float32, on the device in float32 and in bf16: the loss curves agree;
 - capture: the transformers capture backend (`load_target`, `AuxCapture`, `forward_batch`) on a
   random Qwen3 target: aux states, final hidden states and top-k on the device against the CPU;
 - fp8: `fp8_quantize` / `fp8_dequantize` on the device against the CPU, and a fp8 hidden shard
@@ -230,11 +230,11 @@ def train_settings(**train: Any):
 
 def demo_run(ctx: Context) -> dict:
     """Synthetic hidden shards, target head, draft vocab and target config at the demo's sizes
-    (bench/train.py `write_run`), made once per check."""
+    (tests/support/synthetic_run.py, through bench/train.py), made once per check."""
     if "demo_run" not in ctx.cache:
         root = Path(tempfile.mkdtemp(prefix="demo_run-", dir=ctx.root))
         size = bench_train().SIZES["demo"]
-        ctx.cache["demo_run"] = bench_train().write_run(root, size, samples=48, shards=2)
+        ctx.cache["demo_run"] = bench_train().write_synthetic_run(root, size, 48, shards=2)
     return ctx.cache["demo_run"]
 
 

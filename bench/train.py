@@ -1,9 +1,9 @@
 """Training benchmark: tokens/s of drafter training and the share of time spent waiting for data.
 
 Hidden-state shards of random features are written in the stage's format (same tensors and
-metadata as the hidden-state stage writes), then `train_drafter` runs on them as the pipeline does:
-memory-mapped reads, batches built in a prefetch thread, the target's logits from the stored
-final hidden state, TTT with 7 steps. Figures:
+metadata as the hidden-state stage writes: tests/support/synthetic_run.py), then `train_drafter`
+runs on them as the pipeline does: memory-mapped reads, batches built in a prefetch thread, the
+target's logits from the stored final hidden state, TTT with 7 steps. Figures:
 - tokens/s of the stage (padded batch tokens per second of the training loop),
 - data-wait share: time the loop waited for a batch / loop time (goal < 10%),
 - a bare loop (the same batches already in memory, no loader): the stage's ratio to it.
@@ -28,7 +28,6 @@ Usage: python bench/train.py [--quick] [--device cpu|cuda] [--steps N] [--json o
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -41,7 +40,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.synthetic_run import write_synthetic_run
 
 from eaglenest.drafter.batches import (
     Batch,
@@ -53,7 +54,6 @@ from eaglenest.drafter.batches import (
 from eaglenest.drafter.config import DrafterConfig
 from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
-from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.initialise import build_drafter
@@ -86,71 +86,6 @@ SIZES = {
         "max_batch_tokens": 16384,
     },
 }
-
-
-def write_run(root: Path, size: dict, samples: int, shards: int, seed: int = 0) -> dict:
-    """Random hidden shards, target head, draft vocab and target config in the stages' formats."""
-    from transformers import Qwen3Config
-
-    rng = np.random.default_rng(seed)
-    h, v, d = size["hidden_size"], size["vocab_size"], size["draft_vocab_size"]
-    layers = size["num_hidden_layers"]
-    layer_ids = [2, layers // 2, layers - 3]
-    Qwen3Config(
-        hidden_size=h,
-        intermediate_size=size["intermediate_size"],
-        num_attention_heads=size["num_attention_heads"],
-        num_key_value_heads=size["num_key_value_heads"],
-        head_dim=size["head_dim"],
-        num_hidden_layers=layers,
-        vocab_size=v,
-    ).save_pretrained(root / "target")
-    common = {"format": FORMAT, "aux_layer_ids": json.dumps(layer_ids), "hidden_size": str(h)}
-    embed = torch.randn(v, h) * 0.02
-    save_file(
-        {"embed_tokens.weight": embed, "lm_head.weight": torch.randn(v, h) * 0.02},
-        str(root / "head.safetensors"),
-        metadata={**common, "vocab_size": str(v)},
-    )
-    draft = np.sort(rng.choice(v, d, replace=False))
-    t2d = torch.zeros(v, dtype=torch.bool)
-    t2d[torch.from_numpy(draft)] = True
-    save_file(
-        {"d2t": torch.from_numpy(draft - np.arange(d)), "t2d": t2d},
-        str(root / "vocab.safetensors"),
-    )
-    paths = []
-    per_shard = samples // shards
-    for s in range(shards):
-        lengths = rng.integers(*size["lengths"], per_shard)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        total = int(offsets[-1])
-        mask = np.zeros(total, dtype=np.uint8)
-        for begin, end in itertools.pairwise(offsets):
-            mask[begin + (end - begin) // 4 : end] = 1  # the first quarter is the prompt
-        tensors = {
-            "aux": torch.randn(total, 3 * h).to(torch.bfloat16),
-            "final_hidden": torch.randn(total, h).to(torch.bfloat16),
-            "input_ids": torch.from_numpy(rng.integers(0, v, total)),
-            "loss_mask": torch.from_numpy(mask),
-            "offsets": torch.from_numpy(offsets.astype(np.int64)),
-        }
-        metadata = {
-            **common,
-            "dtype": "bf16",
-            "target_signal": "final_hidden",
-            "sample_ids": json.dumps([f"{s}-{i}" for i in range(per_shard)]),
-        }
-        path = root / f"{s:05d}.safetensors"
-        save_file(tensors, str(path), metadata=metadata)
-        paths.append(str(path))
-    return {
-        "train_shards": paths,
-        "eval_shards": [],
-        "target_head": str(root / "head.safetensors"),
-        "draft_vocab": str(root / "vocab.safetensors"),
-        "target_path": str(root / "target"),
-    }
 
 
 def bare_loop(run: dict, settings: TrainSettings, steps: int, device: str) -> float:
@@ -325,7 +260,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        run = write_run(root, size, samples=samples, shards=2)
+        run = write_synthetic_run(root, size, samples=samples, shards=2)
         arguments = {k: v for k, v in run.items() if k != "target_path"}
         report = train_drafter(
             **arguments,

@@ -14,9 +14,8 @@ from eaglenest.stages.evaluate.evaluate import evaluate_drafter
 settings = EvaluateSettings.from_json(snakemake.params.settings)
 # hidden.store none/budget: the held-out states from the capture servers ("" with files)
 hidden = HiddenSettings.from_json(snakemake.params.hidden) if snakemake.params.hidden else None
-with log_to(snakemake.log[0]):
-    # Distinct GPUs for jobs that share a machine; held until this job's process ends.
-    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
+# Distinct GPUs for jobs that share a machine, held for the job's work.
+with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)):
     evaluate_drafter(
         drafter_dir=snakemake.input.drafter.rsplit("/", 1)[0],
         heldout_hidden=list(snakemake.input.hidden),

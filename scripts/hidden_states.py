@@ -14,10 +14,9 @@ from eaglenest.stages.hidden_states.vllm_backend import capture_hidden_states_vl
 
 settings = HiddenSettings.from_json(snakemake.params.settings)
 files = {"tokens": snakemake.input.tokens, "out": snakemake.output.hidden}
-with log_to(snakemake.log[0]):
-    # Distinct GPUs for jobs that share a machine; held until this job's process ends (vLLM's
-    # processes, started by this one, see the same CUDA_VISIBLE_DEVICES).
-    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
+# Distinct GPUs for jobs that share a machine, held for the job's work (vLLM's processes, started
+# by this one, see the same CUDA_VISIBLE_DEVICES).
+with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)):
     if settings.backend == "vllm":
         runtime = VllmRuntime.from_json(snakemake.params.runtime)
         capture_hidden_states_vllm(

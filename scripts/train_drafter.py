@@ -29,11 +29,10 @@ if snakemake.params.hidden:  # hidden.store none/budget: tokens shards the captu
         hidden=HiddenSettings.from_json(snakemake.params.hidden).to_json(),
         runtime=VllmRuntime.from_json(snakemake.params.runtime).to_json(),
     )
-with log_to(snakemake.log[0]):
-    # Distinct GPUs for jobs that share a machine; held until this job's process ends. Several
-    # nodes are a scheduler's allocation, whose GPUs it chose.
-    if settings.nodes == 1:
-        gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
+# Distinct GPUs for jobs that share a machine, held for the job's work. Several nodes are a
+# scheduler's allocation, whose GPUs it chose: nothing is claimed.
+local_gpus = getattr(snakemake.resources, "gpu", 0) if settings.nodes == 1 else 0
+with log_to(snakemake.log[0]), claim_gpus(local_gpus):
     if settings.gpus > 1 or settings.nodes > 1:
         run_under_torchrun(settings, arguments, snakemake.log[0])
     else:

@@ -11,8 +11,8 @@ from eaglenest.settings.hidden_states import HiddenSettings, HiddenVerifySetting
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.hidden_states.verify import verify_backends
 
-with log_to(snakemake.log[0]):
-    gpus = claim_gpus(getattr(snakemake.resources, "gpu", 0))
+# Distinct GPUs for jobs that share a machine, held for the job's work.
+with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)):
     verify_backends(
         tokens=snakemake.input.tokens,
         out=snakemake.output.verify,

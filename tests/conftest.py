@@ -7,6 +7,9 @@ tests of one shared run go to one worker, and the demo target is built once for 
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -31,9 +34,25 @@ def demo_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     settings = settings_from_sections(DemoTargetSettings, demo_target=DEMO_TARGET_TEST_SETTINGS)
     built = built_once(
-        tmp_path_factory, "demo-target", lambda out: build_demo_target(out / "target", settings)
+        tmp_path_factory,
+        "demo-target",
+        lambda out: build_demo_target(out / "target", settings),
+        key=demo_target_key(settings),
     )
     return built / "target"
+
+
+def demo_target_key(settings) -> str:
+    """What the demo target's build depends on: its settings, the code the rule that builds it
+    runs (its code version), and torch's version."""
+    import torch
+
+    from eaglenest.common.code_version import script_code_version
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_demo_target.py"
+    parts = [json.dumps(asdict(settings), sort_keys=True, default=str)]
+    parts += [script_code_version(script), torch.__version__]
+    return "demo-target-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 @pytest.fixture(scope="session")

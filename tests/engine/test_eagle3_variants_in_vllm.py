@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from support.workflow import SMALL_RUN
 
-VARIANT_OPTIONS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+from eaglenest.settings.train import DRAFTER_VARIANTS
 
 
-@pytest.mark.parametrize("option", VARIANT_OPTIONS)
+@pytest.mark.parametrize("option", DRAFTER_VARIANTS)
 def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
     option: str, finished_run: Path, plain_decoding: dict, tmp_path: Path
 ):
@@ -35,9 +35,15 @@ def test_each_eagle3_variant_decodes_in_vllm_as_in_our_live_evaluator(
         "draft_vocab": results / "vocab" / "draft_vocab.safetensors",
     }
     target = {"path": str(results / "target")}
-    train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
-             "ttt_steps": 3, "export_dtype": "float32",
-             "drafter": {name: name == option for name in VARIANT_OPTIONS}}  # fmt: skip
+    train = {
+        "epochs": 12,
+        "lr": 3e-3,
+        "warmup_steps": 5,
+        "max_batch_tokens": 1024,
+        "ttt_steps": 3,
+        "export_dtype": "float32",
+        "drafter": {name: name == option for name in DRAFTER_VARIANTS},
+    }
     report = train_drafter(
         train_shards=[results / "hidden" / "00000.safetensors"],
         eval_shards=[],

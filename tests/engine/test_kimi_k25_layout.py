@@ -18,8 +18,7 @@ import json
 
 import polars as pl
 import pytest
-from support.kimi_layout import KIMI
-from support.vllm import DEEPSEEK
+from support.vllm import DEEPSEEK, KIMI
 from support.workflow import job_logs, planned_jobs, snakemake
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

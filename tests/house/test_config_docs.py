@@ -12,7 +12,6 @@ from eaglenest.common.config_docs import (
     load_schema,
     render_config_docs,
     schema_keys,
-    undocumented_keys,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +96,7 @@ def test_a_tiny_schema_lists_every_key_with_its_type_default_and_description():
     assert keys["endpoints[].url"].description == "base URL \\| with or without /v1"
     assert keys["endpoints[].api_key_env"].type == "string \\| null"
     assert keys["endpoints[].api_key_env"].default == "`null`"
-    assert undocumented_keys(TINY) == [
+    assert [path for path, key in keys.items() if not key.description] == [
         "server.dialect",
         "server.faults",
         "server.faults.hang",

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 from dataclasses import replace
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,7 +22,7 @@ from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.stages.hidden_states.plan import plan_hidden_shard
-from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts
+from eaglenest.stages.prompts.prompts import prepare_prompts
 from eaglenest.target_model.loading import load_text_config
 
 EXAMPLES = REPO / "config" / "examples"
@@ -91,7 +92,7 @@ def test_open_perfectblend_rows_become_prompts(name, tmp_path):
         options, source=str(dataset), cache_dir=str(tmp_path / "hf"), max_samples=2
     )
     report = prepare_prompts(options, tmp_path / "all.parquet", tmp_path / "report.json")
-    messages = sorted(read_prompts(tmp_path / "all.parquet")["messages"].to_list(), key=len)
+    messages = sorted(pl.read_parquet(tmp_path / "all.parquet")["messages"].to_list(), key=len)
     assert messages == [
         [{"role": "user", "content": "What is 2 + 2?"}],
         [

@@ -1,6 +1,7 @@
 """The real vLLM of the tests: the CPU build in .venv-vllm (`make vllm`), the settings that
-compare its figures with the project's own, and a vLLM OpenAI server started and stopped for a
-test (tests/engine/ uses them; its conftest holds the engines the lane shares)."""
+compare its figures with the project's own, the DeepSeek-V3 and Kimi-K2.5-layout test configs,
+and a vLLM OpenAI server started and stopped for a test (tests/engine/ uses them; its conftest
+holds the engines the lane shares)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eaglenest.vllm_engine.process import stop_process_group
 from support.servers import free_port, wait_healthy
 from support.workflow import REPO, SMALL_DEMO, SMALL_RUN, load_test_config, merged
 
@@ -37,11 +39,15 @@ CAPTURE_SHARDS = ("00000", "00001")
 # The DeepSeek-V3 demo (tests/engine/conftest.py: deepseek_target_dir, deepseek_run).
 DEEPSEEK = load_test_config("deepseek-v3")
 DEEPSEEK_RUN = DEEPSEEK["run"]
+# The DeepSeek-V3 demo target wrapped as `KimiK25ForConditionalGeneration`
+# (eaglenest.demo.kimi_layout), served with the kimi_k2 parser (tests/engine/conftest.py:
+# kimi_run), as config/tests/kimi-k2.5-layout.yaml's header gives the commands.
+KIMI = load_test_config("kimi-k2.5-layout")
+KIMI_RUN = KIMI["run"]
 
 SERVED_NAME = "demo-vllm"
 # vLLM's start on two busy cores: about 20 s eager alone, a few minutes beside other work.
 STARTUP_TIMEOUT_S = 420
-STOP_TIMEOUT_S = 30
 
 
 def require_vllm_venv() -> None:
@@ -72,18 +78,6 @@ def engine_starts(*logs: Path) -> int:
     return sum(path.read_text(errors="replace").count(ENGINE_START_LINE) for path in logs)
 
 
-def stop_process_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the server and the engine processes it started, SIGKILL if they linger."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def server_env() -> dict[str, str]:
     """The environment of a vLLM server a test starts as a user would: a KV cache of 1 GiB, and
     under xdist the worker's threads as the pipeline's own engines get them (engine_thread_env:
@@ -97,32 +91,37 @@ def server_env() -> dict[str, str]:
     return {**os.environ, **threads, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def start_vllm_server(
-    model_dir: Path, log_path: Path, port: int, served_name: str = SERVED_NAME,
-    engine_args: dict | None = None,
-) -> subprocess.Popen:  # fmt: skip
+def start_vllm_server(server: VllmServer) -> subprocess.Popen:
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails for the
-    vllm-cpu distribution) in its own process group, not waited for. The CPU fixes come from
-    where the pipeline's own engines get them (eaglenest.vllm_engine.cpu); `engine_args` are
-    further server options."""
+    vllm-cpu distribution) for `server`, in its own process group, not waited for. The CPU
+    fixes come from where the pipeline's own engines get them (eaglenest.vllm_engine.cpu)."""
     from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args, server_flags
 
+    model_dir, engine_args = server.model_dir, server.engine_args
     mla = config_uses_mla(json.loads((model_dir / "config.json").read_text()))
+    remote_code = ["--trust-remote-code"] if server.trust_remote_code else []
     command = [
         VLLM_PYTHON,
         "-m",
         "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", served_name,
-        # Qwen3's think tags are the demo tokenizer's, whatever the architecture
-        "--reasoning-parser", "qwen3",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-model-len", "1024",
-        "--dtype", "float32",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        server.served_name,
+        "--reasoning-parser",
+        server.reasoning_parser,
+        *remote_code,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(server.port),
+        "--max-model-len",
+        "1024",
+        "--dtype",
+        "float32",
         *server_flags(cpu_engine_args(engine_args or {}, target_uses_mla=mla)),
-    ]  # fmt: skip
-    with open(log_path, "ab") as log_stream:
+    ]
+    with open(server.log_path, "ab") as log_stream:
         return subprocess.Popen(
             command,
             stdout=log_stream,
@@ -135,23 +134,30 @@ def start_vllm_server(
 
 class VllmServer:
     """A vLLM server on a port of its own, which a test may kill and start again there with the
-    same arguments (the restart test does, on the generation tests' server)."""
+    same arguments (the restart test does, on the generation tests' server). `engine_args` are
+    further server options; `reasoning_parser` is Qwen3's by default, whose think tags are the
+    demo tokenizer's whatever the architecture (the Kimi-K2.5 layout's is kimi_k2, with its
+    remote code trusted)."""
 
     def __init__(
-        self, model_dir: Path, log_path: Path, served_name: str = SERVED_NAME,
+        self,
+        model_dir: Path,
+        log_path: Path,
+        served_name: str = SERVED_NAME,
         engine_args: dict | None = None,
-    ) -> None:  # fmt: skip
+        reasoning_parser: str = "qwen3",
+        trust_remote_code: bool = False,
+    ) -> None:
         self.model_dir, self.log_path = model_dir, log_path
         self.served_name, self.engine_args = served_name, engine_args
+        self.reasoning_parser, self.trust_remote_code = reasoning_parser, trust_remote_code
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         """Starts it and waits until /health answers."""
-        self.process = start_vllm_server(
-            self.model_dir, self.log_path, self.port, self.served_name, self.engine_args
-        )
+        self.process = start_vllm_server(self)
         wait_healthy(self.process, self.url, self.log_path, STARTUP_TIMEOUT_S, "vLLM")
 
     def kill(self) -> None:
@@ -166,11 +172,10 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def vllm_server(
-    model_dir: Path, log_path: Path, served_name: str = SERVED_NAME, engine_args: dict | None = None
-) -> Iterator[str]:
-    """A vLLM server on a free port; yields its base URL once /health answers."""
-    server = VllmServer(model_dir, log_path, served_name, engine_args)
+def vllm_server(model_dir: Path, log_path: Path, **options) -> Iterator[str]:
+    """A vLLM server on a free port (`options`: VllmServer's); yields its base URL once /health
+    answers, and stops it and its engine when the block ends."""
+    server = VllmServer(model_dir, log_path, **options)
     try:
         server.start()
         yield server.url

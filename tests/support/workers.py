@@ -17,7 +17,10 @@ order the work is handed out, and what the workers build once between them.
   of work (`order_for_workers`).
 - Built once: a read-only build many tests need (the demo target, `finished_run`) is made by the
   first worker that asks, under a file lock, in the session's shared temp dir; the others wait
-  and reuse it. Tests only read it: one that runs Snakemake in it works in its own copy.
+  and reuse it. Tests only read it: one that runs Snakemake in it works in its own copy. The demo
+  target is also kept between sessions (`built_once(..., key=...)`, under .cache/tests/, keyed by
+  its settings and the code that builds it): `make check` after an edit elsewhere skips its two
+  minutes; a clean clone (CI) builds it.
 Without xdist every test runs in one process, with every core, in that order.
 
 (xdist's own `--dist loadgroup` marks a group in the test's id, which pytest 9.2 no longer lets
@@ -133,15 +136,26 @@ def use_worker_cores() -> None:
     use_threads(CORES)
 
 
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "tests"
+
+
 def built_once(
-    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    build: Callable[[Path], None],
+    key: str | None = None,
 ) -> Path:
     """`build(path)` run once per session for every worker, the path under the session's temp
     root (shared by the workers); a worker that finds it built, or being built, waits and reuses
-    it. The result must be read-only for the tests."""
-    root = tmp_path_factory.getbasetemp()
-    if WORKER is not None:
-        root = root.parent  # the workers' temp dirs (popen-gw0 ...) lie side by side in it
+    it. With a `key` (a hash of everything the build depends on), once for every session, under
+    CACHE_DIR. The result must be read-only for the tests."""
+    if key is not None:
+        root = CACHE_DIR / key
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = tmp_path_factory.getbasetemp()
+        if WORKER is not None:
+            root = root.parent  # the workers' temp dirs (popen-gw0 ...) lie side by side in it
     out, done = root / name, root / f"{name}.built"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

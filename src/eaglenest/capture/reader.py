@@ -9,7 +9,7 @@ none, and budget's shards that are not stored): training and evaluation, instead
 
 The pool is the capture stage's (capture/pool.py): the same `vllm.capture_urls`,
 served-name check, per-server caps, retries and wait for a server to come back. Each answer is
-packed by the capture stage's own functions (formats/capture_answer.request_rows, then
+packed by the capture stage's own functions (capture/answer.request_rows, then
 formats/hidden_shard.stored_rows, and loaded_rows when read): rounded to the storage dtype (fp8
 included) and with the same target signal (capture/final_signal.py) as a file would hold,
 so training from the servers equals training from files.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import os
@@ -47,7 +46,12 @@ from eaglenest.capture.answer import request_rows
 from eaglenest.capture.final_signal import FinalSignal
 from eaglenest.capture.pool import CapturePool, remove_state_file
 from eaglenest.capture.request import engine_request, served_name
-from eaglenest.capture.state_file import read_request_file
+from eaglenest.capture.state_file import (
+    job_key,
+    job_state_files,
+    read_request_file,
+    request_id,
+)
 from eaglenest.formats.hidden_shard import loaded_rows, stored_rows
 from eaglenest.formats.tokens import read_tokens
 from eaglenest.settings.hidden_states import HiddenSettings
@@ -69,14 +73,6 @@ def stored_answer(
     functions: request_rows, stored_rows)."""
     aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
     return stored_rows(aux, target, ids, mask, dtype, n_aux)
-
-
-def pack_answer(
-    frame, i: int, path: str, signal, dtype: str, n_aux: int, tokens: Path
-) -> dict[str, torch.Tensor]:
-    """`stored_answer` as `HiddenShard.sample` reads it from a file (loaded_rows): what a
-    pooled shard's `sample(i)` gives."""
-    return loaded_rows(stored_answer(frame, i, path, signal, dtype, n_aux, tokens))
 
 
 class PooledShard:
@@ -240,10 +236,7 @@ class PooledStates:
             return None
         if settings is None or runtime is None:
             raise ValueError("shards from the capture servers need the hidden and vllm settings")
-        # As capture_client.shard_key: a hash of the job's path, the same for every attempt.
-        # Each torchrun process its own, so that one's end never removes another's files.
-        name = f"{Path(job).resolve()}:{os.environ.get('RANK', '0')}"
-        key = hashlib.sha256(name.encode()).hexdigest()[:12]
+        key = job_key(job, rank=os.environ.get("RANK", "0"))
         return cls(settings, runtime, key, AHEAD_BATCHES * batch_tokens)
 
     @property
@@ -266,13 +259,12 @@ class PooledStates:
         return asyncio.run_coroutine_threadsafe(self._capture(shard, i), self.loop)
 
     async def _capture(self, shard: PooledShard, i: int) -> dict[str, torch.Tensor]:
-        request_id = f"eaglenest-{self.key}-{self.attempt}-{next(self.counter)}"
-
         def pack(path: str) -> dict[str, torch.Tensor]:
             self.storage_dirs.add(str(Path(path).parent))
             return self._pack(shard, i, path)
 
-        rows = await self.pool.capture(shard.prompts[i], request_id, i, pack)
+        sent = request_id(self.key, self.attempt, next(self.counter))
+        rows = await self.pool.capture(shard.prompts[i], sent, i, pack)
         self.answered += 1
         return rows
 
@@ -316,7 +308,7 @@ class PooledStates:
         """State files of this job's earlier attempts (a killed job's last requests are written
         by the servers after it died) and of requests cancelled at the end."""
         for directory in self.storage_dirs:
-            for path in Path(directory).glob(f"cmpl-eaglenest-{self.key}-*"):
+            for path in job_state_files(directory, self.key):
                 if not path.name.endswith(".lock"):
                     remove_state_file(str(path))
 

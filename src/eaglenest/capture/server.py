@@ -48,6 +48,8 @@ from eaglenest.vllm_engine.process import (
     EngineError,
     die_with_parent,
     engine_python,
+    engine_thread_env,
+    our_pythonpath,
     stop_process_group,
 )
 
@@ -145,11 +147,13 @@ def capture_server(
     request_path = storage / "server-request.json"
     request_path.write_text(json.dumps(request, indent=1))
     url = f"http://{host}:{port}"
-    source_root = str(Path(__file__).resolve().parents[3])
     env = {
         **os.environ,
+        # In a job (its threads set), the job's threads and no OpenMP pinning, as the pipeline's
+        # other engines: then vLLM's worker runs in the engine core's process (serve.py).
+        **engine_thread_env(),
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": our_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": str(config["vllm"]["cpu_kvcache_space_gb"]),
     }
     started = time.monotonic()

@@ -56,16 +56,6 @@ def encodable(record: dict[str, Any]) -> bool:
     return True
 
 
-def read_journal(journal: Path) -> dict[str, dict[str, Any]]:
-    """The latest-asked records by id, whatever they asked; answers win over failures."""
-    records: dict[str, dict[str, Any]] = {}
-    for record in iter_journal(journal):
-        previous = records.get(record["id"])
-        if previous is None or previous["error_kind"] is not None:
-            records[record["id"]] = record
-    return records
-
-
 @dataclass
 class JournalMatch:
     """What the journal holds for the requests the current settings send."""

@@ -15,13 +15,11 @@ jobs, which its cancel waits for), then SIGKILL to what is left after `stop_wait
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 from collections.abc import Sequence
 
-from eaglenest.vllm_engine.process import die_with_parent
+from eaglenest.vllm_engine.process import die_with_parent, stop_process_group
 
 STOP_WAIT_S = 60  # Snakemake's cancel waits for its jobs and cancels cluster jobs
 
@@ -35,24 +33,10 @@ def start_command(argv: Sequence[str]) -> subprocess.Popen:
     )
 
 
-def stop_command(process: subprocess.Popen, stop_wait_s: float = STOP_WAIT_S) -> int:
-    """Stop a command of `start_command` as Ctrl-C would, SIGKILL after `stop_wait_s`; returns
-    its exit status."""
-    for sig, wait_s in ((signal.SIGINT, stop_wait_s), (signal.SIGKILL, 10)):
-        if process.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # jobs of the group left behind
-    return process.wait()
-
-
 def run_command(argv: Sequence[str], stop_wait_s: float = STOP_WAIT_S) -> int:
-    """Run `argv` to its end; SIGTERM or Ctrl-C to this process stops it with `stop_command`
-    (SIGINT) and returns 130. The caller's SIGTERM handler is restored afterwards."""
+    """Run `argv` to its end; SIGTERM or Ctrl-C to this process stops it as Ctrl-C would (SIGINT
+    to its group, SIGKILL after `stop_wait_s`: vllm_engine.process.stop_process_group) and
+    returns 130. The caller's SIGTERM handler is restored afterwards."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     process = None
     try:
@@ -60,7 +44,8 @@ def run_command(argv: Sequence[str], stop_wait_s: float = STOP_WAIT_S) -> int:
         return process.wait()
     except KeyboardInterrupt:
         if process is not None:
-            stop_command(process, stop_wait_s)
+            stop_process_group(process, stop_wait_s, first=signal.SIGINT)
+            process.wait()
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -94,13 +94,6 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     return config
 
 
-def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: the config must be a mapping of sections")
-    return validate_config(config, schema_path)
-
-
 def settings_from_sections(settings_class: type[SettingsT], **sections: Any) -> SettingsT:
     """A stage's settings (eaglenest.settings) for a config of only these sections, validated:
     every other value is the schema's default. For tests and tools that run a stage outside the

@@ -89,11 +89,6 @@ def schema_keys(schema: dict[str, Any], prefix: str = "") -> list[KeyDoc]:
     return keys
 
 
-def undocumented_keys(schema: dict[str, Any]) -> list[str]:
-    """The dotted keys the schema gives no description."""
-    return [key.path for key in schema_keys(schema) if not key.description]
-
-
 def _table(keys: list[KeyDoc]) -> list[str]:
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     lines += [f"| `{k.path}` | {k.type} | {k.default} | {k.description} |" for k in keys]

@@ -35,6 +35,9 @@ def visible_gpu_count() -> int:
 
 
 class GpuClaim:
+    """Held while it lives (its open files hold the locks): `with claim_gpus(n):` around a job's
+    work, or `release()`."""
+
     def __init__(self, indices: list[int], handles: list):
         self.indices = indices
         self._handles = handles  # open files holding the locks
@@ -43,6 +46,12 @@ class GpuClaim:
         for handle in self._handles:
             handle.close()
         self._handles = []
+
+    def __enter__(self) -> GpuClaim:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.release()
 
 
 def claim_gpus(

@@ -78,14 +78,6 @@ class FaultInjector:
         return None
 
 
-def expected_faults(config: FaultConfig, n_requests: int) -> dict[str, int]:
-    """The fault counts a fresh server with `config` serves over its first `n_requests`."""
-    injector = FaultInjector(config)
-    for _ in range(n_requests):
-        injector.draw()
-    return dict(injector.counts)
-
-
 def parse_fault_specs(specs: Iterable[str]) -> dict[str, float]:
     """Parse CLI `--fault MODE=RATE` values into {mode: rate}; a repeated mode keeps the last."""
     rates: dict[str, float] = {}

@@ -59,18 +59,13 @@ class ExportError(ValueError):
 
 
 def check_exportable(config: DrafterConfig) -> None:
-    """A drafter the serving engine would load as another model is an error before training."""
+    """A drafter the serving engine would load as another model is an error before training.
+    (A window on the MLA drafter is refused with the config: settings.train.drafter_window.)"""
     if config.attention == "mla" and config.norm_before_fc:
         raise ExportError(
             "train.drafter: attention mla with norm_before_fc: vLLM's "
             f"{MLA_ARCHITECTURE} has no input norm before fc and would serve the drafter "
             "without it; set train.drafter.norm_before_fc: false"
-        )
-    if config.attention == "mla" and config.sliding_window is not None:
-        raise ExportError(
-            "train.drafter.sliding_window: vLLM's "
-            f"{MLA_ARCHITECTURE} builds its attention without a window and would serve the "
-            "drafter with full attention; set sliding_window: null or attention: llama"
         )
 
 

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 FORMAT = "eaglenest-hidden/1"
 
 
-STORAGE_DTYPES = ("bf16", "fp8", "fp32")
-
-
 # safetensors dtype name, torch dtype, bytes per element
 _ST_DTYPES = {
     "BF16": (torch.bfloat16, 2),

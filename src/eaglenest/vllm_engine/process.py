@@ -115,6 +115,11 @@ def llm_arguments(request: dict[str, Any], **method: Any) -> dict[str, Any]:
     return args
 
 
+# What this process set of vLLM's variables itself (not the user's choice): the next engine of
+# the same process decides as the first did.
+_SET_HERE: dict[str, str] = {}
+
+
 def worker_in_engine_core() -> bool:
     """In the child: whether vLLM's worker runs in its engine core's process instead of one more
     process spawned for it, which imports vLLM and torch once more (a one-shot decode here: a
@@ -125,21 +130,39 @@ def worker_in_engine_core() -> bool:
     front end loads, such as llvmlite's, seen with the Kimi-K2.5 layout.)"""
     return (
         os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind"
-        and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") in (None, _SET_HERE.get("value"))
         and _on_cpu()
     )
+
+
+def engine_core_in_process(model: str) -> bool:
+    """In the child: whether a one-shot engine's core runs in this process too (no process of
+    its own to spawn: one more import of vLLM and torch, ~11 s of CPU here, and for the
+    evaluation's engines one after another, one a configuration). With the worker in the engine
+    core (`worker_in_engine_core`), for a dense text-only target: in-process, a multimodal
+    target's front end trips vLLM's scan for Triton kernels (llvmlite's modules, seen with the
+    Kimi-K2.5 layout), and an MLA target's offline capture was seen to hang (DeepSeek-V3 demo),
+    so those keep vLLM's layout. Never over the user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
+    if not worker_in_engine_core():
+        return False
+    config = model_config(model)
+    return "text_config" not in config and not config_uses_mla(config)
 
 
 def one_shot_llm(args: dict[str, Any]) -> Any:
     """In the child: `vllm.LLM(**args)`, its worker in the engine core's process when
     `worker_in_engine_core` (vLLM's single-process executor named by class: its CPU platform
-    turns the name "uni" back into "mp")."""
+    turns the name "uni" back into "mp"), and that engine core in this process when
+    `engine_core_in_process` (measured on the small demo, plain and K=3 and K=7 one after
+    another: 94 -> 56 s of CPU, tokens and vLLM's counters identical)."""
     from vllm import LLM
 
     if worker_in_engine_core() and "distributed_executor_backend" not in args:
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         args = {**args, "distributed_executor_backend": UniProcExecutor}
+        if engine_core_in_process(args["model"]):
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
     return LLM(**args)
 
 
@@ -171,14 +194,19 @@ def engine_python(python: str, key: str = "vllm.python") -> str:
     return str(path)
 
 
+def our_pythonpath() -> str:
+    """PYTHONPATH for vLLM's interpreter: our source first (the directory holding eaglenest/),
+    then whatever the caller had."""
+    source_root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))
+
+
 @contextlib.contextmanager
 def engine_process(
     python: str, module: str, args: list[str], env: dict[str, str]
 ) -> Iterator[subprocess.Popen]:
     """`python -m module args` with our source importable, in its own process group (the engine
     starts processes of its own): all of them are stopped when the block ends, however it ends."""
-    source_root = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
         [python, "-m", module, *args],
         stdin=subprocess.PIPE,
@@ -190,7 +218,7 @@ def engine_process(
             **os.environ,
             **engine_thread_env(),
             **env,
-            "PYTHONPATH": pythonpath,
+            "PYTHONPATH": our_pythonpath(),
             "PYTHONUNBUFFERED": "1",
         },
         start_new_session=True,
@@ -203,18 +231,21 @@ def engine_process(
         stop_process_group(process)
 
 
-def stop_process_group(process: subprocess.Popen, term_wait_s: float = 30) -> None:
-    """SIGTERM to a child's process group (the engine's own processes too), SIGKILL if it
-    lingers, then SIGKILL to whatever of the group is left behind."""
-    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 10)):
+def stop_process_group(
+    process: subprocess.Popen, wait_s: float = 30, first: int = signal.SIGTERM
+) -> None:
+    """Stop a child that leads its own process group (the engine's own processes, a command's
+    jobs): `first` (SIGTERM; common.command's Ctrl-C, SIGINT) to the whole group, SIGKILL if
+    the child lingers past `wait_s`, then SIGKILL to whatever of the group is left behind."""
+    for sig, wait in ((first, wait_s), (signal.SIGKILL, 10)):
         if process.poll() is not None:
             break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait_s)
+            process.wait(wait)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # engine processes left behind
+        os.killpg(process.pid, signal.SIGKILL)  # processes of the group left behind
 
 
 def engine_messages(process: subprocess.Popen, tail: list[str]) -> Iterator[dict[str, Any]]:

@@ -1,9 +1,9 @@
 """Training from the capture servers (hidden.store none) reads exactly what training from files
 reads: one capture answer (a state file as our connector writes it: `hidden_states` [T, 4, H] and
-`token_ids`) packed by the pool path (capture/reader.pack_answer) equals, tensor for tensor
-and dtype for dtype, the same answer packed into a real hidden-state file by the capture stage
-(vllm_backend.pack_request) and read back with HiddenShard.sample, for every storage dtype (fp8's
-rounding and scales included) and both target signals."""
+`token_ids`) packed by the pool path (capture/reader.stored_answer, then loaded_rows) equals,
+tensor for tensor and dtype for dtype, the same answer packed into a real hidden-state file by
+the capture stage (vllm_backend.pack_request) and read back with HiddenShard.sample, for every
+storage dtype (fp8's rounding and scales included) and both target signals."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def file_samples(tmp_path: Path, frame, tokens: Path, signal, dtype: str, kind: 
 @pytest.mark.parametrize("kind", ["final_hidden", "topk"])
 @pytest.mark.parametrize("dtype", ["fp8", "bf16", "fp32"])
 def test_a_capture_answer_packs_as_the_hidden_state_file_holds_it(tmp_path, dtype, kind):
-    from eaglenest.capture.reader import pack_answer
+    from eaglenest.capture.reader import stored_answer
+    from eaglenest.formats.hidden_shard import loaded_rows
 
     frame = pl.DataFrame({
         "id": ["a", "b"],
@@ -91,7 +92,11 @@ def test_a_capture_answer_packs_as_the_hidden_state_file_holds_it(tmp_path, dtyp
     signal = target_signal(kind)
     from_files = file_samples(tmp_path, frame, tokens, signal, dtype, kind)
     paths = answers(tmp_path / "pool", frame)
-    from_pool = [pack_answer(frame, i, p, signal, dtype, 3, tokens) for i, p in enumerate(paths)]
+    # As a pooled shard's sample(i) reads it: held as stored (PooledStates._pack), then loaded.
+    from_pool = [
+        loaded_rows(stored_answer(frame, i, p, signal, dtype, 3, tokens))
+        for i, p in enumerate(paths)
+    ]
     for a, b in zip(from_pool, from_files, strict=True):
         assert sorted(a) == sorted(b)
         for name in b:

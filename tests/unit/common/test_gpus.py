@@ -22,6 +22,14 @@ def test_jobs_get_distinct_gpus_and_a_released_gpu_is_free_again(tmp_path: Path)
     assert claim_gpus(2, total=3, lock_dir=tmp_path, environ=third_env).indices == [0, 1]
 
 
+def test_a_claim_is_held_for_its_block_as_the_job_scripts_hold_it(tmp_path: Path):
+    with claim_gpus(2, total=2, lock_dir=tmp_path, environ={}) as claim:
+        assert claim.indices == [0, 1]
+        with pytest.raises(TimeoutError, match="no 1 free GPU"):
+            claim_gpus(1, total=2, lock_dir=tmp_path, environ={}, timeout_s=0.1)
+    assert claim_gpus(2, total=2, lock_dir=tmp_path, environ={}).indices == [0, 1]
+
+
 def test_a_scheduler_choice_or_no_gpu_claims_nothing(tmp_path: Path):
     chosen = {"CUDA_VISIBLE_DEVICES": "3"}
     assert claim_gpus(1, total=4, lock_dir=tmp_path, environ=chosen).indices == []

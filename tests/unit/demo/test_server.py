@@ -25,7 +25,7 @@ from eaglenest.demo.echo_backend import (
     echo_decode,
     render_echo_prompt,
 )
-from eaglenest.demo.faults import FAULT_MODES, FaultConfig, expected_faults
+from eaglenest.demo.faults import FAULT_MODES, FaultConfig, FaultInjector
 from eaglenest.demo.protocol import MALFORMED_TOKEN_IDS
 from eaglenest.demo.server_process import embedded_server, running_server
 from eaglenest.demo.tasks import heldout_examples
@@ -347,7 +347,10 @@ def test_faults_happen_at_their_configured_rates_and_the_server_survives():
     # stall_stream stalls a stream (tests/unit/stages/generate/test_generate.py); to these plain requests it is a hang.
     rates = {mode: 0.1 for mode in FAULT_MODES if mode != "stall_stream"} | {"hang": 0.03}
     n_requests, seed = 200, 1234
-    expected = expected_faults(FaultConfig(rates=rates, seed=seed), n_requests)
+    injector = FaultInjector(FaultConfig(rates=rates, seed=seed))  # as a fresh server draws
+    for _ in range(n_requests):
+        injector.draw()
+    expected = dict(injector.counts)
     client_timeout_s = 3.0
 
     async def storm(url: str) -> list[str]:

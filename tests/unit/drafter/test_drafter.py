@@ -17,17 +17,15 @@ from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.config import DrafterConfig
 from eaglenest.drafter.layers import Attention, DecodeCache, rope_cos_sin
 from eaglenest.drafter.model import Eagle3Drafter, shift_left, ttt_forward
+from eaglenest.settings.train import DRAFTER_VARIANTS
 from eaglenest.stages.train.loss import ttt_loss
 
+# The original layout, each EAGLE-3 variant alone, and all of them at once.
 VARIANTS = {
     "plain": {},
-    "norm_before_fc": {"norm_before_fc": True},
-    "fc_norm": {"fc_norm": True},
-    "norm_before_residual": {"norm_before_residual": True},
-    "norm_output": {"norm_output": True},
-    "all": {"norm_before_fc": True, "fc_norm": True, "norm_before_residual": True,
-            "norm_output": True},
-}  # fmt: skip
+    **{name: {name: True} for name in DRAFTER_VARIANTS},
+    "all": dict.fromkeys(DRAFTER_VARIANTS, True),
+}
 
 
 @pytest.fixture
@@ -338,7 +336,7 @@ def test_each_variant_is_exported_as_vllm_reads_it(variant, tmp_path):
     export_drafter(model, tmp_path, dtype="float32")
     config = json.loads((tmp_path / "config.json").read_text())
     options = VARIANTS[variant]
-    for name in ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output"):
+    for name in DRAFTER_VARIANTS:
         assert config[name] is options.get(name, False)
     assert config["eagle_config"]["norm_before_fc"] is options.get("norm_before_fc", False)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:

@@ -19,14 +19,10 @@ from support.drafter_sizes import CONFIG
 import eaglenest.drafter.attention as attention_module
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.drafter.attention import causal_logsumexp, training_attention
-from eaglenest.drafter.export import (
-    ExportError,
-    check_exportable,
-    export_drafter,
-    load_drafter,
-)
+from eaglenest.drafter.export import export_drafter, load_drafter
 from eaglenest.drafter.layers import DecodeCache
 from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.settings.train import DrafterSettings
 
 T, HEADS, DIM, STEPS = 13, 3, 8, 5
 WINDOWS = [1, 2, 3, 6, T - 1, T, T + 5]
@@ -208,8 +204,8 @@ def test_the_window_is_exported_as_vllms_llama_eagle3_reads_it(tmp_path):
 
 def test_a_window_vllm_cannot_serve_is_refused_naming_the_key():
     """The MLA drafter (vLLM builds its attention without a window) and a list that is not one
-    entry per decoder layer fail at config validation and before training; N, [N] and [null]
-    validate."""
+    entry per decoder layer fail at config validation and where training reads its settings
+    (one refusal: settings.train.drafter_window); N, [N] and [null] validate."""
     mla = {"attention": "mla", "norm_before_fc": False, "sliding_window": 512}
     bad = [mla, {"sliding_window": [512, 512]}, {"sliding_window": 0}]
     for drafter in bad:
@@ -217,9 +213,8 @@ def test_a_window_vllm_cannot_serve_is_refused_naming_the_key():
             validate_config({"train": {"drafter": drafter}})
     for value in (512, [512], [None], None):
         validate_config({"train": {"drafter": {"sliding_window": value}}})
-    mla_config = replace(CONFIG, attention="mla", sliding_window=512)
-    with pytest.raises(ExportError, match=r"train\.drafter\.sliding_window"):
-        check_exportable(mla_config)
+    with pytest.raises(ValueError, match=r"train\.drafter\.sliding_window"):
+        DrafterSettings.from_config({"train": {"drafter": mla}})
 
 
 def saved_bytes(model: Eagle3Drafter, length: int) -> int:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import eaglenest.settings
-from eaglenest.common.config import load_config, validate_config
+from eaglenest.common.config import merged_config, validate_config
 from eaglenest.settings import Settings
 from eaglenest.stages.generate.request import GenerationSettings
 
@@ -145,7 +145,7 @@ def test_no_settings_field_has_a_default(cls):
 
 @pytest.mark.parametrize("config_path", CONFIGS, ids=lambda p: p.name)
 def test_settings_survive_their_json(config_path):
-    config = load_config(config_path)
+    config = merged_config([config_path])
     for cls in settings_classes():
         settings = cls.from_config(config)
         assert cls.from_json(settings.to_json()) == settings, cls.__name__
@@ -171,14 +171,14 @@ UNTRACKED = {"EndpointSettings", "GenerationClientSettings", "ProbeClientSetting
 def test_client_settings_are_in_no_tracked_settings():
     """The brief of tests/workflow/test_incremental.py in one place: concurrency, timeouts, retries, URLs,
     keys and the embedded server's start-up change no settings object that a rule tracks."""
-    base = load_config(REPO / "config" / "config.yaml")
+    base = merged_config([REPO / "config" / "config.yaml"])
     client = {
         "generation": {"concurrency": 7, "timeout_s": 30, "max_attempts": 2, "bench_s": 1},
         "probe": {"timeout_s": 5},
         "endpoints": [{"url": "http://10.0.0.1:8000", "api_key_env": "KEY", "max_concurrency": 3}],
         "server": {"startup_timeout_s": 10, "max_batch_size": 8},
     }
-    changed = load_config(REPO / "config" / "config.yaml")
+    changed = merged_config([REPO / "config" / "config.yaml"])
     for section, values in client.items():
         if isinstance(values, dict):
             changed[section].update(values)

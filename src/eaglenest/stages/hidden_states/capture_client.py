@@ -5,23 +5,23 @@ Each sample is one `/v1/completions` request: its token ids as the prompt, `max_
 `return_token_ids`. vLLM answers with `kv_transfer_params.hidden_states_path`, the file our
 connector wrote (vllm_engine/connector.py; a `.lock` beside it until the write ends), and the prompt ids
 it ran, which must be the ids sent. The job keeps up to `vllm.requests_per_batch` requests in
-flight per server, under that cap per server over every job of the host (capture_pool.py, with
+flight per server, under that cap per server over every job of the host (capture/pool.py, with
 client/slots.py as generation's endpoints), so while one shard's last requests finish the next
 shard's fill the engines; a server that stops answering has its requests sent to the others. A
 file is packed into the shard (vllm_backend.pack_request) and deleted before its slot is freed:
 at most the cap of state files exist at once per server.
 
 State files are named by request id, `cmpl-eaglenest-<shard key>-<attempt>-<i>-<send>...`, the
-shard key a hash of the output path: a job removes every leftover of its shard's earlier attempts
-when it ends (a killed job's last requests are still written by a server after it died), and on a
-failure it waits for its requests in flight and deletes their files before it raises.
+shard key a hash of the output path (capture/state_file.job_key): a job removes every leftover of
+its shard's earlier attempts when it ends (a killed job's last requests are still written by a
+server after it died), and on a failure it waits for its requests in flight and deletes their
+files before it raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import secrets
@@ -33,16 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from eaglenest.capture.pool import CapturePool, CaptureServerError
+from eaglenest.capture.state_file import job_state_files, request_id
 
 log = logging.getLogger(__name__)
 
 PROGRESS_LINES = 10  # per shard, in its log
 
-__all__ = ["CaptureJob", "CaptureServerError", "run_capture", "shard_key"]
-
-
-def shard_key(out: str | Path) -> str:
-    return hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:12]
+__all__ = ["CaptureJob", "CaptureServerError", "run_capture"]
 
 
 @dataclass
@@ -55,7 +52,7 @@ class CaptureJob:
     prompts: list[np.ndarray]
     pack: Callable[[int, str], None]
     cap: int  # requests in flight per server
-    key: str
+    key: str  # capture/state_file.job_key of the shard's output
     wait_s: float = 300.0  # vllm.capture_wait_s
     slots_dir: Path | None = None
     attempt: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -65,13 +62,11 @@ class CaptureJob:
 
 
 async def capture_one(pool: CapturePool, job: CaptureJob, i: int) -> None:
-    request_id = f"eaglenest-{job.key}-{job.attempt}-{i}"
-
     def pack(path: str) -> None:  # in a thread: waits on the file's .lock, packs, deletes
         job.storage_dirs.add(os.path.dirname(path))
         job.pack(i, path)
 
-    await pool.capture(job.prompts[i], request_id, i, pack)
+    await pool.capture(job.prompts[i], request_id(job.key, job.attempt, i), i, pack)
 
 
 async def worker(pool: CapturePool, job: CaptureJob, todo: list[int]) -> None:
@@ -91,7 +86,7 @@ def remove_leftovers(job: CaptureJob) -> int:
     """Every state file of this shard in the servers' storage, earlier attempts' included."""
     removed = 0
     for directory in job.storage_dirs:
-        for path in Path(directory).glob(f"cmpl-eaglenest-{job.key}-*"):
+        for path in job_state_files(directory, job.key):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed += 1

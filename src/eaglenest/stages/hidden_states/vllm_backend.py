@@ -111,12 +111,12 @@ def capture_through_server(
     import asyncio
 
     from eaglenest.capture.request import served_name
+    from eaglenest.capture.state_file import job_key
     from eaglenest.settings.urls import redacted_url
     from eaglenest.stages.hidden_states.capture_client import (
         CaptureJob,
         CaptureServerError,
         run_capture,
-        shard_key,
     )
 
     job = CaptureJob(
@@ -125,7 +125,7 @@ def capture_through_server(
         prompts=[np.asarray(ids, dtype=np.int64) for ids in plan.frame["input_ids"].to_list()],
         pack=pack,
         cap=runtime.requests_per_batch,
-        key=shard_key(out),
+        key=job_key(out),
         wait_s=runtime.capture_wait_s,
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
     )

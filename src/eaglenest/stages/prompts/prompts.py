@@ -149,13 +149,6 @@ def write_prompt_shard(
     return summary
 
 
-def read_prompts(path: str | Path) -> pl.DataFrame:
-    """A prompts file (a shard or all.parquet), validated."""
-    import polars as pl
-
-    return validate_prompts(pl.read_parquet(path), path)
-
-
 def validate_prompts(frame: pl.DataFrame, path: str | Path) -> pl.DataFrame:
     """Check `frame` against PromptsSchema; the error names the file and the failing rows."""
     import pandera.errors

@@ -24,7 +24,11 @@ from eaglenest.run.shards import (
 from eaglenest.settings.prompts import source_kind
 from eaglenest.stages.prompts.listing import walk_order
 from eaglenest.stages.prompts.normalise import SKIP_REASONS, prompt_id
-from eaglenest.stages.prompts.prompts import prepare_prompts, read_prompts, write_prompt_shard
+from eaglenest.stages.prompts.prompts import (
+    prepare_prompts,
+    validate_prompts,
+    write_prompt_shard,
+)
 from eaglenest.stages.prompts.sources import PromptSourceError, local_source_files
 
 
@@ -49,7 +53,7 @@ def all_prompts(tmp_path: Path, config: dict) -> tuple[pl.DataFrame, dict]:
     """The full ordered list and the report of `config`'s source."""
     out = tmp_path / "prepared" / "all.parquet"
     report = prepare_prompts(config, out, tmp_path / "prepared" / "report.json")
-    return read_prompts(out), report
+    return pl.read_parquet(out), report
 
 
 def messages_of(frame: pl.DataFrame) -> list[list[dict]]:
@@ -331,7 +335,7 @@ def shard_frames(
             / f"{shard}.parquet"
         )
         write_prompt_shard(config, shard, out, prepared=prepared)
-        frames[shard] = read_prompts(out)
+        frames[shard] = pl.read_parquet(out)
     return frames
 
 
@@ -365,7 +369,7 @@ def test_prepared_and_direct_shards_are_identical(tmp_path):
     # A larger max_samples slices the same prepared list (it does not depend on max_samples).
     larger = config_for(str(path), max_samples=40, shard_size=10)
     write_prompt_shard(larger, "00003", tmp_path / "last.parquet", prepared=prepared)
-    assert read_prompts(tmp_path / "last.parquet").head(5).equals(sliced["00003"])
+    assert pl.read_parquet(tmp_path / "last.parquet").head(5).equals(sliced["00003"])
 
 
 def test_a_stale_prepared_list_is_refused(tmp_path):
@@ -545,7 +549,7 @@ def test_duplicate_ids_in_a_file_are_rejected_with_the_file_name(tmp_path):
     path = tmp_path / "dup.parquet"
     pl.concat([good_frame(), good_frame()]).write_parquet(path)
     with pytest.raises(ValueError, match="dup.parquet: prompts do not match PromptsSchema"):
-        read_prompts(path)
+        validate_prompts(pl.read_parquet(path), path)
 
 
 # --- the demo source -----------------------------------------------------------------------------

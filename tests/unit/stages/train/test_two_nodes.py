@@ -2,25 +2,23 @@
 node with one process, meeting at a c10d rendezvous on 127.0.0.1 (gloo), train exactly as one
 agent running two processes (`train.gpus` 2, the one-node path): the same loss trace step by step
 and the same exported tensors. On hidden-state shards of random features in the stage's format
-(as bench/train.py writes them), so the test needs no finished run."""
+(support/synthetic_run.py, as bench/train.py writes them), so the test needs no finished run."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from support.servers import free_port
+from support.synthetic_run import write_synthetic_run
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.train.distributed import (
     run_under_torchrun,
@@ -34,46 +32,18 @@ SECTION = {"max_steps": 6, "max_batch_tokens": 256, "ttt_steps": 2, "warmup_step
            "log_every": 1, "export_dtype": "float32", "device": "cpu"}  # fmt: skip
 
 
-HIDDEN, VOCAB, DRAFT_VOCAB, LAYERS = 64, 512, 128, 8
-
-
-def write_run(root: Path, seed: int = 0) -> Path:
-    """A target config, its head, a draft vocabulary and two hidden-state shards of random
-    features (one trained on, one held out), in the stages' formats."""
-    from transformers import Qwen3Config
-
-    rng = np.random.default_rng(seed)
-    layer_ids = [2, LAYERS // 2, LAYERS - 3]
-    Qwen3Config(hidden_size=HIDDEN, intermediate_size=192, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=32, num_hidden_layers=LAYERS,
-                vocab_size=VOCAB).save_pretrained(root / "target")  # fmt: skip
-    common = {"format": FORMAT, "aux_layer_ids": json.dumps(layer_ids), "hidden_size": str(HIDDEN)}
-    head = {"embed_tokens.weight": torch.randn(VOCAB, HIDDEN) * 0.02,
-            "lm_head.weight": torch.randn(VOCAB, HIDDEN) * 0.02}  # fmt: skip
-    save_file(head, str(root / "head.safetensors"), metadata={**common, "vocab_size": str(VOCAB)})
-    draft = np.sort(rng.choice(VOCAB, DRAFT_VOCAB, replace=False))
-    t2d = torch.zeros(VOCAB, dtype=torch.bool)
-    t2d[torch.from_numpy(draft)] = True
-    vocab = {"d2t": torch.from_numpy(draft - np.arange(DRAFT_VOCAB)), "t2d": t2d}
-    save_file(vocab, str(root / "vocab.safetensors"))
-    for shard in range(2):
-        lengths = rng.integers(30, 90, 24)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        total = int(offsets[-1])
-        mask = np.zeros(total, dtype=np.uint8)
-        for begin, end in itertools.pairwise(offsets):
-            mask[begin + (end - begin) // 4 : end] = 1  # the first quarter is the prompt
-        tensors = {
-            "aux": torch.randn(total, 3 * HIDDEN).to(torch.bfloat16),
-            "final_hidden": torch.randn(total, HIDDEN).to(torch.bfloat16),
-            "input_ids": torch.from_numpy(rng.integers(0, VOCAB, total)),
-            "loss_mask": torch.from_numpy(mask),
-            "offsets": torch.from_numpy(offsets.astype(np.int64)),
-        }
-        ids = json.dumps([f"{shard}-{i}" for i in range(len(lengths))])
-        metadata = {**common, "dtype": "bf16", "target_signal": "final_hidden", "sample_ids": ids}
-        save_file(tensors, str(root / f"{shard:05d}.safetensors"), metadata=metadata)
-    return root
+# Two shards of 24 samples: one trained on, one held out.
+SIZE = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "num_hidden_layers": 8,
+    "vocab_size": 512,
+    "draft_vocab_size": 128,
+    "lengths": (30, 90),
+}
 
 
 def arguments(run: Path, out: Path) -> dict:
@@ -101,7 +71,8 @@ def loss_trace(out: Path) -> list[tuple[int, float]]:
 
 
 def test_two_agents_as_two_nodes_train_as_one_agent_with_two_processes(tmp_path):
-    results = write_run(tmp_path / "run")
+    results = tmp_path / "run"
+    write_synthetic_run(results, SIZE, samples=48, shards=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     one = tmp_path / "one-node"

@@ -1,0 +1,395 @@
+"""DFlash: a block of tokens drafted in one forward (arXiv 2602.06036), readable top to bottom:
+the layer ids it is conditioned on, its config, the model, the training objective. Its export
+(the checkpoint vLLM 0.32 loads as `DFlashDraftModel`) is eaglenest.drafter.dflash_export.
+
+The model, as vLLM's DFlashQwen3ForCausalLM computes it (model_executor/models/qwen3_dflash.py):
+
+    context = hidden_norm(fc(aux))      [T, H]   the target's aux states of the verified tokens
+    block   = embed([bonus, mask, ..., mask])     block_size tokens at positions a .. a+bs-1
+    per layer (Qwen3: q/k RMSNorm per head, rotary, no bias):
+        keys/values = k_norm(k_proj(context)), v_proj(context)      (no input_layernorm)
+                    + the block's own, from input_layernorm(h)
+        h = h + o_proj(attention(q_norm(q_proj(input_layernorm(h)))))   non-causal in the block
+        h = h + mlp(post_attention_layernorm(h))
+    logits = lm_head(norm(h)): slot j >= 1 drafts the token at a + j
+
+vLLM computes the context keys once per verified token (`precompute_and_store_context_kv`,
+qwen3_dflash.py:651: hidden_norm, the KV rows of each layer's qkv_proj, k_norm, rotary) and
+queries [bonus, mask x K] at positions last+1 .. last+1+K (v1/spec_decode/utils.py:707-737),
+sampling the K mask slots: block_size = num_speculative_tokens + 1. The block is non-causal
+(`_dflash_layer_causal`, qwen3_dflash.py:86-97; the proposer asserts it,
+v1/spec_decode/dflash.py:304-311).
+
+Training (vllm-project/speculators' DFlash, models/dflash/): anchors are positions of the answer
+with room for a whole block (`select_anchors`); the block at anchor a takes [x_a, mask x
+(bs-1)] at positions a .. a+bs-1 and sees the context of positions < a of its own sample and its
+own block, nothing else (`block_attention_mask`): no later real token, no other block. Slot j
+learns the target's distribution at a + j - 1, i.e. its next token x_a+j, weighted
+exp(-(j-1)/gamma) (slot 0, the anchor, untrained), summed and divided by the count of trained
+slots (speculators' `dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py).
+
+Cost: a row's N anchors make N·bs queries over T + N·bs keys, through one SDPA call with a
+boolean mask [N·bs, T + N·bs] (speculators builds the same mask block-sparse for flex
+attention); `max_anchors` bounds it.
+
+The token and hidden-state shards are EAGLE-3's (drafter/batches.py): `aux` [T, 3H] at the
+captured `aux_layer_ids`, the target signal, input_ids, loss_mask. Nothing is recaptured: DFlash
+is conditioned on the same layers, named its own way (`dflash_target_layer_ids`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglenest.drafter.batches import Batch
+from eaglenest.drafter.block_loss import (
+    PositionLoss,
+    SlotStats,
+    hard_cross_entropy,
+    weighted_slot_loss,
+)
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from eaglenest.drafter.model import shift_left
+from eaglenest.settings.train import DRAFTER_VARIANTS
+
+# The recipe's defaults: speculators' (models/dflash/core.py: block_size 8, max_anchors 512,
+# dflash_decay_gamma 4.0), also NVIDIA Model-Optimizer's DFlash recipe. Block 8 drafts K = 7
+# tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K.
+BLOCK_SIZE = 8
+MAX_ANCHORS = 512
+GAMMA = 4.0
+
+
+# ---- the layers it is conditioned on ---------------------------------------------------------
+
+
+def dflash_target_layer_ids(aux_layer_ids: Sequence[int]) -> list[int]:
+    """DFlash's `target_layer_ids` for the project's `aux_layer_ids`.
+
+    Ours follow vLLM's EAGLE-3 convention (DESIGN.md): id k is the INPUT of decoder layer k,
+    transformers' hidden_states[k]. DFlash's id i is the OUTPUT of decoder layer i,
+    hidden_states[i + 1] (z-lab's `extract_context_feature`), and vLLM adds the 1 when it
+    captures for a DFlash drafter:
+      vllm/v1/worker/gpu_model_runner.py:5274-5277 (V1 runner: `i + 1 for i in
+        dflash_config["target_layer_ids"]`, only when the config has no top-level
+        eagle_aux_hidden_state_layer_ids, :5268);
+      vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:110-111 (V2 runner, the same);
+      vllm/transformers_utils/configs/speculators/algos.py:117-121 (speculators' vLLM-style
+        aux ids written as `i - 1`, the translation made here).
+    Measured in vLLM 0.32 (VLLM-FAMILIES.md): target_layer_ids [1, 3, 4] fed hidden_states
+    [2, 4, 5], the project's default aux layers of the 8-layer demo."""
+    ids = [int(i) - 1 for i in aux_layer_ids]
+    if any(i < 0 for i in ids):
+        raise ValueError(
+            f"aux layer ids {list(aux_layer_ids)}: id 0 (the embedding output) has no DFlash "
+            "target layer id (the output of layer -1)"
+        )
+    return ids
+
+
+def aux_layer_ids_from_dflash(target_layer_ids: Sequence[int]) -> tuple[int, ...]:
+    """The inverse of `dflash_target_layer_ids`: what vLLM captures for them."""
+    return tuple(int(i) + 1 for i in target_layer_ids)
+
+
+# ---- the config ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...]  # the project's convention (`dflash_target_layer_ids`)
+    num_hidden_layers: int
+    block_size: int  # the anchor token and block_size - 1 drafted ones
+    mask_token_id: int  # a token of the target's vocabulary, embedded by the target
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError(f"DFlash block_size {self.block_size}: at least 2 (1 + K drafted)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"DFlash mask_token_id {self.mask_token_id} is not a token of the target's "
+                f"vocabulary (0..{self.vocab_size - 1})"
+            )
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"DFlash num_hidden_layers {self.num_hidden_layers}: at least 1")
+        dflash_target_layer_ids(self.aux_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["aux_layer_ids"] = list(self.aux_layer_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DFlashConfig:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in names}
+        return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
+
+    @classmethod
+    def from_drafter(
+        cls, base: DrafterConfig, *, num_hidden_layers: int, block_size: int, mask_token_id: int
+    ) -> DFlashConfig:
+        """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash."""
+        variants = [name for name in DRAFTER_VARIANTS if getattr(base, name)]
+        if base.attention != "llama" or base.sliding_window is not None or variants:
+            raise ValueError(
+                "DFlash is Qwen3 attention over the whole context: train.drafter.attention "
+                "llama, no sliding_window, none of the EAGLE-3 variants "
+                f"(got {base.attention}, window {base.sliding_window}, variants {variants})"
+            )
+        names = {f.name for f in fields(cls)} & {f.name for f in fields(DrafterConfig)}
+        return cls(
+            **{name: getattr(base, name) for name in names},
+            num_hidden_layers=num_hidden_layers,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+        )
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 attention whose keys and values are the context's, then the block's own."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = self.config = config
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.config.head_dim).transpose(1, 2)
+
+    def forward(self, x, context, rope: tuple[torch.Tensor, torch.Tensor], mask) -> torch.Tensor:
+        """x [B, Q, H] (normed block states), context [B, C, H]; `rope` (cos, sin) of the
+        context's positions then the block's, [B, 1, C + Q, d]; mask [B, 1, Q, C + Q]."""
+        c, c_len = self.config, context.shape[1]
+        cos, sin = rope
+        both = torch.cat([context, x], dim=1)
+        q = self.q_norm(self._heads(self.q_proj(x), c.num_attention_heads))
+        q = apply_rope(q, cos[:, :, c_len:], sin[:, :, c_len:])
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(both), c.num_key_value_heads)), cos, sin)
+        v = self._heads(self.v_proj(both), c.num_key_value_heads)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DFlashAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h, context, rope, mask) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), context, rope, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """Tensor names are vLLM's (`dflash_export`); the embedding is the target's, frozen and
+    never exported (vLLM shares the target's: mask token included)."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # The draft vocabulary, as EAGLE-3's: draft id i is target id i + d2t[i].
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def forward(
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        anchors: torch.Tensor,
+        segments: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [B, N, block_size, D] of the block at each anchor [B, N] (-1: none, see
+        `select_anchors`) of rows aux [B, T, n_aux·H_target], input_ids [B, T]; slot j drafts
+        the token at anchor + j. `segments` [B, T]: rows packing several samples
+        (`Batch.segments`): rotary positions restart at each sample, context stays in it."""
+        b, t = input_ids.shape
+        n, size = anchors.shape[1], self.config.block_size
+        positions = sample_positions(segments, b, t, input_ids.device)
+        at = anchors.clamp(min=0)
+        ids = torch.full((b, n, size), self.config.mask_token_id, device=input_ids.device)
+        ids[..., 0] = input_ids.gather(1, at)
+        offsets = torch.arange(size, device=input_ids.device)
+        block_positions = (positions.gather(1, at)[..., None] + offsets).reshape(b, n * size)
+        cos, sin = rope_cos_sin(
+            torch.cat([positions, block_positions], dim=1),
+            self.config.head_dim,
+            self.config.rope_theta,
+        )
+        context = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
+        h = self.embed_tokens(ids.reshape(b, n * size)).to(context.dtype)
+        mask = block_attention_mask(anchors, t, size, segments)
+        for layer in self.layers:
+            h = layer(h, context, (cos, sin), mask)
+        return self.lm_head(self.norm(h)).view(b, n, size, self.config.draft_vocab_size)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but the frozen target embedding (reloaded from the target head)."""
+        return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
+
+
+def sample_positions(
+    segments: torch.Tensor | None, b: int, t: int, device: torch.device
+) -> torch.Tensor:
+    """Rotary positions [B, T]: the token's index in its sample (rows packing several)."""
+    positions = torch.arange(t, device=device).expand(b, t)
+    if segments is None:
+        return positions
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return positions - torch.where(starts, positions, 0).cummax(-1).values
+
+
+def block_attention_mask(
+    anchors: torch.Tensor, t: int, block_size: int, segments: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[B, 1, N·bs, T + N·bs] bool: the keys each block query sees. Context key s: s < its
+    anchor, in the anchor's sample (none for a missing anchor); block keys: all of its own
+    block (non-causal) and no other block's."""
+    b, n = anchors.shape
+    device = anchors.device
+    anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, Q]
+    keys = torch.arange(t, device=device)
+    context = (keys[None, None, :] < anchor[..., None]) & (anchor >= 0)[..., None]
+    if segments is not None:
+        own_sample = segments.gather(1, anchor.clamp(min=0))
+        context = context & (segments[:, None, :] == own_sample[..., None])
+    block = torch.arange(n * block_size, device=device) // block_size
+    same_block = (block[:, None] == block[None, :]).expand(b, -1, -1)
+    return torch.cat([context, same_block], dim=-1)[:, None]
+
+
+# ---- the training objective ---------------------------------------------------------------------
+
+
+def select_anchors(
+    loss_mask: torch.Tensor,
+    block_size: int,
+    max_anchors: int = MAX_ANCHORS,
+    generator: torch.Generator | None = None,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[B, N] anchor positions per row, ascending, -1 past each row's own (N = the most any row
+    has, at most max_anchors; a random subset where a row has more, drawn from `generator`).
+
+    An anchor a: its block a .. a+bs-1 lies in the loss-masked answer of one sample (room for
+    the whole block, as speculators' `select_anchors` keeps the last block_size positions out),
+    and a token of that sample precedes it (the context is never empty)."""
+    b = loss_mask.shape[0]
+    answer = loss_mask.bool()
+    eligible = answer & shift_left(answer, block_size - 1, False)
+    has_context = torch.zeros_like(answer)
+    has_context[:, 1:] = True
+    if segments is not None:
+        eligible = eligible & (shift_left(segments, block_size - 1, -2) == segments)
+        has_context[:, 1:] = segments[:, 1:] == segments[:, :-1]
+    eligible = eligible & has_context
+    rows = []
+    for row in range(b):
+        found = eligible[row].nonzero()[:, 0]
+        if found.numel() > max_anchors:
+            pick = torch.randperm(found.numel(), generator=generator)[:max_anchors]
+            found = found[pick.to(found.device)].sort().values
+        rows.append(found)
+    n = max((len(r) for r in rows), default=0)
+    anchors = torch.full((b, n), -1, dtype=torch.long, device=loss_mask.device)
+    for row, found in enumerate(rows):
+        anchors[row, : len(found)] = found
+    return anchors
+
+
+def position_weights(block_size: int, gamma: float = GAMMA) -> list[float]:
+    """Slot j's loss weight: 0 for the anchor, exp(-(j - 1) / gamma) for the drafted ones."""
+    return [0.0] + [math.exp(-(j - 1) / gamma) for j in range(1, block_size)]
+
+
+def block_targets(
+    batch: Batch, anchors: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's log-probabilities [B, N, bs, D] each slot learns (slot j of anchor a: the
+    target's distribution at a + j - 1) and where it is trained [B, N, bs]: j >= 1, the
+    anchor exists, the token a + j is in the answer (of the anchor's sample) and the target's
+    argmax is a draft token."""
+    b, n = anchors.shape
+    t, d = batch.input_ids.shape[1], batch.target_logits.shape[-1]
+    offsets = torch.arange(block_size, device=anchors.device)
+    drafted = (anchors.clamp(min=0)[..., None] + offsets).clamp(max=t - 1)  # [B, N, bs]
+    source = (drafted - 1).clamp(min=0)
+    flat = source.reshape(b, n * block_size)
+    targets = batch.target_logits.gather(1, flat[..., None].expand(-1, -1, d))
+    valid = (anchors >= 0)[..., None] & (offsets >= 1)
+    valid = valid & (anchors[..., None] + offsets < t)
+    valid = valid & batch.loss_mask.gather(1, drafted.reshape(b, -1)).view(b, n, block_size)
+    valid = valid & batch.in_draft_vocab.gather(1, flat).view(b, n, block_size)
+    if batch.segments is not None:
+        sample = batch.segments.gather(1, anchors.clamp(min=0))[..., None]
+        valid = valid & (batch.segments.gather(1, drafted.reshape(b, -1)).view(b, n, -1) == sample)
+    return targets.view(b, n, block_size, d), valid
+
+
+def dflash_loss(
+    logits: torch.Tensor,
+    batch: Batch,
+    anchors: torch.Tensor,
+    gamma: float = GAMMA,
+    position_loss: PositionLoss = hard_cross_entropy,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, SlotStats]:
+    """DFlash's loss over the blocks' logits [B, N, bs, D] (`DFlashDrafter.forward`), the batch's
+    target signal filled: sum_j w_j (sum of slot j's losses) / (trained slots), w =
+    `position_weights`. Statistics per drafted slot (1 .. bs-1: the K drafts, as EAGLE-3's
+    steps). `denominator`: the trained slots over every rank, under DDP."""
+    size = logits.shape[2]
+    targets, valid = block_targets(batch, anchors, size)
+    weights = position_weights(size, gamma)
+    if denominator is None:
+        denominator = int(valid.sum())
+    slots = ((logits[:, :, j], targets[:, :, j], valid[:, :, j]) for j in range(1, size))
+    return weighted_slot_loss(slots, weights[1:], denominator, position_loss)

@@ -1,0 +1,320 @@
+"""The DFlash checkpoint vLLM 0.32 loads (eaglenest.drafter.dflash is the model):
+`config.json` + `model.safetensors`, as VLLM-FAMILIES.md measured it serving (its plain-torch
+forward matched vLLM's drafts 64/64).
+
+- config.json: `architectures: ["DFlashDraftModel"]` (vLLM's registry maps it to
+  qwen3_dflash.DFlashQwen3ForCausalLM, model_executor/models/registry.py:634), `model_type:
+  qwen3`, the Qwen3 sizes, `rope_parameters`, `block_size`, `dflash_config {block_size,
+  mask_token_id, target_layer_ids}` (target ids in DFlash's convention, dflash.py's
+  `dflash_target_layer_ids`); `draft_vocab_size` and `target_hidden_size`, which vLLM reads
+  (qwen3_dflash.py DFlashQwen3ForCausalLM and `_get_dflash_fc_input_size`); `num_target_layers`
+  (z-lab's key, read by no vLLM code) when known; and `eaglenest`: the trained config.
+- Tensors, unprefixed (vLLM adds `model.`): layers.{i}.self_attn.{q,k,v,o}_proj,
+  layers.{i}.self_attn.{q,k}_norm, layers.{i}.mlp.{gate,up,down}_proj,
+  layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm, lm_head, and d2t/t2d when
+  the draft vocabulary is smaller than the target's (none when it is the whole: vLLM creates
+  draft_id_to_target_id only then, qwen3_dflash.py DFlashQwen3ForCausalLM). No embed_tokens:
+  vLLM shares the target's, mask token included, as training did. No mask_hidden: vLLM asserts
+  it away (qwen3_dflash.py:891).
+
+A config that vLLM would read as another drafter than the one trained is refused on export and
+on load (`dflash_config_from_export`): `vllm_dflash_reading` reads it with vLLM's precedence
+(causality, sliding windows, mask token, captured layers, rotary base...) and every value must be
+the trained one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglenest.common.io import atomic_path, write_json
+from eaglenest.drafter.dflash import (
+    DFlashConfig,
+    DFlashDrafter,
+    aux_layer_ids_from_dflash,
+    dflash_target_layer_ids,
+)
+from eaglenest.drafter.export import DTYPES, INTEGER_TENSORS, ExportError
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "DFlashDraftModel"
+FORMAT = "dflash/1"
+SLIDING = "sliding_attention"
+# transformers' Qwen3Config default (configuration_qwen3.py): layers from here on slide when
+# use_sliding_window is set and layer_types is not.
+QWEN3_MAX_WINDOW_LAYERS = 28
+LAYER_TENSORS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
+
+
+def is_full_vocab(config: DFlashConfig) -> bool:
+    return config.draft_vocab_size == config.vocab_size
+
+
+def weight_names(config: DFlashConfig) -> set[str]:
+    """The tensors of an export, exactly."""
+    names = {
+        f"layers.{i}.{tensor}.weight"
+        for i in range(config.num_hidden_layers)
+        for tensor in LAYER_TENSORS
+    }
+    names |= {"fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight"}
+    return names if is_full_vocab(config) else names | set(INTEGER_TENSORS)
+
+
+def dflash_export_config(
+    config: DFlashConfig, dtype: str, num_target_layers: int | None = None
+) -> dict[str, Any]:
+    out = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "dtype": dtype,
+        "block_size": config.block_size,
+        "dflash_config": {
+            "block_size": config.block_size,
+            "mask_token_id": config.mask_token_id,
+            "target_layer_ids": dflash_target_layer_ids(config.aux_layer_ids),
+        },
+        "eaglenest": {"format": FORMAT, "config": config.to_dict()},
+    }
+    if num_target_layers is not None:
+        out["num_target_layers"] = num_target_layers
+    return out
+
+
+def export_dflash(
+    model: DFlashDrafter,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    num_target_layers: int | None = None,
+) -> None:
+    out_dir = Path(out_dir)
+    config = dflash_export_config(model.config, dtype, num_target_layers)
+    dflash_config_from_export(config)  # what vLLM would read is what was trained, or no export
+    state = model.trainable_state_dict()
+    if is_full_vocab(model.config):
+        if torch.any(state["d2t"] != 0) or not torch.all(state["t2d"]):
+            raise ExportError(
+                f"{out_dir}: draft_vocab_size equals vocab_size ({model.config.vocab_size}) but "
+                "d2t is not the identity mapping"
+            )
+        state = {k: v for k, v in state.items() if k not in INTEGER_TENSORS}
+    tensors = {
+        name: (v if name in INTEGER_TENSORS else v.to(DTYPES[dtype])).detach().cpu().contiguous()
+        for name, v in state.items()
+    }
+    if set(tensors) != weight_names(model.config):
+        raise ExportError(f"{out_dir}: tensors {sorted(set(tensors) ^ weight_names(model.config))}")
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", config)
+    log.info("exported DFlash drafter, %d tensors (%s), to %s", len(tensors), dtype, out_dir)
+
+
+# ---- what vLLM 0.32 reads ---------------------------------------------------------------------
+
+
+def vllm_layer_types(config: dict[str, Any]) -> list[str]:
+    """`layer_types` as transformers' Qwen3Config fills it when absent (configuration_qwen3.py)."""
+    n = config.get("num_hidden_layers", 0)
+    if config.get("layer_types"):
+        return list(config["layer_types"])
+    window = config.get("sliding_window", 4096) if config.get("use_sliding_window") else None
+    first = config.get("max_window_layers", QWEN3_MAX_WINDOW_LAYERS)
+    return [SLIDING if window is not None and i >= first else "full_attention" for i in range(n)]
+
+
+def vllm_causal(config: dict[str, Any], layer: int) -> bool:
+    """qwen3_dflash.py:86-97: `is_causal`, else dflash_config.causal, else a sliding layer."""
+    if config.get("is_causal") is not None:
+        return bool(config["is_causal"])
+    override = (config.get("dflash_config") or {}).get("causal")
+    if override is not None:
+        return bool(override)
+    return vllm_layer_types(config)[layer] == SLIDING
+
+
+def vllm_aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
+    """The layers vLLM captures for the drafter (v1/worker/gpu_model_runner.py:5268-5283):
+    the top-level EAGLE-3 list, else dflash_config's ids + 1, else (overriding those)
+    eagle_config's list."""
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        nested, eagle = config.get("dflash_config"), config.get("eagle_config")
+        if nested and isinstance(nested, dict):
+            ids = list(aux_layer_ids_from_dflash(nested.get("target_layer_ids") or []))
+        if eagle and isinstance(eagle, dict):
+            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    return tuple(ids) if ids else None
+
+
+def vllm_dflash_reading(config: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM 0.32's DFlash path takes from this config.json, by its own precedence."""
+    nested = config.get("dflash_config") or {}
+    merged = {**(config.get("eagle_config") or {}), **nested}  # qwen3_dflash.py:451-452
+    n = config.get("num_hidden_layers", 0)
+    types = vllm_layer_types(config)
+    rope = config.get("rope_parameters") or {}
+    return {
+        "architectures": config.get("architectures"),
+        "model_type": config.get("model_type"),
+        "causal": [vllm_causal(config, i) for i in range(n)],
+        # qwen3_dflash.py:120-170: dflash_config.use_swa, or the layer's type.
+        "sliding": [bool(nested.get("use_swa")) or types[i] == SLIDING for i in range(n)],
+        # The proposer's (llm_base_proposer.py:363-367) and the model's (qwen3_dflash.py:472).
+        "mask_token_id": nested.get("mask_token_id", config.get("mask_token_id")),
+        "model_mask_token_id": merged.get("mask_token_id", config.get("mask_token_id")),
+        "aux_layer_ids": vllm_aux_layer_ids(config),
+        # No default: vLLM's would be 1e6 (qwen3_dflash.py:337), transformers' another.
+        "rope_theta": rope.get("rope_theta"),
+        "rope_type": rope.get("rope_type", "default"),
+        "is_neox_style": config.get("is_neox_style", True),  # qwen3_dflash.py:357
+        "attention_value_scale": nested.get("attention_value_scale"),
+        "attention_sink_bias": nested.get(
+            "attention_sink_bias", config.get("add_swa_attention_sink_bias", False)
+        ),
+        "use_aux_hidden_state": merged.get(
+            "use_aux_hidden_state", config.get("use_aux_hidden_state", True)
+        ),
+        # The V2 runner refuses it (v1/worker/gpu/spec_decode/dflash/speculator.py:80).
+        "sample_from_anchor": nested.get("sample_from_anchor", False),
+        "draft_vocab_size": config.get("draft_vocab_size") or config.get("vocab_size"),
+        "target_hidden_size": config.get("target_hidden_size") or config.get("hidden_size"),
+        "hidden_act": config.get("hidden_act"),
+        "attention_bias": config.get("attention_bias", False),
+        **{name: config.get(name) for name in SIZES},
+    }
+
+
+SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "rms_norm_eps",
+)
+
+
+def trained_reading(config: DFlashConfig) -> dict[str, Any]:
+    """What `vllm_dflash_reading` must find for the drafter that was trained."""
+    n = config.num_hidden_layers
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "causal": [False] * n,
+        "sliding": [False] * n,
+        "mask_token_id": config.mask_token_id,
+        "model_mask_token_id": config.mask_token_id,
+        "aux_layer_ids": tuple(config.aux_layer_ids),
+        "rope_theta": config.rope_theta,
+        "rope_type": "default",
+        "is_neox_style": True,
+        "attention_value_scale": None,
+        "attention_sink_bias": False,
+        "use_aux_hidden_state": True,
+        "sample_from_anchor": False,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        **{name: getattr(config, name) for name in SIZES},
+    }
+
+
+def dflash_config_from_export(config: dict[str, Any]) -> DFlashConfig:
+    """The trained config of a DFlash config.json, refused (ExportError naming every key) where
+    vLLM 0.32 would read another drafter."""
+    recorded = config.get("eaglenest") or {}
+    if recorded.get("format") != FORMAT:
+        raise ExportError(f"config.json: eaglenest.format {recorded.get('format')!r}, not {FORMAT}")
+    trained = DFlashConfig.from_dict(recorded["config"])
+    read, expected = vllm_dflash_reading(config), trained_reading(trained)
+    wrong = [
+        f"{key}: vLLM reads {read[key]!r}, trained {value!r}"
+        for key, value in expected.items()
+        if read[key] != value
+    ]
+    if wrong:
+        raise ExportError(
+            "config.json: vLLM 0.32 would serve another drafter than the one trained: "
+            + "; ".join(wrong)
+        )
+    return trained
+
+
+def load_dflash(
+    drafter_dir: str | Path,
+    embed: torch.Tensor,
+    expect_layer_ids: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> DFlashDrafter:
+    """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
+    drafter_dir = Path(drafter_dir)
+    config = dflash_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
+    if expect_layer_ids is not None and list(config.aux_layer_ids) != list(expect_layer_ids):
+        raise ExportError(
+            f"{drafter_dir}: aux layers {list(config.aux_layer_ids)} but the hidden states were "
+            f"captured at {list(expect_layer_ids)}"
+        )
+    with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
+        state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+    if set(state) != weight_names(config):
+        raise ExportError(
+            f"{drafter_dir / 'model.safetensors'}: missing "
+            f"{sorted(weight_names(config) - set(state))}, unexpected "
+            f"{sorted(set(state) - weight_names(config))}"
+        )
+    model = DFlashDrafter(config)
+    state["embed_tokens.weight"] = embed
+    if is_full_vocab(config):  # the identity mapping
+        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    model.load_state_dict({k: v if k in INTEGER_TENSORS else v.to(dtype) for k, v in state.items()})
+    return model.to(dtype)
+
+
+def speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[str, Any]:
+    """vLLM's `speculative_config` serving the export: K = block_size - 1 drafted tokens (the
+    bonus token takes the block's first slot)."""
+    return {
+        "method": "dflash",
+        "model": str(drafter_dir),
+        "num_speculative_tokens": config.block_size - 1,
+    }
