@@ -43,7 +43,7 @@ def engine(request: dict):
             "model": request["drafter"],
             "num_speculative_tokens": request["k"],
         }
-    return one_shot_llm(llm_arguments(request, **method))
+    return one_shot_llm(llm_arguments(request, **method), core_in_process=True)
 
 
 def spec_counters(llm) -> dict:

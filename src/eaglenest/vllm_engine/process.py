@@ -136,32 +136,33 @@ def worker_in_engine_core() -> bool:
 
 
 def engine_core_in_process(model: str) -> bool:
-    """In the child: whether a one-shot engine's core runs in this process too (no process of
-    its own to spawn: one more import of vLLM and torch, ~11 s of CPU here, and for the
-    evaluation's engines one after another, one a configuration). With the worker in the engine
-    core (`worker_in_engine_core`), for a dense text-only target: in-process, a multimodal
-    target's front end trips vLLM's scan for Triton kernels (llvmlite's modules, seen with the
-    Kimi-K2.5 layout), and an MLA target's offline capture was seen to hang (DeepSeek-V3 demo),
-    so those keep vLLM's layout. Never over the user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
+    """In the child: whether a decoding engine's core runs in this process too (no process of
+    its own to spawn: one more import of vLLM and torch, ~11 s of CPU here, one a configuration
+    for the evaluation's engines one after another). With the worker in the engine core
+    (`worker_in_engine_core`), for a dense text-only target: in-process, a multimodal target's
+    front end trips vLLM's scan for Triton kernels (llvmlite's modules, seen with the Kimi-K2.5
+    layout), and the offline capture hangs (seen with the DeepSeek-V3 demo and with the dense
+    small demo: its engine idle for 15 minutes), so capture keeps vLLM's layout. Never over the
+    user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
     if not worker_in_engine_core():
         return False
     config = model_config(model)
     return "text_config" not in config and not config_uses_mla(config)
 
 
-def one_shot_llm(args: dict[str, Any]) -> Any:
+def one_shot_llm(args: dict[str, Any], core_in_process: bool = False) -> Any:
     """In the child: `vllm.LLM(**args)`, its worker in the engine core's process when
     `worker_in_engine_core` (vLLM's single-process executor named by class: its CPU platform
-    turns the name "uni" back into "mp"), and that engine core in this process when
-    `engine_core_in_process` (measured on the small demo, plain and K=3 and K=7 one after
-    another: 94 -> 56 s of CPU, tokens and vLLM's counters identical)."""
+    turns the name "uni" back into "mp"), and with `core_in_process` (decoding only) that
+    engine core in this process when `engine_core_in_process` (the small demo's plain, K=3 and
+    K=7 engines one after another: 94 -> 46 s of CPU, tokens and vLLM's counters identical)."""
     from vllm import LLM
 
     if worker_in_engine_core() and "distributed_executor_backend" not in args:
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         args = {**args, "distributed_executor_backend": UniProcExecutor}
-        if engine_core_in_process(args["model"]):
+        if core_in_process and engine_core_in_process(args["model"]):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
     return LLM(**args)
 
