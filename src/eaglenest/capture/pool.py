@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import TypeVar
 import aiohttp
 import numpy as np
 
-from eaglenest.capture.state_file import StateFileLost
+from eaglenest.capture.state_file import StateFileLost, remove_state_file
 from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
@@ -93,12 +92,6 @@ def answered_path(answer: dict, sent: np.ndarray, row: int) -> str:
             "server is not a capture server (extract_hidden_states and a KV connector)"
         )
     return path
-
-
-def remove_state_file(path: str) -> None:
-    for name in (path, path + ".lock"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
 
 
 class CapturePool:

@@ -44,16 +44,15 @@ import torch
 
 from eaglenest.capture.answer import request_rows
 from eaglenest.capture.final_signal import FinalSignal
-from eaglenest.capture.pool import CapturePool, remove_state_file
 from eaglenest.capture.request import engine_request, served_name
 from eaglenest.capture.state_file import (
     job_key,
     job_state_files,
     read_request_file,
+    remove_state_file,
     request_id,
 )
 from eaglenest.formats.hidden_shard import loaded_rows, stored_rows
-from eaglenest.formats.tokens import read_tokens
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.target_model.files import resolve_target_dir
@@ -80,6 +79,9 @@ class PooledShard:
 
     def __init__(self, states: PooledStates, tokens: str | Path, number: int):
         self.states, self.number, self.path = states, number, Path(tokens)
+        # Here, not at the top: polars and pandera are not on a GPU training machine either.
+        from eaglenest.formats.tokens import read_tokens
+
         self.frame = read_tokens(tokens)
         offsets = np.zeros(len(self.frame) + 1, dtype=np.int64)
         np.cumsum(self.frame["n_tokens"].to_numpy(), out=offsets[1:])
@@ -200,6 +202,7 @@ class PooledStates:
         self.thread.start()
         # Here, not at the top: training and evaluation import this module in every mode, and
         # the pool's HTTP client (aiohttp) is not on a GPU training machine that reads files.
+        from eaglenest.capture.pool import CapturePool
 
         self.pool = CapturePool(
             list(runtime.capture_urls),

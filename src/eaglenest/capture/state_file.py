@@ -63,3 +63,10 @@ def read_request_file(path: str) -> dict[str, torch.Tensor]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(name)
     return states
+
+
+def remove_state_file(path: str) -> None:
+    """A state file and its lock, gone (either may be gone already)."""
+    for name in (path, path + ".lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
