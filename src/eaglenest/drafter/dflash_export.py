@@ -41,7 +41,12 @@ from eaglenest.drafter.dflash import (
     aux_layer_ids_from_dflash,
     dflash_target_layer_ids,
 )
-from eaglenest.drafter.export import DTYPES, INTEGER_TENSORS, ExportError
+from eaglenest.drafter.export import (
+    DTYPES,
+    INTEGER_TENSORS,
+    ExportError,
+    check_captured_layers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -288,11 +293,7 @@ def load_dflash(
     """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
     drafter_dir = Path(drafter_dir)
     config = dflash_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
-    if expect_layer_ids is not None and list(config.aux_layer_ids) != list(expect_layer_ids):
-        raise ExportError(
-            f"{drafter_dir}: aux layers {list(config.aux_layer_ids)} but the hidden states were "
-            f"captured at {list(expect_layer_ids)}"
-        )
+    check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
     with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
         state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
     if set(state) != weight_names(config):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,18 @@ def _mla_from_export(config: dict[str, Any]) -> dict[str, Any]:
     return {"attention": "mla", **{name: config[name] for name in MLA_SIZES}}
 
 
+def check_captured_layers(
+    drafter_dir: Path, aux_layer_ids: Sequence[int], expect_layer_ids: Sequence[int] | None
+) -> None:
+    """A drafter reads the aux layers the hidden states were captured at, or is refused."""
+    if expect_layer_ids is not None and list(aux_layer_ids) != list(expect_layer_ids):
+        raise ExportError(
+            f"{drafter_dir / 'config.json'}: eagle_aux_hidden_state_layer_ids "
+            f"{list(aux_layer_ids)} but the hidden states were captured at "
+            f"{list(expect_layer_ids)}"
+        )
+
+
 def load_drafter(
     drafter_dir: str | Path,
     embed: torch.Tensor,
@@ -203,12 +216,7 @@ def load_drafter(
     """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
     drafter_dir = Path(drafter_dir)
     config = drafter_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
-    if expect_layer_ids is not None and list(config.aux_layer_ids) != list(expect_layer_ids):
-        raise ExportError(
-            f"{drafter_dir / 'config.json'}: eagle_aux_hidden_state_layer_ids "
-            f"{list(config.aux_layer_ids)} but the hidden states were captured at "
-            f"{list(expect_layer_ids)}"
-        )
+    check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
     if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
         raise ExportError(
             f"{drafter_dir / 'config.json'}: vocab_size x hidden_size "

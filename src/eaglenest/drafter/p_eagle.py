@@ -64,6 +64,7 @@ from eaglenest.drafter.export import (
     ARCHITECTURE,
     INTEGER_TENSORS,
     ExportError,
+    check_captured_layers,
     check_exportable,
     drafter_config_from_export,
     export_config,
@@ -310,11 +311,7 @@ def load_p_eagle(
     config, mask_token_id, depths = p_eagle_from_export(
         json.loads((drafter_dir / "config.json").read_text())
     )
-    if expect_layer_ids is not None and list(config.aux_layer_ids) != list(expect_layer_ids):
-        raise ExportError(
-            f"{drafter_dir}: aux layers {list(config.aux_layer_ids)} but the hidden states "
-            f"were captured at {list(expect_layer_ids)}"
-        )
+    check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
     model = PEagleDrafter(config, mask_token_id)
     with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
         state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
