@@ -2,8 +2,8 @@
 run). The lanes are folders, marked by their own conftest (support/lanes.py); here every test's
 setup and call is guarded (a test outside its lane's folder that starts Snakemake or vLLM fails),
 and the session keeps the list of every test it collected, for tests/house/. Under pytest-xdist
-(`make test` runs two workers: support/workers.py) a worker uses its share of the cores, the
-tests of one shared run go to one worker, and the demo target is built once for all."""
+(`make test` runs three workers: support/workers.py) a worker uses its share of the cores, a
+module's tests go to one worker, and the shared builds are made once for all."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from support.cpu_log import cpu_logged
 from support.lanes import COLLECTED, guarded
-from support.workers import SharedRunScheduling, built_once, order_for_workers, use_worker_cores
+from support.workers import ModuleScheduling, built_once, order_for_workers, use_worker_cores
 from support.workflow import SMALL_DEMO, copy_run, copy_workflow_with_target, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
@@ -87,20 +88,29 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs the suite in one process
-def pytest_xdist_make_scheduler(config: pytest.Config, log) -> SharedRunScheduling:
-    """Under xdist (`-n N`): the tests of a shared run on one worker, longest first."""
-    return SharedRunScheduling(config, log)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> ModuleScheduling:
+    """Under xdist (`-n N`): a module's tests on one worker, the longest chains first."""
+    return ModuleScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    with guarded(item.path, item.nodeid):  # session fixtures a test asks for first start here
+    with (
+        cpu_logged(item.nodeid, "setup"),
+        guarded(item.path, item.nodeid),
+    ):  # session fixtures a test asks for first start here
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    with guarded(item.path, item.nodeid):
+    with cpu_logged(item.nodeid, "call"), guarded(item.path, item.nodeid):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    with cpu_logged(item.nodeid, "teardown"):
         yield
 
 

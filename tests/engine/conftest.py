@@ -3,7 +3,8 @@ test in this folder is marked `vllm` and `slow`; each is skipped without .venv-v
 (CI=true), where `make test` creates it first and a missing one is a failure.
 
 What vLLM costs here is its engine start (~15-40 s eager on two busy cores), so the lane shares
-every engine and every run it can, session-scoped (built once per test run, on first use):
+every engine and every run it can, session-scoped and built once per test run for every worker
+(support/workers.py `built_once`: the first worker to ask builds, the others wait and reuse):
 - `vllm_target_dir`: the small demo target (tests/conftest.py's `demo_target_dir`) where vLLM's
   CPU attention takes its head size;
 - `vllm_captured_run`: a copy of `finished_run` (tests/conftest.py) whose hidden-state shards
@@ -50,7 +51,7 @@ from support.vllm import (
     require_vllm_venv,
     vllm_server,
 )
-from support.workers import CORES
+from support.workers import CORES, built_facts, built_once, write_facts
 from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
@@ -97,26 +98,36 @@ def vllm_target_dir(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
 def vllm_captured_run(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A copy of `finished_run` whose hidden-state shards `hidden.backend: vllm` rewrote through
     Snakemake (the offline backend: an engine per shard job), nothing upstream rerun; timed and
-    its engine starts counted, for the capture server's comparison."""
+    its engine starts counted, for the capture server's comparison. Built once for every worker."""
     require_vllm_venv()
-    workdir = copy_run(finished_run, tmp_path_factory.mktemp("vllm-capture") / "workflow")
     config = capture_config()
-    dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
-    assert planned_jobs(dry) == {"extract_hidden_states": len(CAPTURE_SHARDS)}, dry.stdout[-2000:]
-    for path in (workdir / "logs").rglob("*.log"):
-        path.unlink()  # the transformers run's
-    started = time.monotonic()
-    result = snakemake(workdir, *hidden_targets(), config=config, timeout_s=1800)
-    offline_s = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
-    starts = engine_starts(*(workdir / "logs").rglob("*.log"))
-    return {"workdir": workdir, "config": config, "offline_s": offline_s, "offline_starts": starts}
+
+    def build(out: Path) -> None:
+        workdir = copy_run(finished_run, out / "workflow")
+        dry = snakemake(workdir, *hidden_targets(), "-n", config=config)
+        assert planned_jobs(dry) == {"extract_hidden_states": len(CAPTURE_SHARDS)}, dry.stdout[
+            -2000:
+        ]
+        for path in (workdir / "logs").rglob("*.log"):
+            path.unlink()  # the transformers run's
+        started = time.monotonic()
+        result = snakemake(workdir, *hidden_targets(), config=config, timeout_s=1800)
+        offline_s = time.monotonic() - started
+        assert result.returncode == 0, (
+            result.stdout[-3000:] + result.stderr[-3000:] + job_logs(workdir)
+        )
+        starts = engine_starts(*(workdir / "logs").rglob("*.log"))
+        write_facts(out, {"offline_s": offline_s, "offline_starts": starts})
+
+    out = built_once(tmp_path_factory, "vllm-captured-run", build)
+    return {"workdir": out / "workflow", "config": config, **built_facts(out)}
 
 
 @pytest.fixture(scope="session")
 def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """`finished_run`'s held-out prompts decoded plainly by vLLM, once for every test that
-    compares a drafter's decoding with it; with the arguments every such engine gets."""
+    """`finished_run`'s held-out prompts decoded plainly by vLLM, once for every test (and
+    worker) that compares a drafter's decoding with it; with the arguments every such engine
+    gets."""
     from eaglenest.common.config import settings_from_sections
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
     from eaglenest.stages.evaluate.live import heldout_prompts
@@ -137,23 +148,29 @@ def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory)
         "runtime": settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
     }
     request = engine_request(**arguments, drafter_dir=results / "drafter")
-    work = tmp_path_factory.mktemp("plain")
+
+    def build(out: Path) -> None:
+        write_facts(out, decode({**request, "k": None}, arguments["runtime"], out))
+
     return {
         "arguments": arguments,
-        "plain": decode({**request, "k": None}, arguments["runtime"], work),
+        "plain": built_facts(built_once(tmp_path_factory, "plain-decoding", build)),
     }
 
 
 @pytest.fixture(scope="session")
 def deepseek_workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """A workflow copy where config/tests/deepseek-v3.yaml's target is built (real Snakemake,
-    `--until build_demo_target`), and the config that built it."""
+    `--until build_demo_target`), and the config that built it. Built once for every worker."""
     require_vllm_venv()
-    workdir = copy_workflow(tmp_path_factory.mktemp("deepseek") / "workflow")
     config = merged(DEEPSEEK, {"vllm": {"python": VLLM_PYTHON}})
-    built = snakemake(workdir, "--until", "build_demo_target", config=config, timeout_s=1500)
-    assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
-    return workdir, config
+
+    def build(out: Path) -> None:
+        workdir = copy_workflow(out / "workflow")
+        built = snakemake(workdir, "--until", "build_demo_target", config=config, timeout_s=1500)
+        assert built.returncode == 0, built.stderr[-3000:] + job_logs(workdir)
+
+    return built_once(tmp_path_factory, "deepseek", build) / "workflow", config
 
 
 @pytest.fixture(scope="session")
@@ -174,33 +191,39 @@ def kimi_run(deepseek_target_dir: Path, tmp_path_factory: pytest.TempPathFactory
     Kimi-K2.5 model runs its DeepSeek-V3 text model); timed."""
     from eaglenest.demo.kimi_layout import wrap_kimi_k25
 
-    started = time.monotonic()
-    workdir = copy_workflow(tmp_path_factory.mktemp("kimi") / "workflow")
-    target_dir = workdir / "results" / KIMI_RUN / "target"
-    wrap_kimi_k25(deepseek_target_dir, target_dir)  # what build_demo_target does for the layout
-    config = merged(KIMI, {"vllm": {"python": VLLM_PYTHON,
-                                    "capture_url": f"http://127.0.0.1:{free_port()}"}})  # fmt: skip
-    logs = tmp_path_factory.mktemp("kimi-logs")
-    # As docs/vllm-cpu.md gives the command: the kimi_k2 parser, text only, the CPU fixes.
-    with vllm_server(
-        target_dir,
-        logs / "server.log",
-        served_name=KIMI["target"]["model"],
-        engine_args={**EAGER, "language_model_only": True},
-        reasoning_parser="kimi_k2",
-        trust_remote_code=True,
-    ) as url:
-        config["endpoints"] = [{"url": url, "max_concurrency": 8}]
-        served = time.monotonic()
-        result = snakemake(workdir, "--until", "prepare_samples", config=config)
-        assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
-    samples_s = time.monotonic() - served
-    rest = serve_capture_and_run(workdir, logs / "capture.log", timeout_s=1800)
-    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:] + job_logs(workdir)
-    timings = {"samples_s": samples_s, "total_s": time.monotonic() - started}
-    print(f"Kimi-K2.5 layout run: {timings}")
-    return {"workdir": workdir, "config": config, "logs": logs, "timings": timings,
-            "run": workdir / "results" / KIMI_RUN}  # fmt: skip
+    def build(out: Path) -> None:
+        started = time.monotonic()
+        workdir = copy_workflow(out / "workflow")
+        target_dir = workdir / "results" / KIMI_RUN / "target"
+        wrap_kimi_k25(deepseek_target_dir, target_dir)  # what build_demo_target does for the layout
+        config = merged(KIMI, {"vllm": {"python": VLLM_PYTHON,
+                                        "capture_url": f"http://127.0.0.1:{free_port()}"}})  # fmt: skip
+        logs = out / "logs"
+        logs.mkdir()
+        # As docs/vllm-cpu.md gives the command: the kimi_k2 parser, text only, the CPU fixes.
+        with vllm_server(
+            target_dir,
+            logs / "server.log",
+            served_name=KIMI["target"]["model"],
+            engine_args={**EAGER, "language_model_only": True},
+            reasoning_parser="kimi_k2",
+            trust_remote_code=True,
+        ) as url:
+            config["endpoints"] = [{"url": url, "max_concurrency": 8}]
+            served = time.monotonic()
+            result = snakemake(workdir, "--until", "prepare_samples", config=config)
+            assert result.returncode == 0, result.stderr[-3000:] + job_logs(workdir)
+        samples_s = time.monotonic() - served
+        rest = serve_capture_and_run(workdir, logs / "capture.log", timeout_s=1800)
+        assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:] + job_logs(workdir)
+        timings = {"samples_s": samples_s, "total_s": time.monotonic() - started}
+        print(f"Kimi-K2.5 layout run: {timings}")
+        write_facts(out, {"config": config, "timings": timings})
+
+    out = built_once(tmp_path_factory, "kimi-run", build)
+    workdir = out / "workflow"
+    return {"workdir": workdir, "logs": out / "logs", "run": workdir / "results" / KIMI_RUN,
+            **built_facts(out)}  # fmt: skip
 
 
 def serve_capture_and_run(

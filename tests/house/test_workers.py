@@ -1,22 +1,21 @@
-"""The suite's workers (tests/support/workers.py): every test that asks for a shared run's
-fixture is in one of its group's modules, so one worker builds that run, once; and the order the
-work is handed out puts the groups first."""
+"""The suite's workers (tests/support/workers.py): a shared run is built once for every worker
+(a session fixture that runs Snakemake or starts vLLM goes through `built_once`), a module's
+tests go to one worker, and the longest chains are handed out first, in their order."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from support.lanes import COLLECTED
-from support.workers import (
-    SHARED_RUN_GROUPS,
-    TESTS_DIR,
-    group_of,
-    misplaced_tests,
-    order_for_workers,
-)
+from support.workers import LONGEST_FIRST, TESTS_DIR, ModuleScheduling, order_for_workers
+
+CONFTESTS = (TESTS_DIR / "conftest.py", TESTS_DIR / "engine" / "conftest.py")
+# What builds a run or starts an engine in a fixture's body.
+EXPENSIVE_CALLS = {"snakemake", "decode", "vllm_server", "serve_capture_and_run"}
 
 
 def whole_suite(request: pytest.FixtureRequest) -> list[pytest.Item] | None:
@@ -34,44 +33,73 @@ def whole_suite(request: pytest.FixtureRequest) -> list[pytest.Item] | None:
     return None
 
 
-def test_every_test_of_a_shared_run_is_in_its_group(request: pytest.FixtureRequest):
-    items = whole_suite(request)
-    if items is None:
-        return
-    assert misplaced_tests(items) == []
-    for group in SHARED_RUN_GROUPS:  # and each group holds tests of its run
-        users = [item for item in items if group.fixture in getattr(item, "fixturenames", ())]
-        assert users, f"no test uses {group.fixture}"
+def session_fixtures(path: Path) -> dict[str, ast.FunctionDef]:
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            "session" in ast.unparse(decorator) for decorator in node.decorator_list
+        ):
+            found[node.name] = node
+    return found
 
 
-def test_a_test_outside_its_group_is_named(request: pytest.FixtureRequest):
-    """Planted: the first test of the plain-decoding group, seen as if it lived elsewhere."""
-    items = whole_suite(request)
-    if items is None:
-        return
-    planted = next(item for item in items if "plain_decoding" in item.fixturenames)
-
-    class Moved:
-        nodeid = "tests/unit/test_elsewhere.py::test_planted"
-        fixturenames = planted.fixturenames
-
-    assert group_of(Moved.nodeid) is None
-    (message,) = misplaced_tests([Moved])
-    assert "test_planted uses plain_decoding" in message and "'plain-decoding'" in message
+def called_names(node: ast.AST) -> set[str]:
+    return {
+        call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call)
+    }
 
 
-def test_the_groups_are_handed_out_first_in_their_order(request: pytest.FixtureRequest):
+def unshared_builds(paths: tuple[Path, ...]) -> list[str]:
+    """Session fixtures that run Snakemake or start vLLM outside `built_once`: each worker that
+    asks would build its own."""
+    return [
+        f"{path.relative_to(TESTS_DIR)}::{name}"
+        for path in paths
+        for name, node in session_fixtures(path).items()
+        if called_names(node) & EXPENSIVE_CALLS and "built_once" not in called_names(node)
+    ]
+
+
+def test_every_shared_run_is_built_once_for_every_worker():
+    assert session_fixtures(CONFTESTS[1]), "no session fixture found: the parse is wrong"
+    assert unshared_builds(CONFTESTS) == []
+
+
+def test_a_session_fixture_that_builds_a_run_alone_is_named(tmp_path: Path):
+    """Planted: a conftest whose session fixture runs Snakemake itself."""
+    planted = TESTS_DIR / "engine" / "conftest_planted_for_a_test.py"
+    source = (
+        "import pytest\n\n"
+        "@pytest.fixture(scope='session')\n"
+        "def own_run(tmp_path_factory):\n"
+        "    return snakemake(tmp_path_factory.mktemp('x'))\n"
+    )
+    planted.write_text(source)
+    try:
+        assert unshared_builds((planted,)) == ["engine/conftest_planted_for_a_test.py::own_run"]
+    finally:
+        planted.unlink()
+
+
+def test_a_modules_tests_share_a_scope():
+    scope = ModuleScheduling._split_scope
+    assert scope(None, "tests/engine/test_x.py::test_a[1]") == "engine/test_x.py"
+    assert scope(None, "tests/engine/test_x.py::test_b") == "engine/test_x.py"
+
+
+def test_the_longest_chains_are_handed_out_first_in_their_order(request: pytest.FixtureRequest):
+    missing = [module for module in LONGEST_FIRST if not (TESTS_DIR / module).exists()]
+    assert missing == []
     items = whole_suite(request)
     if items is None:
         return
     ordered = list(items)
     order_for_workers(ordered)
-    groups = [group_of(item.nodeid) for item in ordered]
-    grouped = [group for group in groups if group is not None]
-    assert groups[: len(grouped)] == grouped, "a test outside the groups comes before a group's"
-    assert [SHARED_RUN_GROUPS.index(g) for g in grouped] == sorted(
-        SHARED_RUN_GROUPS.index(g) for g in grouped
-    )
+    modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in ordered))
+    first = [m.removeprefix(f"{TESTS_DIR.name}/") for m in modules[: len(LONGEST_FIRST)]]
+    assert first == list(LONGEST_FIRST)
     # and this session runs its tests in that order
     position = {item.nodeid: index for index, item in enumerate(ordered)}
     ran = [position[item.nodeid] for item in request.session.items]

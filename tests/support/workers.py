@@ -1,39 +1,40 @@
 """The suite on several pytest-xdist workers (`make test` and `make check` run three): what a
-worker may use of the machine, which tests run on one worker because they share a run, in what
-order the work is handed out, and what the workers build once between them.
+worker may use of the machine, how the tests are handed out, and what the workers build once
+between them.
 
 - Cores: a worker's share (`CORES`, at least one), given to every process a test starts
   (Snakemake's `--cores`, torch, the engines' OpenMP pools through eaglenest.common.threads), so
   that no worker's job asks for the machine (on 2 cores, two 2-thread torch jobs slow each other
   down many times over). On 2 cores three one-thread workers: much of the suite waits (engine
   starts, servers, Snakemake's planning), and the third keeps the cores busy meanwhile.
-- Groups: the test modules that share a session fixture which is a run of its own (the
-  DeepSeek-V3 target and its Kimi-K2.5 run, the offline vLLM capture, the plain vLLM decode) form
-  one group each (`SHARED_RUN_GROUPS`), which one worker runs whole (`SharedRunScheduling`): the
-  run is built once. A group is named by its modules, as the controller sees only test ids;
-  tests/house/test_workers.py holds every test that asks for a group's fixture inside it.
-- Order: the groups first, the longest (the DeepSeek-V3 one) first of all, then the engine
-  tests, the workflow tests, the rest, so that no worker starts a long one as the other runs out
-  of work (`order_for_workers`).
-- Built once: a read-only build many tests need (the demo target, `finished_run`) is made by the
-  first worker that asks, under a file lock, in the session's shared temp dir; the others wait
-  and reuse it. Tests only read it: one that runs Snakemake in it works in its own copy. The demo
-  target is also kept between sessions (`built_once(..., key=...)`, under .cache/tests/, keyed by
-  its settings and the code that builds it): `make check` after an edit elsewhere skips its two
-  minutes; a clean clone (CI) builds it.
+- Built once: a read-only build many tests need (the demo target, `finished_run`, the offline
+  vLLM capture, the plain vLLM decode, the DeepSeek-V3 target and its Kimi-K2.5 run) is made by
+  the first worker that asks, under a file lock, in the session's shared temp dir; the others
+  wait and reuse it (`built_once`). Tests only read it: one that changes files works in a copy.
+  So the modules that share a run need not share a worker: once the run is built, they run side
+  by side. The demo target is also kept between sessions (`built_once(..., key=...)`, under
+  .cache/tests/, keyed by its settings and the code that builds it): `make check` after an edit
+  elsewhere skips its build; a clean clone (CI) builds it.
+- Scopes: a module's tests go to one worker (`ModuleScheduling`), so a module-scoped fixture (a
+  capture server, a run of the module's own) is built once.
+- Order: the modules at the end of the longest chains of builds first (`LONGEST_FIRST`, from the
+  suite's CPU profile: tests/support/cpu_log.py), then the other engine tests, the workflow
+  tests, the rest, so that no worker starts a long one as the others run out of work
+  (`order_for_workers`).
 Without xdist every test runs in one process, with every core, in that order.
 
 (xdist's own `--dist loadgroup` marks a group in the test's id, which pytest 9.2 no longer lets
-it change: every test went to any worker, and each worker built each run.)"""
+it change: every test went to any worker.)"""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
@@ -44,37 +45,23 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CORES = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
-
-@dataclass(frozen=True)
-class SharedRunGroup:
-    name: str
-    fixture: str  # the session fixture the group's tests share (or one it depends on)
-    modules: tuple[str, ...]  # relative to tests/
-
-
-# In the order they are handed out: the longest first.
-SHARED_RUN_GROUPS = (
-    SharedRunGroup("deepseek-v3", "deepseek_target_dir", (
-        "engine/test_kimi_k25_layout.py",
-        "engine/test_deepseek_v3_in_vllm.py",
-        "engine/test_vllm_cpu_workarounds.py",
-    )),
-    SharedRunGroup("vllm-capture", "vllm_captured_run", (
-        "engine/test_vllm_capture_backend.py",
-        "engine/test_vllm_capture_server.py",
-        "engine/test_capture_pool.py",
-        "engine/test_training_from_capture_servers.py",
-    )),
-    SharedRunGroup("long-reasoning", "long_run", (
-        "engine/test_long_reasoning_demo.py",
-    )),
-    SharedRunGroup("plain-decoding", "plain_decoding", (
-        "engine/test_vllm_acceptance.py",
-        "engine/test_eagle3_variants_in_vllm.py",
-        "engine/test_windowed_drafter.py",
-    )),
-)  # fmt: skip
-# After the groups, by folder: the engine lane's tests take longest, then the workflow lane's.
+# Handed out first, in this order (relative to tests/): each is the last link of a chain of
+# builds (target -> run -> engine) that takes minutes, so they start while the short tests fill
+# the gaps. The DeepSeek-V3 target and its Kimi-K2.5 run, the long-reasoning run, the small
+# demo's target, run and offline capture, then what waits on those.
+LONGEST_FIRST = (
+    "engine/test_kimi_k25_layout.py",
+    "engine/test_long_reasoning_demo.py",
+    "engine/test_capture_pool.py",
+    "engine/test_deepseek_v3_in_vllm.py",
+    "engine/test_training_from_capture_servers.py",
+    "engine/test_vllm_capture_server.py",
+    "engine/test_eagle3_variants_in_vllm.py",
+    "engine/test_windowed_drafter.py",
+    "engine/test_vllm_acceptance.py",
+    "engine/test_vllm_cpu_workarounds.py",
+)
+# After them, by folder: the engine lane's tests take longest, then the workflow lane's.
 FOLDER_ORDER = ("engine", "workflow")
 
 
@@ -83,48 +70,31 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].removeprefix(f"{TESTS_DIR.name}/")
 
 
-def group_of(nodeid: str) -> SharedRunGroup | None:
-    module = module_of(nodeid)
-    return next((group for group in SHARED_RUN_GROUPS if module in group.modules), None)
-
-
-def misplaced_tests(items: list[pytest.Item]) -> list[str]:
-    """Tests that ask for a group's fixture outside the group's modules (a second worker would
-    build the run again)."""
-    return [
-        f"{item.nodeid} uses {group.fixture}: add its module to the {group.name!r} group"
-        for item in items
-        for group in SHARED_RUN_GROUPS
-        if group.fixture in getattr(item, "fixturenames", ()) and group_of(item.nodeid) != group
-    ]
-
-
 def order_for_workers(items: list[pytest.Item]) -> None:
-    """`items` in the order to hand out: the groups' tests, the engine's, the workflow's, the
-    rest; collection order within each."""
+    """`items` in the order to hand out: LONGEST_FIRST's modules in its order, the engine's,
+    the workflow's, the rest; collection order within each."""
 
     def rank(item: pytest.Item) -> int:
-        group = group_of(item.nodeid)
-        if group is not None:
-            return SHARED_RUN_GROUPS.index(group)
-        folder = module_of(item.nodeid).split("/", 1)[0]
+        module = module_of(item.nodeid)
+        if module in LONGEST_FIRST:
+            return LONGEST_FIRST.index(module)
+        folder = module.split("/", 1)[0]
         later = FOLDER_ORDER.index(folder) if folder in FOLDER_ORDER else len(FOLDER_ORDER)
-        return len(SHARED_RUN_GROUPS) + later
+        return len(LONGEST_FIRST) + later
 
     items.sort(key=rank)  # stable
 
 
-class SharedRunScheduling(LoadScopeScheduling):
-    """xdist's load balancing by scope, a scope being a shared run's group or a single test,
-    handed out in collection order (which `order_for_workers` set)."""
+class ModuleScheduling(LoadScopeScheduling):
+    """xdist's load balancing by scope, a scope being a test module, handed out in collection
+    order (which `order_for_workers` set)."""
 
     def __init__(self, config: pytest.Config, log=None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False
 
     def _split_scope(self, nodeid: str) -> str:
-        group = group_of(nodeid)
-        return group.name if group is not None else nodeid
+        return module_of(nodeid)
 
 
 def use_worker_cores() -> None:
@@ -165,3 +135,12 @@ def built_once(
             build(out)
             done.touch()
     return out
+
+
+def built_facts(out: Path) -> dict[str, Any]:
+    """What a build wrote of itself beside its files (`write_facts`): timings, counts, config."""
+    return json.loads((out / "facts.json").read_text())
+
+
+def write_facts(out: Path, facts: dict[str, Any]) -> None:
+    (out / "facts.json").write_text(json.dumps(facts, default=str))
