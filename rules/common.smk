@@ -41,7 +41,13 @@ from eaglenest.settings.hidden_states import (
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.train import (
+    FAMILIES,
+    TrainSettings,
+    family_of_suffix,
+    family_suffix,
+    train_job_settings_json,
+)
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
 
@@ -58,8 +64,14 @@ SHARDS = shard_ids(config)
 PROMPT_OPTIONS = PromptOptions.from_config(config)
 
 
+# What a drafter family's paths add to EAGLE-3's: "" for EAGLE-3 (drafter/, eval/, the paths it
+# always had), _p_eagle, _dflash (eaglenest.settings.train.family_suffix).
+FAMILY_SUFFIXES = "|".join(family_suffix(family) for family in FAMILIES)
+
+
 wildcard_constraints:
     shard=r"\d{5}",
+    family_suffix=f"({FAMILY_SUFFIXES})",
 
 
 # The demo target is built by the pipeline; its directory is the target for every later stage.
@@ -176,7 +188,10 @@ def get_final_outputs():
     """
     outputs = [run_path("probe.json"), run_path("vocab/draft_vocab.safetensors")]
     outputs += [run_path("hidden/target_head.safetensors")]
-    outputs += [run_path("drafter/config.json"), run_path("eval/metrics.json")]
+    for family in config["train"]["families"]:
+        suffix = family_suffix(family)
+        outputs += [run_path(f"drafter{suffix}/config.json")]
+        outputs += [run_path(f"eval{suffix}/metrics.json")]
     outputs += [run_path("report/index.html")]
     return outputs
 
@@ -211,6 +226,24 @@ def get_store_params():
     if not STORE.from_pool:
         return ""
     return settings_json(HiddenSettings)
+
+
+def get_train_settings(train_settings):
+    """The train rule's settings param of a family's job (its `{family_suffix}`): TrainSettings'
+    JSON as it always was for EAGLE-3, with the family's own settings for another."""
+
+    def settings(wildcards):
+        family = family_of_suffix(wildcards.family_suffix)
+        return train_job_settings_json(train_settings, config, family)
+
+    return settings
+
+
+def get_family(wildcards, output):
+    """The family of a job's `{family_suffix}`: a function of its output, so a param Snakemake
+    does not record (EAGLE-3's jobs keep the params they had; the paths already say it).
+    """
+    return family_of_suffix(wildcards.family_suffix)
 
 
 def bench_path(relative):

@@ -1,18 +1,19 @@
 rule evaluate_drafter:
     input:
-        drafter=run_path("drafter/config.json"),
-        weights=run_path("drafter/model.safetensors"),
+        # One job per family of train.families: eval/ for EAGLE-3, eval_p_eagle/, eval_dflash/.
+        drafter=run_path("drafter{family_suffix}/config.json"),
+        weights=run_path("drafter{family_suffix}/model.safetensors"),
         hidden=get_hidden_files(EVAL_SHARDS),
         tokens=expand(run_path("tokens/{shard}.parquet"), shard=EVAL_SHARDS),
         head=run_path("hidden/target_head.safetensors"),
         vocab=run_path("vocab/draft_vocab.safetensors"),
         target=get_target_dir(),
     output:
-        metrics=run_path("eval/metrics.json"),
+        metrics=run_path("eval{family_suffix}/metrics.json"),
     log:
-        get_log("evaluate_drafter"),
+        get_log("evaluate_drafter{family_suffix}"),
     benchmark:
-        bench_path("evaluate/evaluate_drafter.tsv")
+        bench_path("evaluate/evaluate_drafter{family_suffix}.tsv")
     conda:
         "../envs/eaglenest.yaml"
     threads: 2
@@ -22,6 +23,7 @@ rule evaluate_drafter:
         settings=settings_json(EvaluateSettings),
         hidden=get_store_params(),
         runtime=untracked(settings_json(VllmRuntime)),
+        family=get_family,
         code_version=code_version("evaluate_drafter"),
     script:
         "../scripts/evaluate_drafter.py"

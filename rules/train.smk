@@ -10,14 +10,16 @@ rule train_drafter:
         vocab=run_path("vocab/draft_vocab.safetensors"),
         target=get_target_dir(),
     output:
-        config=run_path("drafter/config.json"),
-        weights=run_path("drafter/model.safetensors"),
-        metrics=run_path("drafter/metrics.jsonl"),
-        report=run_path("drafter/train_report.json"),
+        # One job per family of train.families, from the same shards: drafter/ for EAGLE-3,
+        # drafter_p_eagle/, drafter_dflash/ for the others (family_suffix).
+        config=run_path("drafter{family_suffix}/config.json"),
+        weights=run_path("drafter{family_suffix}/model.safetensors"),
+        metrics=run_path("drafter{family_suffix}/metrics.jsonl"),
+        report=run_path("drafter{family_suffix}/train_report.json"),
     log:
-        get_log("train_drafter"),
+        get_log("train_drafter{family_suffix}"),
     benchmark:
-        bench_path("train/train_drafter.tsv")
+        bench_path("train/train_drafter{family_suffix}.tsv")
     conda:
         "../envs/eaglenest.yaml"
     threads: 2
@@ -26,12 +28,12 @@ rule train_drafter:
         gpu=config["train"]["gpus"] * config["train"]["nodes"],
         nodes=config["train"]["nodes"],
     params:
-        settings=settings_json(TrainSettings),
+        settings=get_train_settings(settings_json(TrainSettings)),
         hidden=get_store_params(),
         # the capture servers (hidden.store none/budget): where, not what
         runtime=untracked(settings_json(VllmRuntime)),
         # Outside the outputs: Snakemake deletes those after a failure, the journal must survive.
-        journal=run_path("journal/train"),
+        journal=run_path("journal/train{family_suffix}"),
         code_version=code_version("train_drafter"),
     script:
         "../scripts/train_drafter.py"

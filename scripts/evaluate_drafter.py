@@ -26,4 +26,6 @@ with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)
         settings=settings,
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
         hidden=hidden,
+        # The family of train.families this job evaluates (its paths': eval/ is eagle3's).
+        family=snakemake.params.family,
     )

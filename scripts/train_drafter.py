@@ -8,11 +8,12 @@ use_threads(snakemake.threads)
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.hidden_states import HiddenSettings
-from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.train import train_job_settings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.train.train import run_under_torchrun, train_drafter
 
-settings = TrainSettings.from_json(snakemake.params.settings)
+# The family (train.families) whose job this is, with its own settings: eagle3's are none.
+settings, family = train_job_settings(snakemake.params.settings)
 arguments = {
     "train_shards": list(snakemake.input.train),
     "eval_shards": list(snakemake.input.heldout),
@@ -20,6 +21,7 @@ arguments = {
     "draft_vocab": snakemake.input.vocab,
     "out_dir": snakemake.output.config.rsplit("/", 1)[0],
     "journal_dir": snakemake.params.journal,
+    "family": family.to_json(),  # as JSON: torchrun's processes get the arguments as a file
 }
 if snakemake.params.hidden:  # hidden.store none/budget: tokens shards the capture servers give
     arguments.update(

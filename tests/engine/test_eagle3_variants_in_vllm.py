@@ -10,18 +10,17 @@ import json
 from pathlib import Path
 
 import pytest
+from support.drafters import evaluate_on_heldout, run_files
 from support.workflow import SMALL_RUN
 
 from eaglenest.settings.train import DRAFTER_VARIANTS
 
 
-def train_and_decode_live(option: str, results: Path, shared: dict, out: Path) -> dict:
+def train_and_decode_live(option: str, results: Path, out: Path) -> dict:
     """A drafter trained with `option` on (the rest off), exported to out/drafter, and our live
     evaluator's figures for it at K=3."""
     from eaglenest.common.config import settings_from_sections
-    from eaglenest.settings.evaluate import EvaluateSettings
     from eaglenest.settings.train import TrainSettings
-    from eaglenest.stages.evaluate.evaluate import evaluate_drafter
     from eaglenest.stages.train.train import train_drafter
 
     target = {"path": str(results / "target")}
@@ -40,17 +39,10 @@ def train_and_decode_live(option: str, results: Path, shared: dict, out: Path) -
         out_dir=out / "drafter",
         journal_dir=out / "journal",
         settings=settings_from_sections(TrainSettings, train=train, target=target),
-        **shared,
+        **run_files(results),
     )
-    evaluate = {"ks": [3], "device": "cpu", "live_prompts": 8, "live_max_new_tokens": 64}
-    metrics = evaluate_drafter(
-        drafter_dir=out / "drafter",
-        heldout_hidden=[results / "hidden" / "00001.safetensors"],
-        heldout_tokens=[results / "tokens" / "00001.parquet"],
-        out=out / "metrics.json",
-        settings=settings_from_sections(EvaluateSettings, evaluate=evaluate, target=target),
-        runtime=None,
-        **shared,
+    metrics = evaluate_on_heldout(
+        out / "drafter", results, out / "metrics.json", ks=[3], prompts=8, max_new_tokens=64
     )
     return {"report": report, "live": metrics["live"]["3"]}
 
@@ -64,15 +56,11 @@ def variants(
     from eaglenest.stages.evaluate.vllm_evaluate import acceptance, decode_each, engine_request
 
     results = finished_run / "results" / SMALL_RUN
-    shared = {
-        "target_head": results / "hidden" / "target_head.safetensors",
-        "draft_vocab": results / "vocab" / "draft_vocab.safetensors",
-    }
     work = tmp_path_factory.mktemp("variants")
     found = {
         option: {
             "dir": work / option,
-            **train_and_decode_live(option, results, shared, work / option),
+            **train_and_decode_live(option, results, work / option),
         }
         for option in DRAFTER_VARIANTS
     }

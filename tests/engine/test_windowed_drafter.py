@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.drafters import evaluate_on_heldout, run_files
 from support.vllm import require_vllm_venv
 from support.workflow import SMALL_RUN
 
@@ -25,23 +26,10 @@ KS = (3, 7)
 PROMPTS, MAX_NEW_TOKENS = 8, 64
 
 
-def live_figures(drafter_dir: Path, results: Path, shared: dict, out: Path) -> dict:
+def live_figures(drafter_dir: Path, results: Path, out: Path) -> dict:
     """Our own live decoding of the held-out prompts with the drafter of `drafter_dir`."""
-    from eaglenest.common.config import settings_from_sections
-    from eaglenest.settings.evaluate import EvaluateSettings
-    from eaglenest.stages.evaluate.evaluate import evaluate_drafter
-
-    evaluate = {"ks": list(KS), "device": "cpu", "live_prompts": PROMPTS,
-                "live_max_new_tokens": MAX_NEW_TOKENS}  # fmt: skip
-    target = {"path": str(results / "target")}
-    return evaluate_drafter(
-        drafter_dir=drafter_dir,
-        heldout_hidden=[results / "hidden" / "00001.safetensors"],
-        heldout_tokens=[results / "tokens" / "00001.parquet"],
-        out=out,
-        settings=settings_from_sections(EvaluateSettings, evaluate=evaluate, target=target),
-        runtime=None,
-        **shared,
+    return evaluate_on_heldout(
+        drafter_dir, results, out, ks=list(KS), prompts=PROMPTS, max_new_tokens=MAX_NEW_TOKENS
     )
 
 
@@ -60,10 +48,6 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
 
     require_vllm_venv()
     results = finished_run / "results" / SMALL_RUN
-    shared = {
-        "target_head": results / "hidden" / "target_head.safetensors",
-        "draft_vocab": results / "vocab" / "draft_vocab.safetensors",
-    }
     train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
              "ttt_steps": 3, "export_dtype": "float32",
              "drafter": {"sliding_window": [WINDOW]}}  # fmt: skip
@@ -76,7 +60,7 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
         settings=settings_from_sections(
             TrainSettings, train=train, target={"path": str(results / "target")}
         ),
-        **shared,
+        **run_files(results),
     )
     assert report["drafter"]["sliding_window"] == WINDOW
     config = json.loads((drafter / "config.json").read_text())
@@ -85,7 +69,7 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
     prompts = heldout_prompts([results / "tokens" / "00001.parquet"], PROMPTS)
     longest = max(len(p) for p in prompts) + MAX_NEW_TOKENS
     assert longest > 3 * WINDOW, longest  # the window cuts most of each answer's context
-    metrics = live_figures(drafter, results, shared, tmp_path / "metrics.json")
+    metrics = live_figures(drafter, results, tmp_path / "metrics.json")
     # The engine's arguments and plain decoding of the held-out prompts are the shared ones
     # (tests/engine/conftest.py: one request at a time, eager): no second plain engine.
     assert plain_decoding["arguments"]["prompts"] == prompts
@@ -99,7 +83,7 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
     shutil.copytree(drafter, unwindowed)
     del config["layer_types"], config["sliding_window"]
     (unwindowed / "config.json").write_text(json.dumps(config))
-    full = live_figures(unwindowed, results, shared, tmp_path / "full.json")
+    full = live_figures(unwindowed, results, tmp_path / "full.json")
 
     for k in map(str, KS):
         vllm, live, without = engine["per_k"][k], metrics["live"][k], full["live"][k]

@@ -57,6 +57,7 @@ LONGEST_FIRST = (
     "engine/test_training_from_capture_servers.py",
     "engine/test_vllm_capture_server.py",
     "engine/test_eagle3_variants_in_vllm.py",
+    "engine/test_drafter_families_in_vllm.py",
     "engine/test_windowed_drafter.py",
     "engine/test_vllm_acceptance.py",
     "engine/test_vllm_cpu_workarounds.py",

@@ -82,12 +82,13 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         lines = "\n  ".join(_describe(e) for e in errors)
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
     from eaglenest.settings.hidden_states import check_store
-    from eaglenest.settings.train import drafter_window
+    from eaglenest.settings.train import check_families, drafter_window
     from eaglenest.settings.urls import check_distinct
 
     try:
         check_distinct([e["url"] for e in config.get("endpoints") or []])
         drafter_window((config.get("train") or {}).get("drafter") or {})
+        check_families(config.get("train") or {})
         check_store(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None

@@ -28,9 +28,9 @@ learns the target's distribution at a + j - 1, i.e. its next token x_a+j, weight
 exp(-(j-1)/gamma) (slot 0, the anchor, untrained), summed and divided by the count of trained
 slots (speculators' `dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py).
 
-Cost: a row's N anchors make N·bs queries over T + N·bs keys, through one SDPA call with a
-boolean mask [N·bs, T + N·bs] (speculators builds the same mask block-sparse for flex
-attention); `max_anchors` bounds it.
+Cost: a row's N anchors make N·bs queries over T + N·bs keys, through SDPA calls of
+ANCHOR_CHUNK blocks with a boolean mask [chunk·bs, T + chunk·bs] each (speculators builds the
+whole mask block-sparse for flex attention); `max_anchors` bounds N, the chunks the memory.
 
 The token and hidden-state shards are EAGLE-3's (drafter/batches.py): `aux` [T, 3H] at the
 captured `aux_layer_ids`, the target signal, input_ids, loss_mask. Nothing is recaptured: DFlash
@@ -42,13 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.block_loss import (
     PositionLoss,
     SlotStats,
@@ -60,12 +60,17 @@ from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 from eaglenest.drafter.model import shift_left
 from eaglenest.settings.train import DRAFTER_VARIANTS
 
+if TYPE_CHECKING:  # annotations only: the batches' module is deep in the import graph
+    from eaglenest.drafter.batches import Batch
+
 # The recipe's defaults: speculators' (models/dflash/core.py: block_size 8, max_anchors 512,
 # dflash_decay_gamma 4.0), also NVIDIA Model-Optimizer's DFlash recipe. Block 8 drafts K = 7
 # tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K.
 BLOCK_SIZE = 8
 MAX_ANCHORS = 512
 GAMMA = 4.0
+# Blocks per attention call in `DFlashDrafter.forward` (512 queries at block 8).
+ANCHOR_CHUNK = 64
 
 
 # ---- the layers it is conditioned on ---------------------------------------------------------
@@ -249,10 +254,36 @@ class DFlashDrafter(nn.Module):
         """Logits [B, N, block_size, D] of the block at each anchor [B, N] (-1: none, see
         `select_anchors`) of rows aux [B, T, n_aux·H_target], input_ids [B, T]; slot j drafts
         the token at anchor + j. `segments` [B, T]: rows packing several samples
-        (`Batch.segments`): rotary positions restart at each sample, context stays in it."""
+        (`Batch.segments`): rotary positions restart at each sample, context stays in it.
+
+        The blocks go through the layers ANCHOR_CHUNK at a time, each chunk recomputed in
+        backward when training: a long row's mask and attention scores are then [chunk·bs,
+        T + chunk·bs], never [N·bs, ...] nor [T, T], and its activations one chunk's."""
+        b, t = input_ids.shape
+        positions = sample_positions(segments, b, t, input_ids.device)
+        context = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
+        several = anchors.shape[1] > ANCHOR_CHUNK and torch.is_grad_enabled()
+        chunks = []
+        for start in range(0, max(anchors.shape[1], 1), ANCHOR_CHUNK):
+            part = anchors[:, start : start + ANCHOR_CHUNK]
+            args = (context, input_ids, positions, part, segments)
+            if several:
+                chunks.append(checkpoint(self.block_logits, *args, use_reentrant=False))
+            else:
+                chunks.append(self.block_logits(*args))
+        return torch.cat(chunks, dim=1)
+
+    def block_logits(
+        self,
+        context: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        anchors: torch.Tensor,
+        segments: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`forward` of some anchors, given the normed context [B, T, H] and rotary positions."""
         b, t = input_ids.shape
         n, size = anchors.shape[1], self.config.block_size
-        positions = sample_positions(segments, b, t, input_ids.device)
         at = anchors.clamp(min=0)
         ids = torch.full((b, n, size), self.config.mask_token_id, device=input_ids.device)
         ids[..., 0] = input_ids.gather(1, at)
@@ -263,7 +294,6 @@ class DFlashDrafter(nn.Module):
             self.config.head_dim,
             self.config.rope_theta,
         )
-        context = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
         h = self.embed_tokens(ids.reshape(b, n * size)).to(context.dtype)
         mask = block_attention_mask(anchors, t, size, segments)
         for layer in self.layers:

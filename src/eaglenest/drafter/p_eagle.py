@@ -45,14 +45,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from eaglenest.common.io import write_json
-from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.block_loss import (
     PositionLoss,
     SlotStats,
@@ -73,6 +72,9 @@ from eaglenest.drafter.export import (
 )
 from eaglenest.drafter.layers import TTTStack
 from eaglenest.drafter.model import Eagle3Drafter, shift_left
+
+if TYPE_CHECKING:  # annotations only: the batches' module is deep in the import graph
+    from eaglenest.drafter.batches import Batch
 
 FORMAT = "p_eagle/1"
 # speculators' COD sampling (models/peagle/core.py, get_trainer_kwargs): depth d keeps a share

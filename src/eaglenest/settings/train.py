@@ -4,6 +4,7 @@ inputs say that)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,3 +129,115 @@ def drafter_window(drafter: Mapping[str, Any]) -> int | None:
             "full attention only; set sliding_window: null or attention: llama"
         )
     return value
+
+
+# ---- drafter families (train.families) --------------------------------------------------------
+
+# What a run can train from the same token and hidden-state shards (eaglenest.stages.train.families).
+FAMILIES = ("eagle3", "p_eagle", "dflash")
+
+
+def family_suffix(family: str) -> str:
+    """What a family's paths add to EAGLE-3's: "" for eagle3 (results/{run}/drafter/, eval/,
+    logs/{run}/train_drafter.log: today's runs keep their outputs), `_<family>` for the others
+    (drafter_p_eagle/, eval_p_eagle/, ...). The rules' `{family_suffix}` wildcard."""
+    if family not in FAMILIES:
+        raise ValueError(f"train.families: {family!r} is not one of {', '.join(FAMILIES)}")
+    return "" if family == "eagle3" else f"_{family}"
+
+
+def family_of_suffix(suffix: str) -> str:
+    """The inverse of `family_suffix`."""
+    family = suffix.removeprefix("_") or "eagle3"
+    if family_suffix(family) != suffix:
+        raise ValueError(f"{suffix!r} is no drafter family's suffix")
+    return family
+
+
+@dataclass(frozen=True)
+class PEagleSettings(Settings):
+    """`train.p_eagle`."""
+
+    depths: int  # tokens drafted in one forward (train.p_eagle.depths, else train.ttt_steps)
+
+
+@dataclass(frozen=True)
+class DFlashSettings(Settings):
+    """`train.dflash`."""
+
+    block_size: int  # the anchor and block_size - 1 drafted tokens
+    num_hidden_layers: int
+    max_anchors: int  # blocks per row and step, drawn among the answer's positions
+    gamma: float  # slot j's loss weight exp(-(j - 1) / gamma)
+
+
+@dataclass(frozen=True)
+class FamilySettings(Settings):
+    """The family one train_drafter job trains, with the keys only that family reads; the
+    recipe they share (optimizer, batches, objective...) is TrainSettings."""
+
+    name: str  # one of FAMILIES
+    mask_token_id: int | None  # p_eagle, dflash; None: the default (stages/train/families.py)
+    p_eagle: PEagleSettings | None
+    dflash: DFlashSettings | None
+    target: TargetSettings | None  # tokenizer and path, where a mask token is defaulted
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], name: str) -> FamilySettings:
+        if name == "eagle3":
+            return cls.eagle3()
+        train = config["train"]
+        p_eagle = dflash = None
+        if name == "p_eagle":
+            p_eagle = PEagleSettings(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
+        elif name == "dflash":
+            dflash = DFlashSettings(**train["dflash"])
+        else:
+            raise ValueError(f"train.families: {name!r} is not one of {', '.join(FAMILIES)}")
+        target = TargetSettings.view(config, "path", "tokenizer", "trust_remote_code")
+        return cls(name, train["mask_token_id"], p_eagle, dflash, target)
+
+    @classmethod
+    def eagle3(cls) -> FamilySettings:
+        return cls(name="eagle3", mask_token_id=None, p_eagle=None, dflash=None, target=None)
+
+
+def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) -> str:
+    """The train rule's `settings` param for one family's job, from TrainSettings' JSON
+    (`train`): that alone for eagle3 (what the rule tracked before families, so a finished run
+    reruns nothing), else with the family's own settings beside it."""
+    if family == "eagle3":
+        return train
+    own = FamilySettings.of(config, family).to_json()
+    return json.dumps({"train": json.loads(train), "family": json.loads(own)}, sort_keys=True)
+
+
+def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:
+    """The inverse of `train_job_settings_json`."""
+    values = json.loads(text)
+    if "family" not in values:
+        return TrainSettings.from_dict(values), FamilySettings.eagle3()
+    return TrainSettings.from_dict(values["train"]), FamilySettings.from_dict(values["family"])
+
+
+def check_families(train: Mapping[str, Any]) -> None:
+    """What train.families cannot train as vLLM serves it, refused with the keys named."""
+    families, drafter = train.get("families") or [], train.get("drafter") or {}
+    parallel = [f for f in families if f in ("p_eagle", "dflash")]
+    if parallel and drafter.get("attention", "llama") == "mla":
+        raise ValueError(
+            f"train.families {parallel} with train.drafter.attention mla: vLLM 0.32 drafts in "
+            "parallel only with llama attention (its MLA drafter has no mask_hidden, DFlash is "
+            "Qwen3 attention); set attention: llama or train only eagle3"
+        )
+    if "dflash" in families and drafter_window(drafter) is not None:
+        raise ValueError(
+            "train.families dflash with train.drafter.sliding_window: the DFlash drafter attends "
+            "the whole context (vLLM's CPU build serves no mixed sliding/full DFlash); set "
+            "sliding_window: null or leave dflash out"
+        )
+    if "p_eagle" in families and train.get("ttt_inputs") == "drafter":
+        raise ValueError(
+            "train.families p_eagle with train.ttt_inputs drafter: P-EAGLE's depths take the "
+            "mask token, never a drafted one; set ttt_inputs: data"
+        )

@@ -56,7 +56,8 @@ def cpu_engine_args(
             raise CpuEngineError(
                 "an MLA target (DeepSeek-V3, Kimi-K2) on vLLM's CPU build is served only beside "
                 f"an MLA drafter: its {MLA_BACKEND} block size of 16 is one the Llama drafter's "
-                "CPU attention cannot use; train with train.drafter.attention: mla"
+                "CPU attention cannot use; an EAGLE-3 drafter trained with "
+                "train.drafter.attention: mla is (vLLM 0.32 has no MLA P-EAGLE or DFlash drafter)"
             )
     if drafter_uses_mla and "speculative_config" in args:
         args["speculative_config"] = {

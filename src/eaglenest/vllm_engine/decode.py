@@ -14,6 +14,14 @@ which are the figures users see in production. The request's `groups` (name -> p
 prompts cut at each depth) are decoded after, by the same engine, one `generate` each, with the
 counters' growth over that call as the group's own.
 
+A request's `speculative_config` (the drafter family's: EAGLE-3, P-EAGLE's eagle3 with
+parallel_drafting, DFlash's method dflash) is vLLM's as given; without one, EAGLE-3 with the
+request's `drafter` and `k`. Each speculative engine also counts rounds per request (vLLM's
+`per_request_spec_decode_metrics`, v1/metrics/stats.py RequestSpecDecodeMetrics: the steps of
+its histogram), so each prompt's rounds can be compared with our live loop's. A configuration
+the CPU build cannot serve (cpu.py's CpuEngineError: a non-MLA drafter beside an MLA target) is
+answered with `refused` and its reason, and the next one starts.
+
 Imports vLLM and eaglenest.vllm_engine.process only.
 """
 
@@ -25,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from eaglenest.vllm_engine.cpu import CpuEngineError
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 SPEC_COUNTERS = {
@@ -38,11 +47,12 @@ SPEC_COUNTERS = {
 def engine(request: dict):
     method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
-        method["speculative_config"] = {
+        method["speculative_config"] = request.get("speculative_config") or {
             "method": "eagle3",
             "model": request["drafter"],
             "num_speculative_tokens": request["k"],
         }
+        method["per_request_spec_decode_metrics"] = "summary"
     return one_shot_llm(llm_arguments(request, **method), core_in_process=True)
 
 
@@ -83,11 +93,15 @@ def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
     tick = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
     wall_s = time.perf_counter() - tick
-    return {
+    answer = {
         "tokens": [list(output.outputs[0].token_ids) for output in outputs],
         "wall_s": round(wall_s, 4),
         "spec": counters_since(spec_counters(llm), before),
     }
+    per_request = [getattr(output.outputs[0], "spec_decode_metrics", None) for output in outputs]
+    if all(metrics is not None for metrics in per_request):
+        answer["rounds_per_prompt"] = [sum(metrics.histogram) for metrics in per_request]
+    return answer
 
 
 def shut_down(llm) -> None:
@@ -100,10 +114,13 @@ def shut_down(llm) -> None:
 
 def decode_request(request: dict) -> dict:
     """One engine, one configuration: its answer message."""
+    started = time.perf_counter()
+    try:
+        llm = engine(request)
+    except CpuEngineError as error:
+        return {"done": True, "k": request["k"], "refused": str(error)}
     from vllm import SamplingParams
 
-    started = time.perf_counter()
-    llm = engine(request)
     say({"engine_ready_s": round(time.perf_counter() - started, 3), "k": request["k"]})
     sampling = SamplingParams(max_tokens=request["max_new_tokens"], temperature=0.0)
     answer = decode_prompts(llm, request["prompts"], sampling)

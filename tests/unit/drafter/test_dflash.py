@@ -381,3 +381,29 @@ def test_a_drafter_config_dflash_cannot_serve_is_refused():
         replace(DCONFIG, mask_token_id=CONFIG.vocab_size)
     with pytest.raises(ValueError, match="block_size"):
         replace(DCONFIG, block_size=1)
+
+
+def test_blocks_in_chunks_give_the_logits_and_gradients_of_one_call(monkeypatch):
+    from eaglenest.drafter import dflash
+
+    model = make_model()
+    aux, ids = inputs(batch=2, length=40)
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, 6:] = True
+    anchors = select_anchors(loss_mask, DCONFIG.block_size)
+    assert anchors.shape[1] > 8
+
+    def run(chunk: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        monkeypatch.setattr(dflash, "ANCHOR_CHUNK", chunk)
+        model.zero_grad()
+        logits = model(aux, ids, anchors)
+        (logits.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logits.detach(), grads
+
+    whole, whole_grads = run(1000)
+    chunked, chunked_grads = run(3)  # several chunks, each recomputed in backward
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+    assert chunked_grads.keys() == whole_grads.keys()
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6)

@@ -75,6 +75,8 @@ def _live_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
     keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
     row = {key: figures.get(key) for key in keys}
     row["identical_to_greedy"] = figures.get("identical_to_greedy")
+    # A family's drafter time a round at this depth (a block in one forward, or K forwards).
+    row["drafter_s_per_round"] = figures.get("drafter_s_per_round")
     return row
 
 

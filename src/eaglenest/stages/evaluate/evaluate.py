@@ -4,10 +4,16 @@ vLLM (vllm_evaluate.py), overall and by context depth (depths.py).
 
 Acceptance length = 1 + accepted draft tokens per verification round: the definition vLLM and
 SGLang report (the target's own "bonus" token counts as the 1).
+
+Every drafter family (`family`: eagle3, p_eagle, dflash; families.py) is measured the same three
+ways at the K it serves, into the same metrics.json, which names the family and the K. vLLM's
+CPU build serves no P-EAGLE or DFlash drafter beside an MLA target (vllm_engine/cpu.py): there
+the engine figures are absent and `engine.not_served` says why; the live loop measures them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -17,13 +23,13 @@ from eaglenest.capture.reader import PooledStates, open_pooled_shards
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter.batches import TargetSignal, open_shards
-from eaglenest.drafter.export import load_drafter
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.depths import cut_at_depths, depth_table
+from eaglenest.stages.evaluate.families import load_family
 from eaglenest.stages.evaluate.live import (
     heldout_prompts,
     live_metrics,
@@ -48,8 +54,10 @@ def evaluate_drafter(
     settings: EvaluateSettings,
     runtime: VllmRuntime | None = None,
     hidden: HiddenSettings | None = None,
+    family: str = "eagle3",
 ) -> dict[str, Any]:
-    """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures.
+    """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures of
+    the `family` drafter in `drafter_dir`, at the K it serves (families.py).
     With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
@@ -61,14 +69,14 @@ def evaluate_drafter(
     paired = heldout_tokens if len(heldout_tokens) == len(heldout_hidden) else None
     shards = open_shards(heldout_hidden, head, vocab, tokens=paired)
     pooled = heldout_tokens if hidden is not None and not heldout_hidden else []
-    drafter = load_drafter(drafter_dir, head.embed, expect_layer_ids=head.aux_layer_ids)
-    drafter = drafter.to(device).eval()
+    loaded = load_family(family, drafter_dir, head.embed, head.aux_layer_ids, settings.ks)
+    drafter = loaded.to(device).model
+    settings = dataclasses.replace(settings, ks=loaded.ks)
     states = PooledStates.of_job(hidden, runtime, out, pooled, settings.max_batch_tokens)
     try:
         shards += open_pooled_shards(states, pooled, head, vocab)
-        simulated = simulate_all(
-            drafter, shards, TargetSignal(head, vocab, device), settings, device
-        )
+        signal = TargetSignal(head, vocab, device)
+        simulated = simulate_all(drafter, shards, signal, settings, device, family)
     finally:
         if states is not None:
             states.close()
@@ -83,23 +91,25 @@ def evaluate_drafter(
             name,
             {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
         )
-    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated)
+    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated, family)
+    metrics.update(loaded.describe())
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
-        metrics.update(live_metrics(drafter, prompts, *live_args, head.aux_layer_ids, cuts))
+        live_args = (*live_args, head.aux_layer_ids, cuts, family)
+        metrics.update(live_metrics(loaded.proposer, prompts, *live_args))
         metrics["live_vs_simulated"] = {
-            k: metrics["live"][k]["acceptance_length"] / simulated["eagle3"][k]["acceptance_length"]
+            k: metrics["live"][k]["acceptance_length"] / simulated[family][k]["acceptance_length"]
             for k in metrics["live"]
         }
     else:
         metrics["live_skipped_reason"] = "evaluate.live is false"
     if settings.engine == "vllm":
-        metrics["engine"] = engine_metrics(
-            drafter_dir, prompts, cuts, settings, runtime, model_dtype
-        )
+        # A refusal is a reason for another family: EAGLE-3 has an MLA drafter for MLA targets.
+        engine_args = (runtime, model_dtype, loaded.speculative_config, family != "eagle3")
+        metrics["engine"] = engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)
         if metrics["live"]:
             metrics["live_vs_engine"] = live_vs_engine(metrics["live"], metrics["engine"]["per_k"])
     live_by_depth = metrics.pop("live_by_depth", None)

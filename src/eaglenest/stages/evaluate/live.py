@@ -1,11 +1,14 @@
 """Live acceptance: real greedy speculative decoding with the transformers target
 (speculative.py) on held-out prompts, checked token for token against plain greedy decoding,
-with the wall-clock speed-up; EAGLE-3 and prompt lookup, and EAGLE-3 from each depth cut."""
+with the wall-clock speed-up and the drafter's own time per round; the run's drafter (its
+family's proposer: EAGLE-3, P-EAGLE or DFlash) and prompt lookup, and the drafter from each
+depth cut."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,10 @@ import polars as pl
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.stages.evaluate.depths import DepthCut
 from eaglenest.stages.evaluate.speculative import (
-    EagleProposer,
     Generation,
     Prefill,
     PromptLookupProposer,
+    Proposer,
     greedy_generate,
     speculative_generate,
 )
@@ -41,7 +44,7 @@ def heldout_prompts(tokens_paths: list[str | Path], n: int) -> list[list[int]]:
 
 def live(
     target,
-    proposers: dict[str, EagleProposer | PromptLookupProposer],
+    proposers: dict[str, Proposer],
     prompts: list[list[int]],
     ks: tuple[int, ...],
     max_new_tokens: int,
@@ -76,6 +79,9 @@ def live(
             "acceptance_length": float(np.mean(rounds)) if rounds else 1.0,
             "emitted_per_round": emitted_per_round(tokens, len(prompts), len(rounds)),
             "rounds": len(rounds),
+            # Per prompt, to compare with the engine's per request (vllm_evaluate.py).
+            "rounds_per_prompt": [len(r.accept_lengths) for r in done],
+            "drafter_s_per_round": sum(r.draft_s for r in done) / max(len(rounds), 1),
             **per_position_acceptance(done, k),
             "target_forwards_per_token": sum(r.target_forwards for r in done) / max(tokens, 1),
             "speedup": greedy_wall / max(wall, 1e-9),
@@ -115,7 +121,7 @@ def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:
 
 
 def live_metrics(
-    drafter,
+    proposer_of: Callable[[], Proposer],
     prompts,
     settings: EvaluateSettings,
     target_path,
@@ -124,14 +130,16 @@ def live_metrics(
     trust_remote_code: bool,
     layer_ids: list[int],
     cuts: list[DepthCut] = (),
+    family: str = "eagle3",
 ) -> dict[str, Any]:
-    """Greedy and speculative decoding with the transformers target, EAGLE-3 and prompt lookup;
-    EAGLE-3 also from each depth cut (`live_by_depth`: depth -> K -> figures)."""
+    """Greedy and speculative decoding with the transformers target, the drafter (a fresh
+    proposer of its family from `proposer_of`, under the family's name) and prompt lookup; the
+    drafter also from each depth cut (`live_by_depth`: depth -> K -> figures)."""
     from eaglenest.target_model.loading import load_target
 
     target = load_target(target_path, device, model_dtype, trust_remote_code)
     proposers = {
-        "eagle3": EagleProposer(drafter),
+        family: proposer_of(),
         "prompt_lookup": PromptLookupProposer(settings.prompt_lookup_ngram),
     }
     eos_ids = eos_token_ids(target_path, target)
@@ -142,20 +150,20 @@ def live_metrics(
     for cut in cuts:
         # Depth 0 is the held-out prompts themselves, decoded above.
         if cut.prompts and cut.prompts == prompts:
-            by_depth[str(cut.depth)] = results["eagle3"]
+            by_depth[str(cut.depth)] = results[family]
         elif cut.prompts:
             log.info("live at depth %d: %d prompts", cut.depth, len(cut.prompts))
             by_depth[str(cut.depth)] = live(
                 target,
-                {"eagle3": EagleProposer(drafter)},
+                {family: proposer_of()},
                 cut.prompts,
                 settings.ks,
                 settings.live_max_new_tokens,
                 eos_ids,
                 layer_ids,
-            )["eagle3"]
+            )[family]
     return {
-        "live": results["eagle3"],
+        "live": results[family],
         "live_baselines": {"prompt_lookup": results["prompt_lookup"]},
         "live_by_depth": by_depth,
     }

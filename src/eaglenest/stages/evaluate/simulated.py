@@ -6,6 +6,14 @@ matched so far, except where the stored (sampled) token differs from the greedy 
 real chain would continue on a sequence we have no features for, so it is counted up to that
 token and cut (reported as `cut_by_sampling`). Only positions with room for K steps count.
 
+The families that draft in one forward are simulated as vLLM drafts them. P-EAGLE's depths take
+the mask token, never a drafted one, so its chain is its parallel states over the data
+(`PEagleDrafter.teacher_forced_states`): at t, depth d sees the depth-0 keys of positions <= t
+and its own chain's masks, the keys of vLLM's one forward after verifying t + 1. DFlash drafts
+the block at anchor t + 1 ([x_t+1, mask x K], the context of positions <= t: what vLLM's
+proposer queries when x_t+1 is the bonus token) in one forward (`block_predictions`), K =
+block_size - 1 only. Both count as EAGLE-3's chains do (`AcceptanceCounts`).
+
 Baselines on the same data: an untrained drafter (same architecture and initialisation seed) and
 prompt lookup (n-gram drafting from the context)."""
 
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from math import isqrt
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +30,18 @@ import torch
 
 from eaglenest.capture.reader import ask_ahead
 from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch
+from eaglenest.drafter.dflash import DFlashDrafter
+from eaglenest.drafter.dflash_decode import DFlashContext, draft_blocks, extend_context
 from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.drafter.p_eagle import PEagleDrafter
 from eaglenest.settings.evaluate import EvaluateSettings
 
 log = logging.getLogger(__name__)
+
+Drafter = Eagle3Drafter | PEagleDrafter | DFlashDrafter
+# Query-key pairs of one simulated DFlash forward (blocks over a row's context), a bound on its
+# attention's memory (~130 MB at 8 heads): a 9,000-token sample drafts 29 blocks of 8 a call.
+BLOCK_ATTENTION_CELLS = 2**22
 
 
 @dataclass
@@ -83,7 +100,7 @@ def shifted_stack(x: torch.Tensor, first: int, k: int, fill: int = -1) -> torch.
 
 @torch.no_grad()
 def simulate(
-    proposers: dict[str, Eagle3Drafter | int],
+    proposers: dict[str, Drafter | int],
     plan: BatchPlan,
     signal: TargetSignal,
     ks: tuple[int, ...],
@@ -113,6 +130,9 @@ def simulate(
                 predicted = lookup_predictions(
                     batch.input_ids, lengths, batch.loss_mask, kmax, proposer
                 )
+            elif isinstance(proposer, DFlashDrafter):
+                start = chain_positions(batch.loss_mask, lengths, min(ks))
+                predicted = block_predictions(proposer, on_device, start, kmax)
             else:
                 start = chain_positions(batch.loss_mask, lengths, min(ks))
                 predicted = chain_predictions(
@@ -136,7 +156,7 @@ def simulate(
 
 
 def chain_predictions(
-    drafter: Eagle3Drafter,
+    drafter: Eagle3Drafter | PEagleDrafter,
     batch,
     start: torch.Tensor,
     greedy_next: torch.Tensor,
@@ -160,6 +180,33 @@ def chain_predictions(
         alive &= (predicted[..., i] == greedy_next[..., i]) & goes_on
         if not alive.any():
             break
+    return predicted
+
+
+def block_predictions(drafter: DFlashDrafter, batch, start: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, T, K] the DFlash block's drafts (target ids) at each position t in `start`: the
+    block at anchor t + 1 with bonus token x_t+1 (module doc); -3 (no token) elsewhere. A row's
+    context keys are computed once, its blocks drafted BLOCK_ATTENTION_CELLS at a time."""
+    b, t = start.shape
+    size = drafter.config.block_size
+    if k != size - 1:
+        raise ValueError(f"a DFlash drafter of block_size {size} drafts K = {size - 1}, not {k}")
+    predicted = torch.full((b, t, k), -3, dtype=torch.long)
+    # n blocks: n·size queries over t + n·size keys, at most BLOCK_ATTENTION_CELLS pairs.
+    chunk = max(
+        1, min(BLOCK_ATTENTION_CELLS // (2 * size * t), isqrt(BLOCK_ATTENTION_CELLS // 2) // size)
+    )
+    for row in range(b):
+        positions = start[row].nonzero()[:, 0]
+        if positions.numel() == 0:
+            continue
+        context = DFlashContext()
+        extend_context(drafter, context, batch.aux[row])
+        for at in positions.split(chunk):
+            bonus = batch.input_ids[row, (at + 1).to(batch.input_ids.device)]
+            logits = draft_blocks(drafter, context, bonus, at + 1)
+            drafts = drafter.draft_to_target(logits[:, 1:].argmax(-1))
+            predicted[row, at] = drafts.cpu()
     return predicted
 
 
@@ -193,33 +240,50 @@ def lookup_predictions(
     return out
 
 
-def untrained_like(model: Eagle3Drafter, seed: int) -> Eagle3Drafter:
+def untrained_like(model: Drafter, seed: int) -> Drafter:
+    """The same family's drafter, freshly initialised from `seed`, with its embedding and
+    draft vocabulary."""
     torch.manual_seed(seed)
-    fresh = Eagle3Drafter(model.config)
+    if isinstance(model, PEagleDrafter):
+        fresh = PEagleDrafter(model.config, model.mask_token_id)
+    elif isinstance(model, DFlashDrafter):
+        fresh = DFlashDrafter(model.config)
+    else:
+        fresh = Eagle3Drafter(model.config)
     fresh.embed_tokens.weight.data.copy_(model.embed_tokens.weight.data)
     fresh.set_vocab(model.d2t, model.t2d)
     return fresh.to(model.fc.weight.device).eval()
 
 
 def simulate_all(
-    drafter: Eagle3Drafter, shards: list, signal: TargetSignal, settings: EvaluateSettings, device
+    drafter: Drafter,
+    shards: list,
+    signal: TargetSignal,
+    settings: EvaluateSettings,
+    device,
+    family: str = "eagle3",
 ) -> dict[str, dict[str, Any]]:
-    """`simulate` of the drafter, its untrained twin and prompt lookup on the held-out shards."""
+    """`simulate` of the drafter (under its family's name), its untrained twin and prompt
+    lookup on the held-out shards."""
     untrained = untrained_like(drafter, settings.seed)
     plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
-    proposers = {"eagle3": drafter, "untrained": untrained}
+    proposers = {family: drafter, "untrained": untrained}
     proposers["prompt_lookup"] = settings.prompt_lookup_ngram
     return simulate(proposers, plan, signal, settings.ks, device, settings.depths)
 
 
 def simulated_metrics(
-    settings: EvaluateSettings, heldout_hidden: list[str | Path], simulated: dict[str, Any]
+    settings: EvaluateSettings,
+    heldout_hidden: list[str | Path],
+    simulated: dict[str, Any],
+    family: str = "eagle3",
 ) -> dict[str, Any]:
     """metrics.json's frame: the simulated figures, the live and engine ones still to come."""
     return {
+        "family": family,
         "ks": list(settings.ks),
         "heldout_shards": [Path(p).stem for p in heldout_hidden],
-        "simulated": simulated["eagle3"],
+        "simulated": simulated[family],
         "baselines": {
             "untrained": simulated["untrained"],
             "prompt_lookup": simulated["prompt_lookup"],

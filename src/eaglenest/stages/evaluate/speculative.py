@@ -18,8 +18,11 @@ own): at a depth of 8,192 tokens the prefill is most of a run's cost. The cache 
 (eaglenest.target_model.kv_cache), whose step does not copy the whole context.
 
 Proposers: `EagleProposer` (the EAGLE-3 drafter, fed the target's aux hidden states of every
-verified position, with its own KV cache) and `PromptLookupProposer` (n-gram lookup in the
-context, the usual training-free baseline).
+verified position, with its own KV cache), `PromptLookupProposer` (n-gram lookup in the
+context, the usual training-free baseline), and the one-forward families' of
+parallel_proposers.py (P-EAGLE, DFlash). A run also times the drafter's own share (`draft_s`:
+its `propose` and `accept` calls, the work vLLM's proposer does between verifications), since a
+family that drafts K tokens in one forward spends less there than EAGLE-3's K steps.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +47,7 @@ class Generation:
     accept_lengths: list[int] = field(default_factory=list)  # per verification round
     # Drafts per round that lie inside the output (all of them but in the last round).
     draft_lengths: list[int] = field(default_factory=list)
+    draft_s: float = 0.0  # in the proposer's propose and accept calls
 
     def accepted_per_position(self, k: int) -> list[int]:
         """Rounds whose draft at position i (0-based) was accepted; acceptance is a prefix."""
@@ -117,6 +121,20 @@ def greedy_generate(
         tokens.append(int(logits[-1].argmax()))
         forwards += 1
     return Generation(tokens, forwards, prefill.wall_s + time.perf_counter() - started)
+
+
+class Proposer(Protocol):
+    """What `speculative_generate` asks of a drafter: `start` after the prompt's prefill (its
+    aux states [T, n_aux·H] when `needs_hidden`, and the target's first token), `propose(k)`
+    drafts, `accept` the round's new tokens with the aux states of the positions verified."""
+
+    needs_hidden: bool
+
+    def start(self, prompt: list[int], aux: torch.Tensor | None, first_token: int) -> None: ...
+
+    def propose(self, k: int) -> list[int]: ...
+
+    def accept(self, new_tokens: list[int], aux: torch.Tensor | None) -> None: ...
 
 
 class EagleProposer:
@@ -193,7 +211,7 @@ def prompt_lookup(context: list[int], k: int, max_ngram: int) -> list[int]:
 @torch.inference_mode()
 def speculative_generate(
     target,
-    proposer: EagleProposer | PromptLookupProposer,
+    proposer: Proposer,
     prompt: list[int],
     k: int,
     max_new_tokens: int,
@@ -212,8 +230,11 @@ def speculative_generate(
     proposer.start(prompt, prefill.aux if layers is not None else None, tokens[0])
     accept_lengths: list[int] = []
     draft_lengths: list[int] = []
+    draft_s = 0.0
     while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
+        tick = time.perf_counter()
         drafts = proposer.propose(k)
+        draft_s += time.perf_counter() - tick
         logits, aux = _target_forward(target, [tokens[-1], *drafts], cache, layers, device)
         forwards += 1
         greedy = logits.argmax(-1).tolist()
@@ -230,7 +251,8 @@ def speculative_generate(
         draft_lengths.append(min(len(drafts), len(new)) if ended else len(drafts))
         if ended:
             break
+        tick = time.perf_counter()
         proposer.accept(new, aux[: n + 1] if aux is not None else None)
-    return Generation(
-        tokens, forwards, time.perf_counter() - started, accept_lengths, draft_lengths
-    )
+        draft_s += time.perf_counter() - tick
+    wall_s = time.perf_counter() - started
+    return Generation(tokens, forwards, wall_s, accept_lengths, draft_lengths, draft_s)

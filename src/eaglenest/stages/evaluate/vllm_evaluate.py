@@ -1,7 +1,7 @@
 """Acceptance measured by the serving engine (`evaluate.engine: vllm`): the held-out prompts are
-decoded by vLLM at temperature 0 once plainly and once per K with EAGLE-3 and the exported
-drafter, each in a fresh engine, the engines one after another in one process
-(vllm_engine/decode.py under vLLM's interpreter).
+decoded by vLLM at temperature 0 once plainly and once per K with the exported drafter (its
+family's `speculative_config`: EAGLE-3, P-EAGLE, DFlash), each in a fresh engine, the engines
+one after another in one process (vllm_engine/decode.py under vLLM's interpreter).
 
 Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,7 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
     return {
         "acceptance_length": 1 + spec.get("accepted_tokens", 0) / drafts if drafts else 1.0,
         "rounds": drafts,
+        "rounds_per_prompt": answer.get("rounds_per_prompt"),
         "per_position_acceptance": [a / drafts if drafts else 0.0 for a in accepted_per_position],
         "accepted_per_position": accepted_per_position,
         "drafted_per_position": [drafts] * k,
@@ -183,11 +185,16 @@ def evaluate_in_vllm(
     trust_remote_code: bool = False,
     plain: dict[str, Any] | None = None,
     depth_prompts: dict[str, list[list[int]]] | None = None,
+    speculative_config: Callable[[str, int], dict[str, Any]] | None = None,
+    refusal_is_a_reason: bool = False,
 ) -> dict[str, Any]:
     """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`. `plain`:
     the plain decoding of the same prompts, when already made (`decode` with k None).
     `depth_prompts`: depth -> the prompts cut there, decoded by the same engines; their figures
-    under `by_depth` (depth -> K -> figures)."""
+    under `by_depth` (depth -> K -> figures). `speculative_config`: (drafter dir, K) -> vLLM's
+    speculative_config (the drafter's family's; EAGLE-3's when None). A K the CPU build refuses
+    to serve beside the target (an MLA target) is an EngineError, or with
+    `refusal_is_a_reason` its reason under `not_served` (K -> reason), its figures absent."""
     request = engine_request(
         prompts=prompts,
         drafter_dir=drafter_dir,
@@ -201,14 +208,25 @@ def evaluate_in_vllm(
     )
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
+    not_served: dict[str, str] = {}
     try:
         configs = ([] if plain else [None]) + list(ks)
-        answers = decode_each([{**request, "k": k} for k in configs], runtime, work_dir)
+        requests = [{**request, "k": k} for k in configs]
+        for each in requests if speculative_config else ():
+            if each["k"] is not None:
+                each["speculative_config"] = speculative_config(request["drafter"], each["k"])
+        answers = decode_each(requests, runtime, work_dir)
         by_config = dict(zip(configs, answers, strict=True))
         plain = plain or by_config[None]
         per_k = {}
         for k in ks:
             answer = by_config[k]
+            if answer.get("refused"):
+                if not refusal_is_a_reason:
+                    raise EngineError(f"vLLM (K={k}): {answer['refused']}")
+                not_served[str(k)] = answer["refused"]
+                log.warning("vLLM does not serve K=%d here: %s", k, answer["refused"])
+                continue
             per_k[str(k)] = acceptance(answer, plain, k)
             log.info("vLLM K=%d: %s", k, per_k[str(k)])
             for depth, group in (answer.get("groups") or {}).items():
@@ -223,6 +241,7 @@ def evaluate_in_vllm(
         "plain": {"tokens": sum(len(t) for t in plain["tokens"]), "wall_s": plain["wall_s"]},
         "per_k": per_k,
         "by_depth": by_depth,
+        "not_served": not_served,
         "definition": "vLLM's spec_decode counters: acceptance length = 1 + accepted / drafts",
     }
 
@@ -234,9 +253,12 @@ def engine_metrics(
     settings: EvaluateSettings,
     runtime: VllmRuntime | None,
     model_dtype: str,
+    speculative_config: Callable[[str, int], dict[str, Any]] | None = None,
+    refusal_is_a_reason: bool = False,
 ) -> dict[str, Any]:
     """vLLM's figures (evaluate.engine: vllm) from the held-out prompts and each depth cut, with
-    the emitted tokens per round of every K on the one definition."""
+    the emitted tokens per round of every K on the one definition (`evaluate_in_vllm` for the
+    last two arguments)."""
     engine = evaluate_in_vllm(
         prompts=prompts,
         drafter_dir=drafter_dir,
@@ -248,6 +270,8 @@ def engine_metrics(
         runtime=runtime,
         trust_remote_code=settings.target.trust_remote_code,
         depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
+        speculative_config=speculative_config,
+        refusal_is_a_reason=refusal_is_a_reason,
     )
     for per_k in [engine["per_k"], *(engine.get("by_depth") or {}).values()]:
         for engine_k in per_k.values():

@@ -24,8 +24,6 @@ import numpy as np
 import torch
 
 from eaglenest.common.io import atomic_path
-from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.settings.train import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -88,13 +86,14 @@ def load_checkpoint(path: Path, device: str) -> dict[str, Any] | None:
 
 
 def fingerprint(
-    settings: TrainSettings, config: DrafterConfig, files: Iterable[Path], states: str = ""
+    settings: TrainSettings, drafter: dict[str, Any], files: Iterable[Path], states: str = ""
 ) -> str:
-    """What a checkpoint is valid for: settings, drafter shape and the inputs' identity; `states`:
-    what computes the states that come from the capture servers (hidden.store none/budget)."""
+    """What a checkpoint is valid for: settings, the drafter (its config and family settings,
+    `Recipe.description`) and the inputs' identity; `states`: what computes the states that
+    come from the capture servers (hidden.store none/budget)."""
     digest = hashlib.sha256(states.encode())
     unchanging = {k: v for k, v in settings.recorded().items() if k not in ("log_every", "device")}
-    digest.update(json.dumps([unchanging, config.to_dict()], sort_keys=True).encode())
+    digest.update(json.dumps([unchanging, drafter], sort_keys=True).encode())
     for path in files:
         stat = path.stat()
         digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -115,7 +114,7 @@ class Training(Protocol):
     that the journal does not import the loop that uses it)."""
 
     processes: Processes
-    model: Eagle3Drafter
+    model: torch.nn.Module  # with trainable_state_dict()
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     total_steps: int

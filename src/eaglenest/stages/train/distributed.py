@@ -26,7 +26,6 @@ import torch
 from eaglenest.common.devices import resolve_device
 
 if TYPE_CHECKING:
-    from eaglenest.drafter.model import Eagle3Drafter
     from eaglenest.settings.train import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def global_counts(counts: list[int], processes: Processes) -> list[int]:
     return [round(n) for n in all_reduce_sum([float(n) for n in counts], processes)]
 
 
-def data_parallel(model: Eagle3Drafter, processes: Processes) -> torch.nn.Module:
+def data_parallel(model: torch.nn.Module, processes: Processes) -> torch.nn.Module:
     """The model itself in one process; under torchrun its DDP wrapper, which averages the
     gradients of the processes in backward."""
     if processes.world_size == 1:

@@ -1,11 +1,11 @@
-"""What a run starts from: the drafter, built from the target's config and seeded, with the
+"""What a run starts from: the drafter (of any family: `initialised`), built from the target's config and seeded, with the
 target's embedding (and LM head rows and final norm, unless train.lm_head_init is random), and
 the learning-rate schedule (linear warm-up, then cosine down to min_lr_ratio)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -19,19 +19,37 @@ if TYPE_CHECKING:
     from eaglenest.settings.train import TrainSettings
 
 
-def build_drafter(
+def drafter_config(
     target_config: Any, head: TargetHead, vocab: DraftVocab, settings: TrainSettings
-) -> Eagle3Drafter:
-    config = DrafterConfig.from_target(
+) -> DrafterConfig:
+    """The EAGLE-3 drafter's config: the target's sizes, train.drafter's over them."""
+    return DrafterConfig.from_target(
         target_config,
         draft_vocab_size=len(vocab.d2t),
         aux_layer_ids=tuple(head.aux_layer_ids),
         overrides=settings.drafter.overrides(),
     )
+
+
+def build_drafter(
+    target_config: Any, head: TargetHead, vocab: DraftVocab, settings: TrainSettings
+) -> Eagle3Drafter:
+    config = drafter_config(target_config, head, vocab, settings)
     check_exportable(config)  # before training, not after it
     torch.manual_seed(settings.seed)
-    model = Eagle3Drafter(config)
+    model = initialised(Eagle3Drafter(config), head, vocab, settings)
     model.checkpoint_layer = settings.activation_checkpointing
+    return model
+
+
+DrafterT = TypeVar("DrafterT", bound=torch.nn.Module)
+
+
+def initialised(
+    model: DrafterT, head: TargetHead, vocab: DraftVocab, settings: TrainSettings
+) -> DrafterT:
+    """A drafter of any family (embed_tokens, lm_head, norm, set_vocab), just built under
+    `torch.manual_seed(settings.seed)`, given its starting weights."""
     with torch.no_grad():
         if settings.init_std is not None:
             for module in model.modules():

@@ -1,7 +1,8 @@
-"""Training the EAGLE-3 drafter with training-time test (the `train` stage): the loop.
+"""Training a drafter (the `train` stage): the loop, one for every family of train.families.
 
-The objective is in loss.py, the processes and devices in distributed.py, the drafter's initial
-weights and the schedule in initialise.py, the batches of every step in feed.py.
+What a family is (its model, its loss on a batch, its export) is families.py's table; the
+per-position objective is in loss.py, the processes and devices in distributed.py, the drafter's
+initial weights and the schedule in initialise.py, the batches of every step in feed.py.
 
 Robustness: a journal of checkpoints and metrics outside the rule's outputs lets a rerun after a
 kill resume exactly where the last checkpoint was (checkpoint.py).
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,12 @@ from eaglenest.common.threads import job_threads, use_threads
 from eaglenest.drafter.batches import (
     BatchPlan,
     TargetSignal,
-    build_batch,
     open_shards,
 )
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.hidden_states import HiddenSettings
-from eaglenest.settings.train import TrainSettings
+from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.train.checkpoint import (
     METRICS_FILE,
@@ -56,60 +55,22 @@ from eaglenest.stages.train.checkpoint import (
 )
 from eaglenest.stages.train.distributed import (
     Processes,
-    all_reduce_sum,
     autocast,
     data_parallel,
     run_under_torchrun,  # noqa: F401 (scripts and tests reach the launch through this module)
     setup_processes,
 )
+from eaglenest.stages.train.families import Recipe, build_recipe
 from eaglenest.stages.train.feed import prefetch, step_batches, step_refs, with_aux_noise
-from eaglenest.stages.train.initialise import build_drafter, lr_lambda
-from eaglenest.stages.train.loss import Objective, StepStats, global_step, ttt_loss
+from eaglenest.stages.train.heldout import evaluate_heldout
+from eaglenest.stages.train.initialise import lr_lambda
+from eaglenest.stages.train.loss import Objective, StepStats, global_step
 
 log = logging.getLogger(__name__)
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the batch."""
-
-
-@torch.no_grad()
-def evaluate_heldout(
-    model: Eagle3Drafter,
-    plan: BatchPlan,
-    signal: TargetSignal,
-    settings: TrainSettings,
-    processes: Processes,
-) -> dict[str, Any]:
-    """Loss and per-step accuracy on held-out shards (every batch, in a fixed order)."""
-    model.eval()
-    sums = [0.0] * (3 * settings.ttt_steps)
-    # Judged where the served drafter drafts, whatever positions training counts.
-    objective = replace(Objective.of(settings), loss_positions="completion")
-    mine = plan.epoch_order(0)[processes.rank :: processes.world_size]
-    ask_ahead(plan.shards, mine)
-    for refs in mine:
-        batch = signal.fill(build_batch(refs, plan.shards).to(processes.device))
-        with autocast(processes.device, settings.precision):
-            # The data's tokens in every step, whatever training fed: the same yardstick for
-            # every recipe (serving accepts a draft only where it equals the data's token).
-            logits = ttt_forward(model, batch.aux, batch.input_ids, settings.ttt_steps)
-        _, stats = ttt_loss(logits, batch, settings.step_weight, objective=objective)
-        for i in range(settings.ttt_steps):
-            sums[3 * i] += stats.loss[i] * stats.counted[i]
-            sums[3 * i + 1] += stats.correct[i]
-            sums[3 * i + 2] += stats.counted[i]
-    sums = all_reduce_sum(sums, processes)
-    model.train()
-    counted = [sums[3 * i + 2] for i in range(settings.ttt_steps)]
-    step_losses = [sums[3 * i] / max(counted[i], 1) for i in range(settings.ttt_steps)]
-    return {
-        # Weighted over the TTT steps like the training loss, so the two curves compare.
-        "loss": sum(settings.step_weight**i * x for i, x in enumerate(step_losses)),
-        "step_loss": step_losses,
-        "acc": [sums[3 * i + 1] / max(counted[i], 1) for i in range(settings.ttt_steps)],
-        "positions": int(counted[0]),
-    }
 
 
 @dataclass
@@ -119,7 +80,7 @@ class Training:
 
     settings: TrainSettings
     processes: Processes
-    model: Eagle3Drafter
+    recipe: Recipe  # the family: its drafter, loss and export
     parameters: list[torch.nn.Parameter]  # the trainable ones
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -131,6 +92,10 @@ class Training:
     fingerprint: str  # the settings and inputs a checkpoint must have been written for
     journal_dir: Path
     states: PooledStates | None = None  # hidden.store none/budget: the capture servers' states
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.recipe.model
 
     @property
     def state_path(self) -> Path:
@@ -171,17 +136,15 @@ def set_up_training(
     draft_vocab: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
+    family: FamilySettings | None = None,
     pooled_train: list[str | Path] = (),
     pooled_eval: list[str | Path] = (),
     hidden: HiddenSettings | None = None,
     runtime: VllmRuntime | None = None,
 ) -> Training:
-    """Processes, data, drafter (seeded), optimizer and schedule of a run. `pooled_*`: tokens
-    shards whose states the capture servers give (train_drafter), after the files' shards."""
-    from transformers import AutoConfig
-
-    from eaglenest.target_model.files import resolve_target_dir
-
+    """Processes, data, drafter (seeded; of `family`, EAGLE-3 by default), optimizer and
+    schedule of a run. `pooled_*`: tokens shards whose states the capture servers give
+    (train_drafter), after the files' shards."""
     processes = setup_processes(settings.device)
     journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
@@ -192,11 +155,8 @@ def set_up_training(
     shards = open_data(train_shards, pooled_train, states, head, vocab)
     heldout = open_data(eval_shards, pooled_eval, states, head, vocab)
     signal = TargetSignal(head, vocab, processes.device)
-    target = settings.target  # its config sizes the drafter
-    target_config = AutoConfig.from_pretrained(
-        str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
-    )
-    model = build_drafter(target_config, head, vocab, settings).to(processes.device)
+    recipe = build_recipe(head, vocab, settings, family or FamilySettings.eagle3())
+    model = recipe.model.to(processes.device)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         parameters,
@@ -230,7 +190,7 @@ def set_up_training(
     return Training(
         settings=settings,
         processes=processes,
-        model=model,
+        recipe=recipe,
         parameters=parameters,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -239,7 +199,9 @@ def set_up_training(
         eval_plan=eval_plan,
         epoch_steps=epoch_steps,
         total_steps=total_steps,
-        fingerprint=fingerprint(settings, model.config, inputs, states.identity if states else ""),
+        fingerprint=fingerprint(
+            settings, recipe.description(), inputs, states.identity if states else ""
+        ),
         journal_dir=journal_dir,
         states=states,
     )
@@ -257,17 +219,9 @@ def train_step(
     batch = training.signal.fill(batch.to(device))
     batch = with_aux_noise(batch, settings.aux_noise, settings.seed, progress.step)
     with autocast(device, settings.precision):
-        logits = ttt_forward(
-            model,
-            batch.aux,
-            batch.input_ids,
-            settings.ttt_steps,
-            own_tokens=settings.ttt_inputs == "drafter",
-            segments=batch.segments,
+        loss, stats = training.recipe.loss(
+            model, batch, Objective.of(settings), training.processes, progress.step
         )
-    loss, stats = ttt_loss(
-        logits, batch, settings.step_weight, training.processes, Objective.of(settings)
-    )
     # Over all processes, so that a NaN on one rank stops every rank at the same step.
     value, stats = global_step(loss, stats, training.processes)
     if not math.isfinite(value):
@@ -315,7 +269,7 @@ def log_step(
         )
     if training.eval_plan and settings.eval_every and step % settings.eval_every == 0:
         result = evaluate_heldout(
-            training.model, training.eval_plan, training.signal, settings, training.processes
+            training.recipe, training.eval_plan, training.signal, settings, training.processes
         )
         if metrics:
             metrics.write({"split": "heldout", "step": step, **result})
@@ -330,12 +284,10 @@ def finish(
 ) -> dict[str, Any]:
     """The final held-out evaluation (every process), then on rank 0 the export, metrics.jsonl
     and train_report.json in out_dir; returns the report ({} on the other ranks)."""
-    from eaglenest.drafter.export import export_drafter
-
     settings, processes, step = training.settings, training.processes, progress.step
     wall = time.perf_counter() - progress.started
     heldout = (
-        evaluate_heldout(training.model, training.eval_plan, training.signal, settings, processes)
+        evaluate_heldout(training.recipe, training.eval_plan, training.signal, settings, processes)
         if training.eval_plan
         else None
     )
@@ -343,14 +295,15 @@ def finish(
         return {}
     if heldout:
         metrics.write({"split": "heldout", "step": step, **heldout})
-    export_drafter(training.model, out_dir, dtype=settings.export_dtype)
+    training.recipe.export(out_dir)
     (out_dir / METRICS_FILE).write_text((training.journal_dir / METRICS_FILE).read_text())
     train_tokens = progress.tokens_seen * processes.world_size
     skipped, loss_tokens = progress.skipped_outside_vocab, progress.loss_tokens
     report = {
         "steps": step,
         "epochs": training.epochs_at(step),
-        "ttt_steps": settings.ttt_steps,
+        "family": training.recipe.name,
+        "ttt_steps": len(training.recipe.slot_weights),  # the drafted slots scored
         "train_tokens": train_tokens,
         "wall_s": wall,
         "tokens_per_s": train_tokens / max(wall, 1e-9),
@@ -363,7 +316,7 @@ def finish(
         **shard_names,
         "world_size": processes.world_size,
         "device": processes.device,
-        "drafter": training.model.config.to_dict(),
+        "drafter": training.recipe.description(),
         "settings": settings.recorded(),
     }
     write_json(out_dir / "train_report.json", report)
@@ -386,6 +339,7 @@ def train_drafter(
     out_dir: str | Path,
     journal_dir: str | Path,
     settings: TrainSettings,
+    family: FamilySettings | str | None = None,
     stop_after_step: int | None = None,
     pooled_train: list[str | Path] = (),
     pooled_eval: list[str | Path] = (),
@@ -394,10 +348,12 @@ def train_drafter(
 ) -> dict[str, Any]:
     """Train (or resume), export to out_dir, return the training report.
 
-    `stop_after_step` ends the run early after that step's checkpoint (tests of resumption).
-    `pooled_*`, `hidden`, `runtime` (objects or their JSON, as torchrun's processes get them):
-    shards whose states the capture servers give (set_up_training).
+    `family`: the drafter family (EAGLE-3 when None). `stop_after_step` ends the run early
+    after that step's checkpoint (tests of resumption). `pooled_*`, `hidden`, `runtime`:
+    shards whose states the capture servers give (set_up_training). `family`, `hidden` and
+    `runtime` are objects or their JSON, as torchrun's processes get them.
     """
+    family = FamilySettings.from_json(family) if isinstance(family, str) else family
     hidden = HiddenSettings.from_json(hidden) if isinstance(hidden, str) else hidden
     runtime = VllmRuntime.from_json(runtime) if isinstance(runtime, str) else runtime
     training = set_up_training(
@@ -407,6 +363,7 @@ def train_drafter(
         draft_vocab=draft_vocab,
         journal_dir=journal_dir,
         settings=settings,
+        family=family,
         pooled_train=pooled_train,
         pooled_eval=pooled_eval,
         hidden=hidden,

@@ -1,6 +1,7 @@
 """DDP training (train.gpus > 1) with unequal batches: the step's loss, its gradients and the logged
 metrics are those of one process training on the union of the ranks' batches (the mean over
-all positions), not an average of the ranks' own means. Two CPU ranks talking over gloo."""
+all positions), not an average of the ranks' own means, for every drafter family
+(stages/train/families.py). Two CPU ranks talking over gloo."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from support.drafter_sizes import CONFIG
 
-from eaglenest.common.config import settings_from_sections
+from eaglenest.common.config import validate_config
 from eaglenest.drafter.batches import Batch
+from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter
 from eaglenest.drafter.model import Eagle3Drafter
-from eaglenest.settings.train import TrainSettings
+from eaglenest.drafter.p_eagle import PEagleDrafter
+from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.stages.train.distributed import Processes, data_parallel
+from eaglenest.stages.train.families import DFlash, Eagle3, PEagle
 from eaglenest.stages.train.train import Progress, Training, train_step
 
 LENGTH = 12
@@ -61,9 +65,19 @@ class FilledSignal:
         return batch
 
 
-def drafter() -> Eagle3Drafter:
+MASK = CONFIG.vocab_size - 1
+
+
+def drafter(family: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = Eagle3Drafter(CONFIG)
+    if family == "eagle3":
+        model = Eagle3Drafter(CONFIG)
+    elif family == "p_eagle":
+        model = PEagleDrafter(CONFIG, MASK)
+    else:
+        model = DFlashDrafter(
+            DFlashConfig.from_drafter(CONFIG, num_hidden_layers=1, block_size=3, mask_token_id=MASK)
+        )
     with torch.no_grad():
         model.embed_tokens.weight.normal_()
     d2t = torch.arange(0, 2 * CONFIG.draft_vocab_size, 2) - torch.arange(CONFIG.draft_vocab_size)
@@ -73,13 +87,22 @@ def drafter() -> Eagle3Drafter:
     return model.train()
 
 
-def one_step(processes: Processes, batch: Batch) -> dict:
+RECIPES = {"eagle3": Eagle3, "p_eagle": PEagle, "dflash": DFlash}
+
+
+def one_step(processes: Processes, batch: Batch, family: str) -> dict:
     """train_step on `batch` (this rank's), with the gradients the optimizer was about to apply."""
-    settings = settings_from_sections(
-        TrainSettings,
-        train={"ttt_steps": TTT_STEPS, "step_weight": 0.8, "grad_clip": 1e9, "device": "cpu"},
-    )
-    model = drafter()
+    train = {
+        "ttt_steps": TTT_STEPS,
+        "step_weight": 0.8,
+        "grad_clip": 1e9,
+        "device": "cpu",
+        "dflash": {"block_size": 3},
+        "mask_token_id": MASK,
+    }
+    config = validate_config({"train": train})
+    settings = TrainSettings.from_config(config)
+    model = drafter(family)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(parameters, lr=0.0)
     grads = {}
@@ -91,7 +114,7 @@ def one_step(processes: Processes, batch: Batch) -> dict:
     training = Training(
         settings=settings,
         processes=processes,
-        model=model,
+        recipe=RECIPES[family](model, settings, FamilySettings.of(config, family)),
         parameters=parameters,
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
@@ -114,31 +137,32 @@ def one_step(processes: Processes, batch: Batch) -> dict:
     }
 
 
-def run_rank(rank: int, world_size: int, rendezvous: str, out_dir: str) -> None:
+def run_rank(rank: int, world_size: int, rendezvous: str, out_dir: str, family: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size
     )
     try:
-        result = one_step(Processes(rank, world_size, "cpu"), rank_batch(rank))
+        result = one_step(Processes(rank, world_size, "cpu"), rank_batch(rank), family)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("family", list(RECIPES))
 def test_two_ranks_with_unequal_batches_step_like_one_process_on_their_union(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     world_size = len(RANK_BATCHES)
     mp.spawn(
         run_rank,
-        args=(world_size, str(tmp_path / "rendezvous"), str(tmp_path)),
+        args=(world_size, str(tmp_path / "rendezvous"), str(tmp_path), family),
         nprocs=world_size,
         join=True,
     )
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
-    alone = one_step(Processes(), union_batch())
+    alone = one_step(Processes(), union_batch(), family)
 
     assert alone["loss_tokens"] > 0 and alone["skipped"] > 0
     local = [int(rank_batch(r).loss_mask.sum()) for r in range(world_size)]

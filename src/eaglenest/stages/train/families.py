@@ -1,0 +1,288 @@
+"""The drafter families a run trains from the same shards (`train.families`): per family, the
+model it builds, its loss on a batch and its export. The training loop (train.py) calls this
+table and nothing else of a family, so batches, checkpoints, resume, metrics and the held-out
+loss are one code path for all of them.
+
+- eagle3: eaglenest.drafter.model's drafter, training-time test (`ttt_loss`), drafter/.
+- p_eagle: eaglenest.drafter.p_eagle's, its depths in one forward (`parallel_loss`),
+  drafter_p_eagle/.
+- dflash: eaglenest.drafter.dflash's, blocks at anchors in the answer (`select_anchors`,
+  `dflash_loss`), drafter_dflash/.
+
+Each family's loss weighs its drafted slots (TTT steps, depths, block slots) its own way; the
+per-position loss is the run's `Objective`. Under DDP a family's loss is rescaled so that the
+step's gradient is that of the mean over every rank's positions, as EAGLE-3's (`over_ranks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from eaglenest.drafter.block_loss import SlotStats
+from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_loss, select_anchors
+from eaglenest.drafter.dflash import position_weights as dflash_slot_weights
+from eaglenest.drafter.dflash_export import export_dflash
+from eaglenest.drafter.export import export_drafter
+from eaglenest.drafter.model import shift_left, ttt_forward
+from eaglenest.drafter.p_eagle import (
+    PEagleDrafter,
+    check_p_eagle_exportable,
+    cod_depth_weights,
+    export_p_eagle,
+    parallel_loss,
+)
+from eaglenest.settings.train import DRAFTER_VARIANTS, FamilySettings, TrainSettings
+from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
+from eaglenest.stages.train.initialise import build_drafter, drafter_config, initialised
+from eaglenest.stages.train.loss import Objective, StepStats, position_losses, ttt_loss
+
+if TYPE_CHECKING:
+    from eaglenest.drafter.batches import Batch
+    from eaglenest.formats.draft_vocab import DraftVocab
+    from eaglenest.formats.target_head import TargetHead
+
+
+class Recipe:
+    """What the loop asks of a family: `model`, `loss` of a batch, `export`, and how the
+    held-out slots' losses add up (`heldout_loss`, weighed as the training loss)."""
+
+    name: str
+    model: nn.Module
+    slot_weights: list[float]  # each drafted slot's weight in the loss
+
+    def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
+        self.model, self.settings, self.family = model, settings, family
+
+    def loss(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        objective: Objective,
+        processes: Processes | None = None,
+        step: int | None = None,
+    ) -> tuple[torch.Tensor, StepStats]:
+        """The loss of a batch whose target signal is filled, through `model` (the drafter or its
+        DDP wrapper), and this process's statistics; `step` None: a held-out batch."""
+        raise NotImplementedError
+
+    def heldout_loss(self, loss_sums: list[float], counts: list[int]) -> float:
+        """The held-out loss from each slot's summed position losses and count."""
+        weights = self.slot_weights
+        return sum(w * s for w, s in zip(weights, loss_sums, strict=True)) / max(
+            sum(w * n for w, n in zip(weights, counts, strict=True)), 1
+        )
+
+    def export(self, out_dir: Path) -> None:
+        raise NotImplementedError
+
+    def description(self) -> dict[str, Any]:
+        """The drafter's config and the family's own settings (the report; what a checkpoint
+        is valid for)."""
+        return self.model.config.to_dict()
+
+
+class Eagle3(Recipe):
+    name = "eagle3"
+
+    def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
+        super().__init__(model, settings, family)
+        self.slot_weights = [settings.step_weight**i for i in range(settings.ttt_steps)]
+
+    def loss(self, model, batch, objective, processes=None, step=None):
+        settings = self.settings
+        logits = ttt_forward(
+            model,
+            batch.aux,
+            batch.input_ids,
+            settings.ttt_steps,
+            # Held out: the data's tokens in every step, whatever training fed, the same
+            # yardstick for every recipe (serving accepts a draft only where it equals the data's).
+            own_tokens=step is not None and settings.ttt_inputs == "drafter",
+            segments=batch.segments,
+        )
+        return ttt_loss(logits, batch, settings.step_weight, processes, objective)
+
+    def heldout_loss(self, loss_sums, counts):
+        # Weighted over the TTT steps like the training loss, so the two curves compare.
+        steps = zip(self.slot_weights, loss_sums, counts, strict=True)
+        return sum(w * s / max(n, 1) for w, s, n in steps)
+
+    def export(self, out_dir):
+        export_drafter(self.model, out_dir, dtype=self.settings.export_dtype)
+
+
+class PEagle(Recipe):
+    name = "p_eagle"
+
+    def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
+        super().__init__(model, settings, family)
+        self.depths = family.p_eagle.depths
+        self.slot_weights = cod_depth_weights(self.depths)
+
+    def loss(self, model, batch, objective, processes=None, step=None):
+        counted = counted_positions(batch, objective)
+        logits = model(batch.aux, batch.input_ids, self.depths, False, batch.segments)
+        loss, slots = parallel_loss(
+            logits, counted, self.slot_weights, objective_loss(objective), None
+        )
+        local = sum(w * n for w, n in zip(self.slot_weights, slots.counted, strict=True))
+        return over_ranks(loss, local, processes), step_stats(slots, counted, processes)
+
+    def export(self, out_dir):
+        export_p_eagle(self.model, out_dir, self.depths, dtype=self.settings.export_dtype)
+
+    def description(self):
+        own = {"mask_token_id": self.model.mask_token_id, "depths": self.depths}
+        return {**super().description(), **own}
+
+
+class DFlash(Recipe):
+    name = "dflash"
+
+    def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
+        super().__init__(model, settings, family)
+        self.own = family.dflash
+        # Slot 0 (the anchor, the bonus token when served) is never trained: the K drafts.
+        self.slot_weights = dflash_slot_weights(self.own.block_size, self.own.gamma)[1:]
+
+    def loss(self, model, batch, objective, processes=None, step=None):
+        counted = counted_positions(batch, objective)
+        # A function of (seed, step), so a resumed run draws the anchors the killed one would
+        # have; held-out batches always draw the same ones (a step no run reaches).
+        seed = self.settings.seed * 1_000_003 + (1_000_002 if step is None else step)
+        generator = torch.Generator().manual_seed(seed)
+        anchors = select_anchors(
+            counted.loss_mask.cpu(),
+            self.own.block_size,
+            self.own.max_anchors,
+            generator,
+            None if batch.segments is None else batch.segments.cpu(),
+        ).to(batch.input_ids.device)
+        logits = model(batch.aux, batch.input_ids, anchors, batch.segments)
+        loss, slots = dflash_loss(
+            logits, counted, anchors, self.own.gamma, objective_loss(objective), None
+        )
+        return over_ranks(loss, sum(slots.counted), processes), step_stats(
+            slots, counted, processes
+        )
+
+    def description(self):
+        own = {"max_anchors": self.own.max_anchors, "gamma": self.own.gamma}
+        return {**super().description(), **own}
+
+    def heldout_loss(self, loss_sums, counts):
+        # dflash_loss divides by the count of trained slots, unweighted.
+        weighted = sum(w * s for w, s in zip(self.slot_weights, loss_sums, strict=True))
+        return weighted / max(sum(counts), 1)
+
+    def export(self, out_dir):
+        export_dflash(self.model, out_dir, dtype=self.settings.export_dtype)
+
+
+# ---- the loss pieces the parallel families share --------------------------------------------
+
+
+def counted_positions(batch: Batch, objective: Objective) -> Batch:
+    """The batch whose loss_mask is the positions the objective counts (train.loss_positions
+    all: every token of each sample, as EAGLE-3's `ttt_loss` counts them)."""
+    if objective.loss_positions == "completion":
+        return batch
+    return replace(batch, loss_mask=batch.token_mask)
+
+
+def objective_loss(objective: Objective):
+    """The run's per-position loss (stages/train/loss.py) in block_loss's signature."""
+
+    def loss(logits, target_logprobs, valid):
+        return position_losses(logits, target_logprobs, valid, objective)
+
+    return loss
+
+
+def over_ranks(loss: torch.Tensor, local: float, processes: Processes | None) -> torch.Tensor:
+    """A loss divided by this rank's count `local`, made the rank's share of the mean over every
+    rank's positions, times the world size (DDP averages gradients), as `ttt_loss` does."""
+    if processes is None or processes.world_size == 1:
+        return loss
+    (total,) = all_reduce_sum([float(local)], processes)
+    return loss * (local / max(total, 1.0)) * processes.world_size
+
+
+def step_stats(slots: SlotStats, counted: Batch, processes: Processes | None) -> StepStats:
+    """The loop's statistics of a parallel family's step: each slot's loss as this rank's share
+    of the mean over the ranks (they add up under `global_step`), and the answer's positions
+    whose target argmax is outside the draft vocabulary."""
+    counts = slots.counted
+    several = processes is not None and processes.world_size > 1
+    totals = global_counts(counts, processes) if several else counts
+    losses = [loss * n / max(t, 1) for loss, n, t in zip(slots.loss, counts, totals, strict=True)]
+    skipped = shift_left(counted.loss_mask, 1, False) & ~shift_left(
+        counted.in_draft_vocab, 1, False
+    )
+    return StepStats(losses, list(slots.correct), list(counts), int(skipped.sum()))
+
+
+# ---- building a family's drafter -------------------------------------------------------------
+
+
+def mask_token_id(family: FamilySettings, vocab_size: int) -> int:
+    """train.mask_token_id, else the first embedding row past the tokenizer's vocabulary (an id
+    no text encodes to: Qwen3's 151669, as z-lab's DFlash drafters take), else the tokenizer's
+    pad token where it is not its end of sequence (the demo's tokenizer fills its embedding)."""
+    if family.mask_token_id is not None:
+        return family.mask_token_id
+    from eaglenest.target_model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(family.target)
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer)
+    pad = tokenizer.pad_token_id
+    if pad is not None and pad != tokenizer.eos_token_id:
+        return int(pad)
+    raise ValueError(
+        f"train.mask_token_id: the tokenizer fills the target's {vocab_size} embedding rows and "
+        "its pad token is none or its end-of-sequence token; set a token id the answers do not "
+        "use (a reserved token of the tokenizer)"
+    )
+
+
+def build_recipe(
+    head: TargetHead, vocab: DraftVocab, settings: TrainSettings, family: FamilySettings
+) -> Recipe:
+    """The family's drafter, sized by the target's config (train.drafter's sizes over it),
+    seeded and initialised as EAGLE-3's (`initialised`), in its recipe. A drafter vLLM 0.32
+    could not serve as trained is refused before training."""
+    from transformers import AutoConfig
+
+    from eaglenest.target_model.files import resolve_target_dir
+
+    target = settings.target
+    target_config = AutoConfig.from_pretrained(
+        str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
+    )
+    if family.name == "eagle3":
+        return Eagle3(build_drafter(target_config, head, vocab, settings), settings, family)
+    config = drafter_config(target_config, head, vocab, settings)
+    mask = mask_token_id(family, config.vocab_size)
+    if family.name == "p_eagle":
+        check_p_eagle_exportable(config)
+        torch.manual_seed(settings.seed)
+        model = initialised(PEagleDrafter(config, mask), head, vocab, settings)
+        model.checkpoint_layer = settings.activation_checkpointing
+        return PEagle(model, settings, family)
+    # DFlash is Qwen3 layers of its own: the EAGLE-3 variants are not its (they would be refused).
+    plain = replace(config, **{name: False for name in DRAFTER_VARIANTS})
+    own = family.dflash
+    dflash = DFlashConfig.from_drafter(
+        plain,
+        num_hidden_layers=own.num_hidden_layers,
+        block_size=own.block_size,
+        mask_token_id=mask,
+    )
+    torch.manual_seed(settings.seed)
+    return DFlash(initialised(DFlashDrafter(dflash), head, vocab, settings), settings, family)

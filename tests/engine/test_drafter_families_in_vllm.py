@@ -1,0 +1,129 @@
+"""The drafter families that draft in one forward (P-EAGLE, DFlash) in a real vLLM (the CPU
+build, .venv-vllm), on the small demo target of `finished_run`: each drafter trained by the train
+stage itself (`train_drafter(family=...)`, its held-out loss falling), exported as vLLM loads it,
+measured by the evaluate stage (simulated and in our own live loop, `family=`), then decoded by
+vLLM at the K it serves beside the conftest's `plain_decoding` (one request at a time, eager):
+vLLM's output equals plain greedy decoding, ours equals the transformers target's, and each
+prompt takes the rounds in our loop that it takes in vLLM's, within one. Both families are
+decoded by one vLLM process (an engine each, one after the other)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.drafters import evaluate_on_heldout, run_files
+from support.workflow import SMALL_RUN
+
+FAMILIES = ("p_eagle", "dflash")
+K = 3
+BLOCK_SIZE = K + 1  # DFlash serves K = block_size - 1 only; P-EAGLE is measured at the same K
+TRAIN = {
+    "epochs": 20,
+    "lr": 3e-3,
+    "warmup_steps": 5,
+    "max_batch_tokens": 1024,
+    "ttt_steps": K,  # P-EAGLE's depths
+    "eval_every": 4,
+    "export_dtype": "float32",  # as the small demo's evaluation runs
+    "dflash": {"block_size": BLOCK_SIZE, "max_anchors": 128},
+}
+
+
+def heldout_losses(drafter_dir: Path) -> list[float]:
+    lines = (drafter_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [r["loss"] for r in records if r["split"] == "heldout"]
+
+
+def trained_and_live(family: str, results: Path, out: Path, plain_args: dict):
+    """The family's drafter trained by the train stage on shard 00000 (00001 held out), and the
+    evaluate stage's figures for it (simulated, live) at K."""
+    from eaglenest.common.config import settings_from_sections, validate_config
+    from eaglenest.settings.train import FamilySettings, TrainSettings
+    from eaglenest.stages.train.train import train_drafter
+
+    target = {"path": str(results / "target")}
+    sections = {"train": dict(TRAIN), "target": dict(target)}
+    report = train_drafter(
+        train_shards=[results / "hidden" / "00000.safetensors"],
+        eval_shards=[results / "hidden" / "00001.safetensors"],
+        out_dir=out / "drafter",
+        journal_dir=out / "journal",
+        settings=settings_from_sections(TrainSettings, **sections),
+        family=FamilySettings.of(validate_config(sections), family),
+        **run_files(results),
+    )
+    metrics = evaluate_on_heldout(
+        out / "drafter", results, out / "metrics.json", ks=[K], family=family,
+        prompts=len(plain_args["prompts"]), max_new_tokens=plain_args["max_new_tokens"],
+    )  # fmt: skip
+    return {"dir": out / "drafter", "report": report, "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def families(
+    finished_run: Path, plain_decoding: dict, tmp_path_factory: pytest.TempPathFactory
+) -> dict:
+    """Per family: its drafter, training report, evaluate-stage metrics, and vLLM's figures at
+    K (both decoded by one vLLM process)."""
+    from eaglenest.formats.target_head import TargetHead
+    from eaglenest.stages.evaluate.families import load_family
+    from eaglenest.stages.evaluate.vllm_evaluate import acceptance, decode_each, engine_request
+
+    results = finished_run / "results" / SMALL_RUN
+    arguments = plain_decoding["arguments"]
+    work = tmp_path_factory.mktemp("families")
+    found = {
+        family: trained_and_live(family, results, work / family, arguments) for family in FAMILIES
+    }
+    head = TargetHead.load(run_files(results)["target_head"])
+    requests = []
+    for family in FAMILIES:
+        drafter_dir = found[family]["dir"]
+        loaded = load_family(family, drafter_dir, head.embed, head.aux_layer_ids, (K,))
+        request = {**engine_request(**arguments, drafter_dir=drafter_dir), "k": K}
+        request["speculative_config"] = loaded.speculative_config(request["drafter"], K)
+        requests.append(request)
+    answers = decode_each(requests, arguments["runtime"], work)
+    for family, answer in zip(FAMILIES, answers, strict=True):
+        assert not answer.get("refused"), answer
+        found[family]["vllm"] = acceptance(answer, plain_decoding["plain"], K)
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_trains_and_decodes_in_vllm_as_in_our_live_loop(family: str, families):
+    """Trained by the train stage: its held-out loss falls and the export names the family as
+    vLLM reads it. Decoded by vLLM (its speculative_config: eagle3 with parallel_drafting, or
+    dflash): plain greedy's output; our live loop gives the transformers target's greedy output,
+    with the same tokens; per prompt the two loops take the same rounds within one, and the
+    metrics name the family, its K and the drafter's time."""
+    found = families[family]
+    losses = heldout_losses(found["dir"])
+    assert found["report"]["family"] == family and len(losses) >= 2
+    assert losses[-1] < losses[0], losses
+    config = json.loads((found["dir"] / "config.json").read_text())
+    if family == "dflash":
+        assert config["architectures"] == ["DFlashDraftModel"]
+        assert config["dflash_config"]["block_size"] == BLOCK_SIZE
+    else:
+        assert config["mask_token_id"] == found["report"]["drafter"]["mask_token_id"]
+    metrics = found["metrics"]
+    assert (metrics["family"], metrics["ks"]) == (family, [K])
+    vllm, live = found["vllm"], metrics["live"][str(K)]
+    print(f"{family}: held-out loss {losses[0]:.3f} -> {losses[-1]:.3f}; vLLM "
+          f"{vllm['acceptance_length']:.4f} ({vllm['rounds']} rounds {vllm['rounds_per_prompt']}), "
+          f"live {live['acceptance_length']:.4f} ({live['rounds']} rounds "
+          f"{live['rounds_per_prompt']}), simulated "
+          f"{metrics['simulated'][str(K)]['acceptance_length']:.4f}, drafter "
+          f"{1000 * live['drafter_s_per_round']:.2f} ms a round")  # fmt: skip
+    assert vllm["identical_to_plain"] and live["identical_to_greedy"]
+    assert vllm["tokens"] == live["tokens"]
+    # Trained enough that drafts depend on the context (random drafters accept ~nothing here).
+    assert live["acceptance_length"] > 1.2
+    assert len(vllm["rounds_per_prompt"]) == len(live["rounds_per_prompt"]) == vllm["prompts"]
+    for theirs, ours in zip(vllm["rounds_per_prompt"], live["rounds_per_prompt"], strict=True):
+        assert abs(theirs - ours) <= 1, (vllm["rounds_per_prompt"], live["rounds_per_prompt"])
+    assert live["drafter_s_per_round"] > 0

@@ -1,0 +1,90 @@
+"""Several drafter families from one run (train.families): on a copy of the finished small demo
+run (EAGLE-3 trained and evaluated), adding P-EAGLE and DFlash plans their training and
+evaluation only; trained by Snakemake, their directories hold what vLLM 0.32 reads, as their
+loaders read it back; taking a family out again reruns nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from support.workflow import SMALL_DEMO, SMALL_RUN, job_logs, merged, planned_jobs, snakemake
+
+pytestmark = pytest.mark.slow
+
+ALL_FAMILIES = ["eagle3", "p_eagle", "dflash"]
+# A short DFlash recipe: blocks of 4 (K = 3, the demo's ttt_steps and so P-EAGLE's depths), few
+# anchors a row; family-only keys, so EAGLE-3's job keeps its settings.
+DFLASH = {"block_size": 4, "max_anchors": 32}
+
+
+def with_families(families: list[str]) -> dict:
+    return merged(SMALL_DEMO, {"train": {"families": families, "dflash": DFLASH}})
+
+
+def without_report(planned: dict[str, int]) -> dict[str, int]:
+    """The planned jobs less the report's: the report may show the families it is given."""
+    assert planned.get("build_report", 0) <= 1, planned
+    return {rule: n for rule, n in planned.items() if rule != "build_report"}
+
+
+def test_adding_families_to_a_finished_run_plans_only_their_jobs(finished_run_copy: Path):
+    result = snakemake(finished_run_copy, "-n", config=with_families(ALL_FAMILIES))
+    planned = without_report(planned_jobs(result))
+    assert planned == {"train_drafter": 2, "evaluate_drafter": 2, "all": 1}
+    results = f"results/{SMALL_RUN}"
+    for family in ("p_eagle", "dflash"):
+        assert f"{results}/drafter_{family}/config.json" in result.stdout
+        assert f"{results}/eval_{family}/metrics.json" in result.stdout
+    outputs = [line for line in result.stdout.splitlines() if line.strip().startswith("output:")]
+    assert not [line for line in outputs if "/drafter/" in line or "/eval/" in line], outputs
+
+
+def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_run_copy: Path):
+    from eaglenest.drafter.dflash import dflash_target_layer_ids
+    from eaglenest.drafter.dflash_export import load_dflash
+    from eaglenest.drafter.p_eagle import load_p_eagle
+    from eaglenest.formats.target_head import TargetHead
+
+    results = finished_run_copy / "results" / SMALL_RUN
+    config = with_families(ALL_FAMILIES)
+    targets = [f"results/{SMALL_RUN}/drafter_{f}/config.json" for f in ("p_eagle", "dflash")]
+    result = snakemake(finished_run_copy, *targets, config=config, timeout_s=1200)
+    assert result.returncode == 0, (
+        result.stdout[-3000:] + result.stderr[-3000:] + job_logs(finished_run_copy)
+    )
+    head = TargetHead.load(results / "hidden" / "target_head.safetensors")
+    for family in ("p_eagle", "dflash"):
+        out = results / f"drafter_{family}"
+        names = {"config.json", "model.safetensors", "metrics.jsonl", "train_report.json"}
+        assert names <= {p.name for p in out.iterdir()}
+        report = json.loads((out / "train_report.json").read_text())
+        assert report["family"] == family and report["heldout_positions"] > 0
+        assert (results.parent.parent / "logs" / SMALL_RUN / f"train_drafter_{family}.log").exists()
+    # What vLLM 0.32 reads: P-EAGLE's mask token and mask_hidden (llm_base_proposer.py,
+    # llama_eagle3.py), DFlash's architecture, block and target layers (qwen3_dflash.py).
+    p_eagle = json.loads((results / "drafter_p_eagle" / "config.json").read_text())
+    with safe_open(str(results / "drafter_p_eagle" / "model.safetensors"), "pt") as f:
+        assert "mask_hidden" in f.keys()  # noqa: SIM118 (not a dict)
+    model, depths = load_p_eagle(results / "drafter_p_eagle", head.embed, head.aux_layer_ids)
+    assert depths == SMALL_DEMO["train"]["ttt_steps"]
+    assert p_eagle["mask_token_id"] == model.mask_token_id
+    dflash = json.loads((results / "drafter_dflash" / "config.json").read_text())
+    assert dflash["architectures"] == ["DFlashDraftModel"]
+    assert dflash["dflash_config"]["block_size"] == DFLASH["block_size"]
+    assert dflash["dflash_config"]["target_layer_ids"] == dflash_target_layer_ids(
+        head.aux_layer_ids
+    )
+    loaded = load_dflash(results / "drafter_dflash", head.embed, head.aux_layer_ids)
+    assert loaded.config.mask_token_id == dflash["dflash_config"]["mask_token_id"]
+
+    # Trained, not yet evaluated: only their evaluations are left; a family taken out again
+    # reruns nothing of the others.
+    left = snakemake(finished_run_copy, "-n", config=config)
+    assert without_report(planned_jobs(left)) == {"evaluate_drafter": 2, "all": 1}
+    fewer = snakemake(finished_run_copy, "-n", config=with_families(["eagle3", "dflash"]))
+    assert without_report(planned_jobs(fewer)) == {"evaluate_drafter": 1, "all": 1}
+    assert "eval_dflash/metrics.json" in fewer.stdout
+    assert planned_jobs(snakemake(finished_run_copy, "-n", config=with_families(["eagle3"]))) == {}
