@@ -54,6 +54,7 @@ QUICK_ARGS = {
     "gpu_check": ["--small"],
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1", "--shards", "2"],
     "train": ["--quick"],
+    "families": ["--quick"],
 }
 # Benches that test CUDA paths only: skipped where nvidia-smi lists no GPU.
 NEEDS_GPU = {"gpu_check"}
