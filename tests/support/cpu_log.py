@@ -1,7 +1,8 @@
 """Where the suite's time goes: with EAGLENEST_TEST_CPU_LOG=<dir> set, every test phase (setup,
 call, teardown) appends one JSON line to <dir>/<worker>.jsonl: its wall seconds, the CPU seconds
 of the worker itself and of the processes it reaped meanwhile (Snakemake, its jobs, engines a
-test stopped), and when it started. Off by default; `bench/suite_profile.py` sums the lines."""
+test stopped), and when it started. Off by default. `python tests/support/cpu_log.py <dir>`
+prints the CPU seconds per lane and per module, the largest first."""
 
 from __future__ import annotations
 
@@ -46,3 +47,30 @@ def cpu_logged(nodeid: str, phase: str) -> Iterator[None]:
         path = Path(LOG_DIR) / f"{line['worker']}.jsonl"
         with path.open("a") as out:
             out.write(json.dumps(line) + "\n")
+
+
+def cpu_by_module(log_dir: Path) -> dict[str, float]:
+    """CPU seconds (the worker's and its processes') per test module, over every phase."""
+    totals: dict[str, float] = {}
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            module = row["test"].split("::", 1)[0]
+            totals[module] = totals.get(module, 0.0) + row["cpu_s"] + row["children_cpu_s"]
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+if __name__ == "__main__":
+    import sys
+
+    modules = cpu_by_module(Path(sys.argv[1]))
+    lanes: dict[str, float] = {}
+    for module, seconds in modules.items():
+        lane = module.split("/")[1] if "/" in module else module
+        lanes[lane] = lanes.get(lane, 0.0) + seconds
+    print(
+        f"{sum(modules.values()):.0f} CPU-s in all; by lane:",
+        {k: round(v) for k, v in lanes.items()},
+    )
+    for module, seconds in modules.items():
+        print(f"{seconds:8.0f}  {module}")
