@@ -64,7 +64,7 @@ def test_each_job_plans_the_threads_its_rule_declares(tmp_path):
         if source.isdigit():
             assert threads == int(source), (rule, threads, source)
         assert threads <= 2, f"rule {rule} plans {threads} threads with --cores {MANY_CORES}"
-    assert planned["build_demo_target"] == 1
+    assert planned["build_demo_target"] == 2
 
 
 def test_use_threads_sizes_every_pool_loaded_after_it():
