@@ -80,9 +80,10 @@ from types import SimpleNamespace as _Wildcards
 def _param(value):
     if not callable(value):
         return value
-    # untracked(...) and per-shard params take the wildcards first, then input (unused here)
+    # untracked(...), per-shard and per-family params take the wildcards first (shard 00000,
+    # EAGLE-3), then input (unused here)
     extra = len(_inspect.signature(value).parameters) - 1
-    return value(_Wildcards(shard="00000"), *[None] * extra)
+    return value(_Wildcards(shard="00000", family_suffix=""), *[None] * extra)
 
 
 with open(_os.environ["EAGLENEST_PLAN"], "w") as _out:
