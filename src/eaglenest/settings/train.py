@@ -160,6 +160,11 @@ class PEagleSettings(Settings):
 
     depths: int  # tokens drafted in one forward (train.p_eagle.depths, else train.ttt_steps)
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PEagleSettings:
+        train = config["train"]
+        return cls(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
+
 
 @dataclass(frozen=True)
 class DFlashSettings(Settings):
@@ -169,6 +174,10 @@ class DFlashSettings(Settings):
     num_hidden_layers: int
     max_anchors: int  # blocks per row and step, drawn among the answer's positions
     gamma: float  # slot j's loss weight exp(-(j - 1) / gamma)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DFlashSettings:
+        return cls(**config["train"]["dflash"])
 
 
 @dataclass(frozen=True)
@@ -183,15 +192,20 @@ class FamilySettings(Settings):
     target: TargetSettings | None  # tokenizer and path, where a mask token is defaulted
 
     @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FamilySettings:
+        """The first family of train.families (a job's own: `of`)."""
+        return cls.of(config, config["train"]["families"][0])
+
+    @classmethod
     def of(cls, config: Mapping[str, Any], name: str) -> FamilySettings:
         if name == "eagle3":
             return cls.eagle3()
         train = config["train"]
         p_eagle = dflash = None
         if name == "p_eagle":
-            p_eagle = PEagleSettings(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
+            p_eagle = PEagleSettings.from_config(config)
         elif name == "dflash":
-            dflash = DFlashSettings(**train["dflash"])
+            dflash = DFlashSettings.from_config(config)
         else:
             raise ValueError(f"train.families: {name!r} is not one of {', '.join(FAMILIES)}")
         target = TargetSettings.view(config, "path", "tokenizer", "trust_remote_code")

@@ -77,6 +77,11 @@ def test_no_script_reads_the_config():
     assert not readers, f"scripts read snakemake.config: {readers}"
 
 
+# A rule's settings param that a get_* of rules/common.smk builds around settings_json per job
+# (the train rule's, with a family's own settings beside TrainSettings') and what reads it.
+JOB_READERS = {"get_train_settings": "train_job_settings"}
+
+
 def test_every_param_reaches_the_script_and_settings_their_library():
     rules = rule_params()
     assert len(rules) >= 10
@@ -90,7 +95,9 @@ def test_every_param_reaches_the_script_and_settings_their_library():
             built = re.search(r"settings_json\((\w+)\)|(PROMPT_OPTIONS)\.to_json\(\)", value)
             if built:
                 cls = built.group(1) or "PromptOptions"
-                assert f"{cls}.from_json({read})" in source, (
+                wrapper = re.match(r"(get_\w+)\(", value)
+                reader = JOB_READERS.get(wrapper.group(1) if wrapper else "", f"{cls}.from_json")
+                assert f"{reader}({read})" in source, (
                     f"{script} does not read params.{name} as the {cls} that rule {rule} passes"
                 )
 
