@@ -26,21 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.synthetic_run import write_synthetic_run
+from support.synthetic_run import DEMO_SIZE, write_synthetic_run
 
 FAMILIES = ("eagle3", "p_eagle", "dflash")
-SIZE = {
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "num_hidden_layers": 8,
-    "vocab_size": 1024,
-    "draft_vocab_size": 256,
-    "lengths": (40, 120),
-    "max_batch_tokens": 2048,
-}
+SIZE = DEMO_SIZE
 
 
 def train_family(family: str, run: dict, root: Path, steps: int, k: int) -> dict:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.synthetic_run import write_synthetic_run
+from support.synthetic_run import DEMO_SIZE, write_synthetic_run
 
 from eaglenest.drafter.batches import (
     Batch,
@@ -61,18 +61,7 @@ from eaglenest.stages.train.loss import ttt_loss
 from eaglenest.stages.train.train import train_drafter
 
 SIZES = {
-    "demo": {
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "num_hidden_layers": 8,
-        "vocab_size": 1024,
-        "draft_vocab_size": 256,
-        "lengths": (40, 120),
-        "max_batch_tokens": 2048,
-    },
+    "demo": DEMO_SIZE,
     "llama-8b": {
         "hidden_size": 4096,
         "intermediate_size": 14336,

@@ -17,6 +17,20 @@ from safetensors.torch import save_file
 
 from eaglenest.formats.hidden_shard import FORMAT
 
+# The demo's sizes (the benches' CPU size: bench/train.py, bench/families.py).
+DEMO_SIZE = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "num_hidden_layers": 8,
+    "vocab_size": 1024,
+    "draft_vocab_size": 256,
+    "lengths": (40, 120),
+    "max_batch_tokens": 2048,
+}
+
 
 def write_synthetic_run(root: Path, size: dict, samples: int, shards: int, seed: int = 0) -> dict:
     """The run at `root` (created): a Qwen3 target config of `size` (hidden_size,
