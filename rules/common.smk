@@ -18,10 +18,14 @@ _GC_THRESHOLDS = postpone_full_collections()
 
 onstart:
     resume_full_collections(_GC_THRESHOLDS)
+    # Before any job, now that the executor is known: train.nodes > 1 outside SLURM.
+    check_executor(
+        config, workflow.executor_plugin.name if workflow.executor_plugin else None
+    )
 
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
-from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.common.config import ConfigError, check_executor, validate_config
 from eaglenest.run.shards import (
     prepared_params_json,
     shard_ids,

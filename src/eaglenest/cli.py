@@ -35,7 +35,7 @@ SUBCOMMANDS = {
         "Print the flags a vLLM server on CPU needs to compute what it computes on GPUs.",
     ),
     "plan": (
-        "eaglenest.run.plan",
+        "eaglenest.run.plan_command",
         "Print the shards, jobs, disk and hours per stage of a config, before anything runs.",
     ),
     "config-docs": (

@@ -6,9 +6,12 @@
   of one per shard;
 - a changed tokens shard recaptures only that shard, and a new capture URL recaptures nothing;
 - a shard job killed mid-capture, then rerun, writes a complete, correct file, and no state file
-  is left in the server's storage or beside the output.
+  is left in the server's storage or beside the output;
+- a capture server whose engine is killed mid-run is restarted by serve-capture, and the run
+  completes with every sample once.
 
-Two engines start here (the server, then a second server for the kill), eager.
+Three engines start here, eager: the server, a second server (one request at a time) shared by
+the two kill tests, and that server's restart after its engine is killed.
 """
 
 from __future__ import annotations
@@ -160,45 +163,119 @@ def wait_for_requests(url: str, count: int, timeout_s: float) -> int:
     return done
 
 
-def test_a_shard_job_killed_mid_capture_then_rerun_writes_a_complete_file(served_run, tmp_path):
+@pytest.fixture(scope="module")
+def one_at_a_time(served_run: dict, tmp_path_factory: pytest.TempPathFactory):
+    """A second server over the same run, one request at a time so that a capture lasts long
+    enough to be killed in its middle, shared by the two kill tests (one engine start for both;
+    the server-kill test adds its restart). Stopped with SIGTERM at the end: 130, and gone."""
     workdir = served_run["workdir"]
-    hidden = workdir / "results" / SMALL_RUN / "hidden"
-    shard = "00000"  # 00001's tokens were changed by the test before
-    samples = pl.read_parquet(
-        workdir / "results" / SMALL_RUN / "tokens" / f"{shard}.parquet"
-    ).height
-    for name in (f"{shard}.safetensors", f"{shard}.json"):
-        (hidden / name).unlink()
-    # One request at a time, so that the capture lasts long enough to be killed in its middle.
     config = capture_config(served_run["config"]["vllm"]["capture_url"], requests_per_batch=1)
-    storage, server_log = tmp_path / "storage", tmp_path / "server.log"
+    base = tmp_path_factory.mktemp("one-at-a-time")
+    storage, server_log = base / "storage", base / "server.log"
     server = serve_capture(workdir, config, storage=storage, log=server_log)
+    assert server.stdout is not None
+    line = server.stdout.readline()  # the EAGLENEST line, once the server answers
     try:
-        assert server.stdout is not None
-        line = server.stdout.readline()  # the EAGLENEST line, once the server answers
         assert line.startswith("EAGLENEST "), line + server.stderr.read()[-3000:]
-        target = f"results/{SMALL_RUN}/hidden/{shard}.safetensors"
-        job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)  # fmt: skip
-        url = json.loads(line[len("EAGLENEST ") :])["url"]
-        done = wait_for_requests(url, 2, timeout_s=600)  # the job's log is written in bursts
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-        assert 2 <= done < samples, f"the kill came after {done} of {samples} requests"
-        assert not (hidden / f"{shard}.safetensors").exists(), "the kill came after the capture"
-        assert snakemake(workdir, "--unlock", config=config).returncode == 0
-        rerun = snakemake(workdir, target, "--rerun-incomplete", config=config, timeout_s=900)
-        assert rerun.returncode == 0, (
-            rerun.stdout[-3000:] + rerun.stderr[-3000:] + job_logs(workdir)
-        )
-        assert_shards_equal(
-            hidden / f"{shard}.safetensors", served_run["reference"] / f"{shard}.safetensors"
-        )
-        assert not state_files(storage), state_files(storage)
-        assert not list(hidden.glob(".*")), list(hidden.glob(".*"))
-        assert engine_starts(server_log) == 1
+        yield {"process": server, "config": config, "storage": storage, "log": server_log,
+               "url": json.loads(line[len("EAGLENEST ") :])["url"]}  # fmt: skip
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
     assert server.returncode == 130 and not healthy(json.loads(line[len("EAGLENEST ") :])["url"])
+
+
+def recapture(workdir: Path, shard: str) -> tuple[str, int]:
+    """The shard's target, its hidden files removed first, and its samples."""
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    for name in (f"{shard}.safetensors", f"{shard}.json"):
+        (hidden / name).unlink(missing_ok=True)
+    tokens = workdir / "results" / SMALL_RUN / "tokens" / f"{shard}.parquet"
+    return f"results/{SMALL_RUN}/hidden/{shard}.safetensors", pl.read_parquet(tokens).height
+
+
+def test_a_shard_job_killed_mid_capture_then_rerun_writes_a_complete_file(
+    served_run, one_at_a_time
+):
+    workdir, server = served_run["workdir"], one_at_a_time
+    config, storage, url = server["config"], server["storage"], server["url"]
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    shard = "00000"  # 00001's tokens were changed by the test before
+    target, samples = recapture(workdir, shard)
+    starts = engine_starts(server["log"])
+    job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)  # fmt: skip
+    before = finished_requests(url)
+    done = wait_for_requests(url, before + 2, timeout_s=600) - before  # the log comes in bursts
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert 2 <= done < samples, f"the kill came after {done} of {samples} requests"
+    assert not (hidden / f"{shard}.safetensors").exists(), "the kill came after the capture"
+    assert snakemake(workdir, "--unlock", config=config).returncode == 0
+    rerun = snakemake(workdir, target, "--rerun-incomplete", config=config, timeout_s=900)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:] + job_logs(workdir)
+    assert_shards_equal(
+        hidden / f"{shard}.safetensors", served_run["reference"] / f"{shard}.safetensors"
+    )
+    assert not state_files(storage), state_files(storage)
+    assert not list(hidden.glob(".*")), list(hidden.glob(".*"))
+    assert engine_starts(server["log"]) == starts  # the same engine throughout
+
+
+def engine_core(root: int) -> int | None:
+    """The pid of vLLM's engine core under process `root` (its comm, cut to 15 characters)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+            parents[int(entry.name)] = (int(rest.split()[1]), comm)
+    for pid, (_, comm) in parents.items():
+        ancestor = pid
+        while ancestor in parents and ancestor != root:
+            ancestor = parents[ancestor][0]
+        if ancestor == root and comm.startswith("VLLM::EngineCor"):
+            return pid
+    return None
+
+
+def test_a_capture_server_whose_engine_dies_mid_run_is_restarted_and_the_run_completes(
+    served_run, one_at_a_time
+):
+    """serve-capture watches its server: the engine core killed -9 in the middle of a shard's
+    capture, the server is restarted at the same URL (--restarts, default 2) and the waiting
+    job's samples go there; the shard is whole, each sample once, equal to the reference."""
+    workdir, server = served_run["workdir"], one_at_a_time
+    storage, url = server["storage"], server["url"]
+    hidden = workdir / "results" / SMALL_RUN / "hidden"
+    shard = "00000"
+    target, samples = recapture(workdir, shard)
+    starts = engine_starts(server["log"])
+    job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)  # fmt: skip
+    try:
+        before = finished_requests(url)
+        done = wait_for_requests(url, before + 2, timeout_s=600) - before
+        core = engine_core(server["process"].pid)
+        assert core is not None, "no VLLM::EngineCore under serve-capture"
+        os.kill(core, signal.SIGKILL)
+        killed_at = time.monotonic()
+        output, _ = job.communicate(timeout=900)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert 2 <= done < samples, f"the kill came after {done} of {samples} requests"
+    assert job.returncode == 0, output[-3000:] + job_logs(workdir)
+    assert engine_starts(server["log"]) == starts + 1, "the server was not restarted once"
+    assert_shards_equal(  # every sample, once, as the offline engine wrote it
+        hidden / f"{shard}.safetensors", served_run["reference"] / f"{shard}.safetensors"
+    )
+    assert not state_files(storage), state_files(storage)
+    assert healthy(url)  # the restarted server serves on
+    print(f"engine killed after {done} of {samples} requests; the run ended "
+          f"{time.monotonic() - killed_at:.1f} s later, restart included")  # fmt: skip

@@ -6,15 +6,23 @@ Each server has its own cap (`vllm.requests_per_batch` slots over every job of t
 client/slots.py, as generation's endpoints): a request takes a free slot on the least-loaded server
 that answers, and holds it until its file is packed and deleted, so a server never has more than
 its cap of files on disk. Every server is checked before the first request: one that serves
-another name (another target, dtype, engine arguments or aux layers) fails the job at once.
+another name (another target, dtype, engine arguments or aux layers) fails the job at once. With
+`vllm.capture_key_env`, every request and probe carries the servers' key (`Authorization:
+Bearer`, as vLLM's `--api-key` demands it); the key is never logged, and a 401 or 403 fails the
+job saying "authentication".
 
-A server that stops answering (connection refused or dropped, a request timed out) is set aside:
-the requests it had in flight are sent to the others, and it is asked again every PROBE_S; once it
-answers with the right name it takes requests again. When no server answers, the requests wait,
-for `vllm.capture_wait_s` after the last one went quiet, then the job fails naming the URLs (as
-generation benches an endpoint that fails, client/pool.py, but here a server is expected back:
-restarted, or its node replaced). A server's answer with a retryable HTTP status is retried,
-on any server, at most ATTEMPTS times a sample; a sample dropped MOVES_MAX times fails the job.
+Every failure of a server's is the server's, not the sample's (capture/faults.py): no connection
+or a dropped one, no answer in time, a 5xx, an answer that is not a completion, a state file
+lost, torn, hung (its lock held past state_file.LOCK_WAIT_S) or of the wrong shape, dtype or
+values (answer.check_states). That server is set aside: the sample goes to another server, and
+the server is asked again every PROBE_S; once it answers with the right name it takes requests
+again. A sample is sent at most MOVES_MAX times, then the job fails naming it and the last
+failure. Any other 4xx fails the job at once (another server would refuse it too). When no server
+answers, the requests wait for `vllm.capture_wait_s` after the last one went quiet, then the job
+fails naming the URLs (as generation benches an endpoint that fails, client/pool.py, but here a
+server is expected back: restarted, or its node replaced). Every wait is bounded: requests
+(REQUEST_TIMEOUT_S), probes (PROBE_TIMEOUT_S), state files' locks; and whatever error the
+background prober meets becomes the pool's failure, never a prober dead while the requests wait.
 
 Training without stored states (hidden.store none/budget) asks the same pool for a batch's states:
 `capture(prompt, request_id, row, read)` is the one call it needs.
@@ -24,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,29 +44,56 @@ from typing import TypeVar
 import aiohttp
 import numpy as np
 
-from eaglenest.capture.state_file import StateFileLost, remove_state_file
-from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
+from eaglenest.capture.faults import (
+    AUTH_STATUS,
+    CaptureServerError,
+    ServerFault,
+    answered_path,
+    authentication_error,
+    completion,
+    served_models,
+    status_fault,
+)
+from eaglenest.capture.state_file import remove_state_file
+from eaglenest.client.credentials import auth_headers, redact
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Per sample: a server restarting between shards is not a reason to fail a shard (client/retry.py).
-CAPTURE_RETRY = RetryPolicy(max_attempts=3, backoff_base_s=1.0, backoff_max_s=4.0)
+__all__ = ["CapturePool", "CaptureServerError", "capture_key"]
+
 REQUEST_TIMEOUT_S = 600  # one prompt's forward pass; a 32K-token sample takes seconds on a GPU
+PROBE_TIMEOUT_S = 10.0  # a /v1/models answer; a server busy with a batch answers within it
 PROBE_S = 2.0  # how often a server that stopped answering is asked again
-# Sends of one sample to servers that dropped it: past this, servers that answer the probe but
-# drop every request (a crash each time) fail the job instead of taking the sample forever.
+# Sends of one sample: past this, servers that answer the probe but fail every request (a crash
+# each time, a 500 for this prompt) fail the job instead of taking the sample forever.
 MOVES_MAX = 10
-# Raised by a request to a server that does not answer; its request goes to another server.
-# A server gone: no connection, no answer in time, or an answer cut short (killed while it sent
-# it: "Response payload is not completed"): its request goes to another server.
-GONE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+# A server gone: no connection, no answer in time, an answer cut short (killed while it sent it:
+# "Response payload is not completed") or not HTTP: its request goes to another server.
+GONE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-class CaptureServerError(RuntimeError):
-    """No capture server answers, one serves another capture, or one answered wrongly."""
+def capture_key(key_env: str | None) -> str | None:
+    """The capture servers' key, from the environment variable `vllm.capture_key_env` names;
+    None when it names none. A named variable that is unset or empty is an error naming the
+    variable (a request without the key would only be refused by every server)."""
+    if not key_env:
+        return None
+    key = os.environ.get(key_env, "")
+    if not key:
+        state = "empty" if key_env in os.environ else "not set"
+        raise CaptureServerError(
+            f"vllm.capture_key_env names the environment variable {key_env}, which is {state}: "
+            "export the capture servers' key in it (the key serve-capture was started with)"
+        )
+    return key
+
+
+def described(err: BaseException) -> str:
+    """An error as a message quotes it: its type, and its text when it has one."""
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 @dataclass
@@ -74,26 +110,6 @@ class CaptureServer:
         return redacted_url(self.url)
 
 
-def answered_path(answer: dict, sent: np.ndarray, row: int) -> str:
-    """The state file of an answer, once its prompt ids are checked against those sent."""
-    choices = answer.get("choices") or [{}]
-    returned = choices[0].get("prompt_token_ids")
-    if returned is None:
-        returned = answer.get("prompt_token_ids")
-    if returned is not None and list(returned) != sent.tolist():
-        raise CaptureServerError(
-            f"sample row {row}: the server ran other prompt ids than were sent "
-            f"({len(returned)} vs {len(sent)} tokens)"
-        )
-    path = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
-    if not path:
-        raise CaptureServerError(
-            f"sample row {row}: the answer has no kv_transfer_params.hidden_states_path: the "
-            "server is not a capture server (extract_hidden_states and a KV connector)"
-        )
-    return path
-
-
 class CapturePool:
     """`async with CapturePool(...) as pool:` then `await pool.capture(..., read)`."""
 
@@ -104,11 +120,15 @@ class CapturePool:
         cap: int,
         wait_s: float,
         slots_dir: Path | None = None,
+        key_env: str | None = None,
     ) -> None:
         if not urls:
             raise ValueError("a capture pool needs at least one URL (vllm.capture_urls)")
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"vllm.capture_wait_s must be a finite number >= 0, not {wait_s}")
         self.urls, self.model, self.cap, self.wait_s = list(urls), model, cap, wait_s
-        self.slots_dir = slots_dir
+        self.slots_dir, self.key_env = slots_dir, key_env
+        self._key = capture_key(key_env)
         self.servers: list[CaptureServer] = []
         self.failure: BaseException | None = None
         self._wanting = 0
@@ -118,7 +138,9 @@ class CapturePool:
     async def __aenter__(self) -> CapturePool:  # noqa: PYI034
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, connect=10)
         connector = aiohttp.TCPConnector(limit=self.cap * len(self.urls) + 1, limit_per_host=0)
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        self._session = aiohttp.ClientSession(
+            timeout=timeout, connector=connector, headers=auth_headers(self._key)
+        )
         try:
             for url in self.urls:
                 slots = EndpointSlots(api_base(url), self.cap, self.slots_dir)
@@ -146,21 +168,32 @@ class CapturePool:
         if self._session is not None:
             await self._session.close()
 
+    async def _text(self, response: aiohttp.ClientResponse) -> str:
+        """A server's answer as text, whatever its bytes, and without the key (an error may quote
+        it, and a proxy may echo the request)."""
+        return redact((await response.read()).decode("utf-8", "replace"), [self._key])
+
     # --- which servers answer --------------------------------------------------------------
 
     async def _problem(self, server: CaptureServer) -> str | None:
         """None when `server` answers with this run's name; why not otherwise. A server that
-        serves another name is an error: its states would be another capture's."""
+        serves another name, or refuses the key, is an error: its states would be another
+        capture's, and another try would be refused alike."""
         assert self._session is not None
         try:
             async with self._session.get(
                 endpoint_path(api_base(server.url), "/v1/models"),
-                timeout=aiohttp.ClientTimeout(total=10),
+                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
             ) as response:
-                body = await response.json(content_type=None)
-        except (*GONE, ValueError) as err:
-            return f"{type(err).__name__}: {err}"
-        served = [m.get("id") for m in (body or {}).get("data") or []]
+                status, body = response.status, await self._text(response)
+        except GONE as err:
+            return f"does not answer ({described(err)})"
+        if status in AUTH_STATUS:
+            raise authentication_error(server.name, status, self.key_env)
+        try:
+            served = served_models(status, body)
+        except ServerFault as fault:
+            return str(fault)
         if self.model not in served:
             raise CaptureServerError(
                 f"vllm.capture_urls: {server.name} serves {served}, not {self.model}: it was "
@@ -174,37 +207,47 @@ class CapturePool:
             server.down_since = time.monotonic()
             others = sum(s.down_since is None for s in self.servers)
             log.warning(
-                "capture server %s does not answer (%s); %d other(s) answer%s",
-                *(server.name, why, others, "" if others else f": waiting {self.wait_s:.0f} s"),
+                "capture server %s set aside: %s; %d other(s) answer%s",
+                *(server.name, why, others, "" if others else f": waiting {self.wait_s:g} s"),
             )
 
     async def _watch(self) -> None:
         """Ask the servers that stopped answering again; fail the pool when none has answered
-        for wait_s."""
-        while True:
-            await asyncio.sleep(PROBE_S)
-            for server in self.servers:
-                if server.down_since is None:
-                    continue
-                try:
-                    problem = await self._problem(server)
-                except CaptureServerError as err:
-                    self.failure = err
-                    return
-                if problem is None:
-                    log.info("capture server %s answers again", server.name)
-                    server.down_since = None
-            downs = [s.down_since for s in self.servers]
-            if all(d is not None for d in downs):
-                quiet_s = time.monotonic() - max(d for d in downs if d is not None)
-                if quiet_s > self.wait_s:
-                    self.failure = CaptureServerError(
-                        "no capture server answers (vllm.capture_urls: "
-                        f"{', '.join(s.name for s in self.servers)}) after waiting "
-                        f"{self.wait_s:.0f} s (vllm.capture_wait_s) for one to come back; start "
-                        "them with `eaglenest serve-capture` and this run's config"
-                    )
-                    return
+        for wait_s. Whatever error it meets fails the pool: the requests would otherwise wait
+        for a prober that is no more."""
+        try:
+            while True:
+                await asyncio.sleep(PROBE_S)
+                await self._probe_down()
+                self._check_quiet()
+        except asyncio.CancelledError:
+            raise
+        except CaptureServerError as err:
+            self.failure = err
+        except Exception as err:  # noqa: BLE001 (becomes the failure every request raises)
+            self.failure = CaptureServerError(
+                f"the capture pool's prober failed ({described(err)}); servers: "
+                + ", ".join(s.name for s in self.servers)
+            )
+            self.failure.__cause__ = err
+
+    async def _probe_down(self) -> None:
+        for server in self.servers:
+            if server.down_since is not None and await self._problem(server) is None:
+                log.info("capture server %s answers again", server.name)
+                server.down_since = None
+
+    def _check_quiet(self) -> None:
+        downs = [s.down_since for s in self.servers]
+        if all(d is not None for d in downs):
+            quiet_s = time.monotonic() - max(d for d in downs if d is not None)
+            if quiet_s > self.wait_s:
+                raise CaptureServerError(
+                    "no capture server answers (vllm.capture_urls: "
+                    f"{', '.join(s.name for s in self.servers)}) after waiting "
+                    f"{self.wait_s:g} s (vllm.capture_wait_s) for one to come back; start "
+                    "them with `eaglenest serve-capture` and this run's config"
+                )
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -234,8 +277,9 @@ class CapturePool:
         server.in_flight -= 1
         server.slots.release(index)
 
-    async def _post(self, server: CaptureServer, prompt: np.ndarray, request_id: str) -> tuple:
-        """(HTTP status, body) of one completion request for `prompt`'s states."""
+    async def _answer(self, server: CaptureServer, prompt: np.ndarray, sent_id: str, row: int):
+        """The state file `server` names for `prompt`'s states, its answer checked
+        (capture/faults.py): ServerFault for what another server may answer right."""
         assert self._session is not None
         body = {
             "model": self.model,
@@ -243,43 +287,35 @@ class CapturePool:
             "max_tokens": 1,
             "temperature": 0.0,
             "return_token_ids": True,
-            "request_id": request_id,
+            "request_id": sent_id,
         }
         url = endpoint_path(api_base(server.url), "/v1/completions")
-        async with self._session.post(url, json=body) as response:
-            return response.status, await response.text()
+        try:
+            async with self._session.post(url, json=body) as response:
+                status, text = response.status, await self._text(response)
+        except GONE as err:
+            raise ServerFault(f"does not answer ({described(err)})") from None
+        if status != 200:
+            raise status_fault(status, text, server.name, row, self.key_env)
+        who = f"sample row {row}: capture server {server.name}"
+        return answered_path(completion(text), prompt, sent_id, who)
 
     async def capture(
         self, prompt: np.ndarray, request_id: str, row: int, read: Callable[[str], T]
     ) -> T:
         """`read(path)` (run in a thread) of the state file that `prompt`'s states were written
         to by whichever server answered, its answer checked; the server's slot is held while it
-        reads, and the file is removed after. A server that ends between its answer and its
-        file (read raises StateFileLost) has dropped the sample: it goes to another server."""
-        retried = 0
-        for sent in range(1, 1_000_000):
+        reads, and the file is removed after. A server that fails the sample (its answer, or
+        `read` raising a ServerFault: the file lost, hung or wrong) is set aside and the sample
+        goes to another."""
+        for sent in range(1, MOVES_MAX + 1):
             server, index = await self._acquire()
-            try:
-                status, text = await self._post(server, prompt, f"{request_id}-{sent}")
-            except GONE as err:
-                self._release(server, index)
-                self._dropped(server, sent - retried, row, f"{type(err).__name__}: {err}")
-                continue
-            if status != 200:
-                self._release(server, index)
-                retried += 1
-                if status not in RETRYABLE_STATUS or not CAPTURE_RETRY.retries(retried):
-                    raise CaptureServerError(
-                        f"sample row {row}: {server.name} answered HTTP {status}: {text[:500]}"
-                    )
-                await asyncio.sleep(CAPTURE_RETRY.backoff_s(retried))
-                continue
             path = None
             try:
-                path = answered_path(json.loads(text), prompt, row)
+                path = await self._answer(server, prompt, f"{request_id}-{sent}", row)
                 result = await asyncio.to_thread(read, path)
-            except StateFileLost as err:
-                self._dropped(server, sent - retried, row, str(err))
+            except ServerFault as fault:
+                self._failed(server, sent, row, fault)
                 continue
             finally:
                 if path is not None:
@@ -289,15 +325,15 @@ class CapturePool:
             return result
         raise AssertionError("unreachable")
 
-    def _dropped(self, server: CaptureServer, drops: int, row: int, why: str) -> None:
-        """`server` lost a sample it was sent (its `drops`th loss): set aside, or the job fails
-        once the sample was lost MOVES_MAX times."""
+    def _failed(self, server: CaptureServer, sent: int, row: int, fault: ServerFault) -> None:
+        """`server` failed a sample it was sent (its `sent`th send): set aside, or the job fails
+        once the sample was sent MOVES_MAX times."""
         server.moved += 1
-        self._set_down(server, why)
-        if drops >= MOVES_MAX:
+        self._set_down(server, f"sample row {row}: {fault}")
+        if sent >= MOVES_MAX:
             raise CaptureServerError(
-                f"sample row {row}: sent {drops} times to servers that dropped it (the last: "
-                f"{server.name}, {why})"
+                f"sample row {row}: sent {sent} times to servers that failed it (the last: "
+                f"{server.name}: {fault})"
             )
 
     def summary(self) -> str:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eaglenest.capture.answer import request_rows
+from eaglenest.capture.answer import ExpectedStates, check_states, request_rows
 from eaglenest.capture.final_signal import FinalSignal
 from eaglenest.capture.request import engine_request, served_name
 from eaglenest.capture.state_file import (
@@ -65,12 +65,23 @@ _END = object()
 
 
 def stored_answer(
-    frame, i: int, path: str, signal, dtype: str, n_aux: int, tokens: Path
+    frame,
+    i: int,
+    path: str,
+    signal,
+    dtype: str,
+    n_aux: int,
+    tokens: Path,
+    expected: ExpectedStates | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample `i` of a tokens frame from the state file a capture server wrote for it (read, then
     deleted): its tensors as a hidden-state file would store them (the capture stage's own
-    functions: request_rows, stored_rows)."""
-    aux, target, ids, mask = request_rows(frame, i, read_request_file(path), signal, tokens)
+    functions: request_rows, stored_rows). A file that is not what `expected` calls for raises
+    StateFileError first: the pool sends the sample to another server."""
+    states = read_request_file(path)
+    if expected is not None:
+        check_states(states, expected, frame["input_ids"][i].to_numpy(), path)
+    aux, target, ids, mask = request_rows(frame, i, states, signal, tokens)
     return stored_rows(aux, target, ids, mask, dtype, n_aux)
 
 
@@ -190,6 +201,12 @@ class PooledStates:
             trust_remote_code=target.trust_remote_code,
         )
         self.model = served_name(request)  # as capture_through_server checks it
+        self.expected = ExpectedStates.of(
+            len(self.layer_ids) + 1,
+            self.model_config.hidden_size,
+            settings.model_dtype,
+            settings.engine.engine_args if settings.engine else {},
+        )
         self.ahead = ahead_tokens
         self.attempt = secrets.token_hex(4)
         self.counter = itertools.count()
@@ -197,20 +214,22 @@ class PooledStates:
         self.shards: list[PooledShard] = []
         self.streams: dict[int, Stream] = {}
         self.answered = 0
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="pool")
-        self.thread.start()
         # Here, not at the top: training and evaluation import this module in every mode, and
         # the pool's HTTP client (aiohttp) is not on a GPU training machine that reads files.
         from eaglenest.capture.pool import CapturePool
+        from eaglenest.settings.urls import redacted_url
 
-        self.pool = CapturePool(
+        self.pool = CapturePool(  # before the loop's thread: a missing key leaves no thread
             list(runtime.capture_urls),
             self.model,
             runtime.requests_per_batch,
             runtime.capture_wait_s,
             Path(runtime.slots_dir) if runtime.slots_dir else None,
+            runtime.capture_key_env,
         )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="pool")
+        self.thread.start()
         try:
             self._run(self.pool.__aenter__())
         except BaseException:
@@ -218,7 +237,7 @@ class PooledStates:
             raise
         log.info(
             "states from the capture servers %s (%s), up to %d tokens asked ahead",
-            ", ".join(runtime.capture_urls),
+            ", ".join(redacted_url(url) for url in runtime.capture_urls),
             self.model,
             self.ahead,
         )
@@ -275,7 +294,7 @@ class PooledStates:
         n_aux = len(shard.aux_layer_ids)
         # Held as stored (fp8 as fp8) until read: the memory of what is asked ahead.
         return stored_answer(
-            shard.frame, i, path, self.signal, self.settings.dtype, n_aux, shard.path
+            shard.frame, i, path, self.signal, self.settings.dtype, n_aux, shard.path, self.expected
         )
 
     def follow(self, refs: Iterable[tuple[PooledShard, int]], shards: Iterable[PooledShard]):

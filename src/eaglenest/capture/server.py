@@ -4,41 +4,53 @@
         snakemake --cores all --configfile config/examples/kimi-k2.5.yaml
 
 starts vLLM's OpenAI server over the run's target with the `extract_hidden_states` method and
-our connector (vllm_engine/serve.py: the offline capture's engine arguments, CPU fixes included, chunked
-prefill and prefix caching off), at this node's address among the config's `vllm.capture_urls`
-(server_address), waits until it answers, runs the command, and stops the server when the command
-ends, fails or is interrupted, so nothing of it outlives the run. Without a command it serves
-until stopped (Ctrl-C, SIGTERM): on a cluster, one a node, inside the allocation that runs the
-capture jobs, with `--storage-dir` on a filesystem those jobs see.
+our connector (vllm_engine/serve.py: the offline capture's engine arguments, CPU fixes included,
+chunked prefill and prefix caching off), at this node's address among the config's
+`vllm.capture_urls` (server_address), waits until its own process is alive and lists the run's
+served name, runs the command, and stops the server when the command ends, fails or is
+interrupted, so nothing of it outlives the run. Without a command it serves until stopped
+(Ctrl-C, SIGTERM): on a cluster, one a node, inside the allocation that runs the capture jobs,
+with `--storage-dir` on a filesystem those jobs see.
+
+While it serves, the server is watched (capture/supervisor.py): when it dies it is restarted at
+the same address at most `--restarts` times (the pool's jobs take requests there again), the
+command running on; then the command is stopped and serve-capture exits non-zero, with the
+server's last error lines. With `vllm.capture_key_env`, the key in that variable is vLLM's
+(VLLM_API_KEY, never argv) and every request needs it; without one, only a loopback address.
 
 The server writes one state file per request into the storage directory (by default a fresh
 temporary one, removed when it stops); each shard job reads and deletes its own
-(capture_client.py). It serves under a name that hashes what shapes the states
-(capture_client.served_name), so a job of a run with another target, dtype, engine arguments or
+(capture/pool.py). It serves under a name that hashes what shapes the states
+(capture/request.served_name), so a job of a run with another target, dtype, engine arguments or
 aux layers is refused instead of packing the wrong states.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from eaglenest.capture.request import engine_request, served_name
-from eaglenest.common.command import run_command
+from eaglenest.capture.supervisor import (
+    SupervisedServer,
+    capture_key,
+    child_env,
+    port_taken,
+)
+from eaglenest.common.command import STOP_WAIT_S as COMMAND_STOP_WAIT_S
+from eaglenest.common.command import start_command
 from eaglenest.common.config import ConfigError, merged_config
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
@@ -46,7 +58,6 @@ from eaglenest.target_model.files import TargetNotFoundError, resolve_target_dir
 from eaglenest.target_model.loading import checked_aux_layer_ids, load_text_config
 from eaglenest.vllm_engine.process import (
     EngineError,
-    die_with_parent,
     engine_python,
     engine_thread_env,
     our_pythonpath,
@@ -57,7 +68,8 @@ log = logging.getLogger(__name__)
 
 SERVE_MODULE = "eaglenest.vllm_engine.serve"
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
-STOP_WAIT_S = 30
+DEFAULT_RESTARTS = 2  # a crash that repeats costs at most two more target loads
+WATCH_S = 2.0  # how often the server is checked while it serves
 
 
 def server_address(config: dict[str, Any], host: str | None, port: int | None) -> tuple[str, int]:
@@ -119,12 +131,27 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
     return request
 
 
-def healthy(url: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name (the node's, in capture_urls): reachable from the network
+
+
+def checked_key(runtime: VllmRuntime, host: str) -> str | None:
+    """The capture key (vllm.capture_key_env's variable), refused when unset; and no bind beyond
+    loopback without one: anything that reaches the port could fill the storage with states."""
+    key = capture_key(runtime.capture_key_env)
+    if key is None and not is_loopback(host):
+        raise EngineError(
+            f"serve-capture: host {host} is reachable beyond this machine and the servers take "
+            "no key: set vllm.capture_key_env to the name of a variable holding one (the jobs "
+            "send it too), or bind 127.0.0.1"
+        )
+    return key
 
 
 @contextlib.contextmanager
@@ -136,17 +163,22 @@ def capture_server(
     storage_dir: str | None = None,
     log_path: str | None = None,
     startup_timeout_s: float = 1800,
-) -> Iterator[dict[str, Any]]:
-    """The capture server, running and answering inside the block; stopped when it ends, however
-    it ends. Yields the url, served name, storage directory and seconds to ready."""
+    restarts: int = DEFAULT_RESTARTS,
+) -> Iterator[SupervisedServer]:
+    """The capture server, running and answering inside the block (its `check()` restarts it
+    when it died); stopped when the block ends, however it ends."""
     host, port = server_address(config, host, port)
+    key = checked_key(VllmRuntime.from_config(config), host)
+    url = f"http://{host}:{port}"
+    taken = port_taken(host, port)
+    if taken:
+        raise EngineError(f"serve-capture: {taken}; nothing was started ({url})")
     storage = Path(storage_dir or tempfile.mkdtemp(prefix="eaglenest-capture-"))
     storage.mkdir(parents=True, exist_ok=True)
     request = server_request(config, storage, host, port)
     python = engine_python(config["vllm"]["python"])
     request_path = storage / "server-request.json"
     request_path.write_text(json.dumps(request, indent=1))
-    url = f"http://{host}:{port}"
     env = {
         **os.environ,
         # In a job (its threads set), the job's threads and no OpenMP pinning, as the pipeline's
@@ -156,42 +188,37 @@ def capture_server(
         "PYTHONPATH": our_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": str(config["vllm"]["cpu_kvcache_space_gb"]),
     }
-    started = time.monotonic()
-    with open(log_path or os.devnull, "ab") as log_stream:
-        process = subprocess.Popen(
-            [python, "-m", SERVE_MODULE, str(request_path)],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_stream,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),  # noqa: PLW1509 (one call looked up before the fork)
+    if key is None and os.environ.get("VLLM_API_KEY"):
+        log.warning(
+            "VLLM_API_KEY of serve-capture's environment is not given to the server: the "
+            "config names no key (vllm.capture_key_env), so the jobs send none"
         )
+    server = SupervisedServer(
+        argv=[python, "-m", SERVE_MODULE, str(request_path)],
+        env=child_env(env, key),
+        # Its log tells why it died: kept beside the states when no --log is given.
+        log_path=Path(log_path) if log_path else storage / "server.log",
+        url=url,
+        served_name=request["served_name"],
+        key=key,
+        restarts=restarts,
+        startup_timeout_s=startup_timeout_s,
+    )
     try:
-        wait_ready(process, url, startup_timeout_s, log_path)
-        ready_s = time.monotonic() - started
+        ready_s = server.start()
         log.info("capture server ready at %s after %.1f s (%s)", url, ready_s, request_path)
-        yield {
+        server.announced = {
             "url": url,
             "served_name": request["served_name"],
             "storage_dir": str(storage),
             "ready_s": round(ready_s, 3),
         }
+        yield server
     finally:
-        stop_process_group(process, STOP_WAIT_S)
+        server.stop()
         request_path.unlink(missing_ok=True)
         if storage_dir is None:
             shutil.rmtree(storage, ignore_errors=True)
-
-
-def wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not healthy(url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            state = f"exited ({process.returncode})" if process.poll() is not None else "timed out"
-            tail = Path(log_path).read_text()[-4000:] if log_path else "(no --log given)"
-            raise EngineError(f"capture server at {url} {state} before it answered:\n{tail}")
-        time.sleep(1)
 
 
 def add_arguments(parser: Any) -> None:
@@ -199,8 +226,15 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--host", help="default: this node's capture URL's, else 127.0.0.1")
     parser.add_argument("--port", type=int, help="default: this node's capture URL's, else 8765")
     parser.add_argument("--storage-dir", help="state files (default: a temp dir, removed)")
-    parser.add_argument("--log", help="vLLM's log (default: discarded)")
+    parser.add_argument("--log", help="vLLM's log (default: server.log in the storage dir)")
     parser.add_argument("--startup-timeout-s", type=float, default=1800)
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=DEFAULT_RESTARTS,
+        help=f"restarts of a server that died, at most (default {DEFAULT_RESTARTS}); then "
+        "serve-capture stops its command and exits non-zero",
+    )
     parser.add_argument("command", nargs="*", help="after --: run it, then stop the server")
 
 
@@ -214,6 +248,8 @@ def run(args: Any) -> int:
 
 def serve(args: Any) -> int:
     config = merged_config(args.configfile)
+    if args.restarts < 0:
+        raise EngineError(f"serve-capture: --restarts {args.restarts}: 0 or more")
     # SIGTERM (a scheduler ending the allocation) stops the server as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -224,13 +260,27 @@ def serve(args: Any) -> int:
             storage_dir=args.storage_dir,
             log_path=args.log,
             startup_timeout_s=args.startup_timeout_s,
+            restarts=args.restarts,
         ) as server:
-            print("EAGLENEST " + json.dumps(server), flush=True)
-            if not args.command:
-                while True:
-                    time.sleep(3600)
-            # Dies with this process, as the server does: a killed run leaves nothing behind.
-            # Stopped with SIGINT, never SIGTERM, which can deadlock Snakemake (common.command).
-            return run_command(args.command)
+            print("EAGLENEST " + json.dumps(server.announced), flush=True)
+            return watch(server, args.command)
     except KeyboardInterrupt:
         return 130
+
+
+def watch(server: SupervisedServer, command: list[str]) -> int:
+    """Serve while `command` runs (without one, until stopped), checking the server every
+    WATCH_S: a dead one is restarted while the command keeps running; once no restart is left,
+    the command is stopped as Ctrl-C stops it and ServerDied is raised."""
+    # Dies with this process, as the server does: a killed run leaves nothing behind.
+    process = start_command(command) if command else None
+    try:
+        while process is None or process.poll() is None:
+            server.check()
+            time.sleep(WATCH_S)
+        return process.returncode
+    finally:
+        # Stopped with SIGINT, never SIGTERM, which can deadlock Snakemake (common.command).
+        if process is not None and process.poll() is None:
+            stop_process_group(process, COMMAND_STOP_WAIT_S, first=signal.SIGINT)
+            process.wait()

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglenest.settings.endpoints import EndpointSettings
-from eaglenest.settings.urls import api_base, check_distinct, redacted_url
+from eaglenest.settings.urls import api_base, check_distinct, normalized_url, redacted_url
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    url: str  # base URL without the /v1 suffix; used as written (with any credentials) to send
+    # Base URL, normalised (settings/urls.normalized_url: no /v1 suffix, scheme and host
+    # lowercased); its credentials as written, to send.
+    url: str
     api_key_env: str | None = None
     max_concurrency: int = 128
 
@@ -44,9 +46,9 @@ def open_endpoints(
     check_distinct([e["url"] for e in settings.endpoints])
     yield [
         Endpoint(
-            url=api_base(e["url"]),
+            url=normalized_url(e["url"], f"endpoints[{i}].url"),
             api_key_env=e["api_key_env"],
             max_concurrency=e["max_concurrency"],
         )
-        for e in settings.endpoints
+        for i, e in enumerate(settings.endpoints)
     ]

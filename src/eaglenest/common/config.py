@@ -9,6 +9,9 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import json
+import math
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,7 +78,8 @@ def _validator(schema_text: str) -> jsonschema.protocols.Validator:
 
 
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict:
-    """Validate `config` in place, filling defaults; raise ConfigError naming every bad key."""
+    """Validate `config` in place, filling defaults; raise ConfigError naming every bad key.
+    What depends on where the jobs run is checked once Snakemake knows (`check_executor`)."""
     validator = _validator(Path(schema_path).read_text())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -83,16 +87,86 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
     from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.train import check_families, drafter_window
-    from eaglenest.settings.urls import check_distinct
+    from eaglenest.settings.urls import check_config_urls
 
     try:
-        check_distinct([e["url"] for e in config.get("endpoints") or []])
+        check_config_urls(config)
         drafter_window((config.get("train") or {}).get("drafter") or {})
         check_families(config.get("train") or {})
         check_store(config)
+        check_finite(config)
+        check_aux_layers(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     return config
+
+
+def check_finite(config: dict[str, Any]) -> None:
+    """Numbers the schema cannot bound: JSON schema's minimum lets NaN through (every comparison
+    with it is false), and a wait of `.nan` or `.inf` never ends."""
+    wait_s = (config.get("vllm") or {}).get("capture_wait_s")
+    if isinstance(wait_s, float) and not math.isfinite(wait_s):
+        raise ValueError(
+            f"config key 'vllm.capture_wait_s' is {wait_s}: a finite number of seconds"
+        )
+
+
+def target_layers(config: dict[str, Any]) -> int | None:
+    """The target's decoder layers, where the config tells them without loading anything: the
+    demo's section, else a local target's config.json (its text_config's, for a multimodal one);
+    None when neither is at hand (a hub id, a target not built yet)."""
+    if (config.get("demo_target") or {}).get("enabled"):
+        return (config.get("demo_target") or {}).get("num_layers")
+    path = (config.get("target") or {}).get("path")
+    if not path or not (Path(path) / "config.json").is_file():
+        return None
+    try:
+        model = json.loads((Path(path) / "config.json").read_text())
+    except ValueError:
+        return None
+    layers = (model.get("text_config") or model).get("num_hidden_layers")
+    return layers if isinstance(layers, int) else None
+
+
+def check_aux_layers(config: dict[str, Any]) -> None:
+    """Three distinct aux layers where vLLM runs (hidden.backend or evaluate.engine vllm): its
+    engine dies on the first request of a capture whose layers repeat ("expanded size (4) must
+    match (3)"), and vLLM's default (2, N//2, N-3) repeats one below 7 layers. Checked here,
+    before any job, where the layers are known."""
+    hidden = config.get("hidden") or {}
+    engine = (config.get("evaluate") or {}).get("engine")
+    if hidden.get("backend") != "vllm" and engine != "vllm":
+        return  # transformers' hooks take any layers; the crash is vLLM's
+    chosen = hidden.get("aux_layer_ids")
+    layers = target_layers(config)
+    if chosen is None and layers is None:
+        return
+    if chosen is None:
+        chosen = [2, layers // 2, layers - 3]
+        where = f"null, so vLLM's default (2, N//2, N-3) for the target's {layers} layers"
+    else:
+        where = "set"
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(
+            f"config key 'hidden.aux_layer_ids' is {where}: {list(chosen)} repeats a layer, on "
+            "which vLLM's capture engine dies; give three distinct layer ids"
+        )
+
+
+def check_executor(config: dict[str, Any], executor: str | None) -> None:
+    """What the config asks of the executor that runs its jobs (Snakemake's executor plugin's
+    name, known only when the run starts: rules/common.smk's onstart, before any job): `train.nodes
+    > 1` runs under SLURM only (stages/train/distributed.py); a local run stopped at its train
+    job, after every stage before it. Inside a SLURM allocation SLURM_JOB_ID is set."""
+    nodes = (config.get("train") or {}).get("nodes", 1)
+    if executor is None or nodes <= 1 or executor in ("dryrun", "touch"):  # no job runs
+        return
+    if executor.startswith("slurm") or "SLURM_JOB_ID" in os.environ:
+        return
+    raise ConfigError(
+        f"config key 'train.nodes' is {nodes}: training over several nodes runs under SLURM "
+        f"(`--profile profiles/slurm`), and this run's executor is {executor}; set train.nodes 1"
+    )
 
 
 def settings_from_sections(settings_class: type[SettingsT], **sections: Any) -> SettingsT:

@@ -21,15 +21,14 @@ stored, the rest captured every epoch) is planned for all three modes.
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from eaglenest.run.plan_rates import rates_from_run
+from eaglenest.run.plan_text import format_plan
 from eaglenest.run.shards import shard_bounds
-from eaglenest.run.split import ShardSplit, split_shards
-from eaglenest.run.store import hidden_bytes_per_token, target_hidden_size
+from eaglenest.run.split import ShardSplit, budget_notes, split_shards
+from eaglenest.run.store import hidden_bytes_per_token
 from eaglenest.settings.hidden_states import STORE_MODES
 
 # Measured by rates_from_run on a finished small demo run here (config/tests/demo-small.yaml: the
@@ -128,7 +127,7 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
     """The plan of a validated config (schema defaults filled in)."""
     prompts = config["prompts"]
     splits = {
-        mode: split_shards(config, mode, assumptions.cache_gb, assumptions.hidden_size)
+        mode: split_shards(config, mode, assumptions.cache_gb, assumptions.hidden_size, warn=False)
         for mode in STORE_MODES
     }
     split = splits[config["hidden"]["store"]]
@@ -153,7 +152,8 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
         assumptions=assumptions,
         stages=stages,
         stores=stores,
-        notes=plan_notes(config, assumptions),
+        notes=plan_notes(config, assumptions)
+        + budget_notes(config, splits["budget"], assumptions.cache_gb, assumptions.hidden_size),
     )
 
 
@@ -232,7 +232,10 @@ def stage_rows(
 
 def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
     rates = assumptions.rates
-    return [
+    demo = [
+        name.split("_")[0] for name, value in DEMO_RATES.items() if getattr(rates, name) == value
+    ]
+    notes = [
         (
             f"tokens per sample: {assumptions.tokens_per_sample:,.0f} (assumed; "
             f"generation.max_tokens is {config['generation']['max_tokens']:,}; "
@@ -243,6 +246,14 @@ def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
             f"{rates.capture_tokens_per_s:,.0f} per engine, train "
             f"{rates.train_tokens_per_s:,.0f} per process"
         ),
+    ]
+    if demo:
+        flags = ", ".join(f"--{name}-tokens-per-s" for name in demo)
+        notes.append(
+            f"the {', '.join(demo)} rate(s) are the CPU demo's (two cores, whole jobs of a tiny "
+            f"run), not your cluster's: the hours size nothing else; give yours with {flags}"
+        )
+    notes += [
         (
             "capture hours: on the capture servers, over all epochs (none and budget capture "
             "what they do not store again every epoch, while training runs); held-out shards "
@@ -250,6 +261,7 @@ def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
         ),
         "not counted: the prompt list, vocab, target head, drafter and journals (GBs at most)",
     ]
+    return notes
 
 
 def store_row(
@@ -279,177 +291,6 @@ def store_row(
         total_bytes=stored * per_token + other_bytes,
         capture_hours=captured / rate / 3600,
     )
-
-
-# --- measuring the rates ----------------------------------------------------------------------
-
-
-def rates_from_run(workdir: str | Path, run: str) -> tuple[dict[str, float], dict[str, float]]:
-    """(rates, bytes per token) of a finished run: generation's tokens (prompts and answers, as
-    the plan counts them) over its jobs' seconds (benchmarks/), capture's over the target's
-    forward seconds (hidden/*.json), training's from its report; the raw, samples and tokens
-    files' sizes over the tokens they hold."""
-    root = Path(workdir)
-    results = root / "results" / run
-    shard_tokens: dict[str, int] = {}
-    capture_s = 0.0
-    for summary_path in sorted((results / "hidden").glob("[0-9]*.json")):
-        summary = json.loads(summary_path.read_text())
-        shard_tokens[summary_path.stem] = int(summary["tokens"])
-        # The target's own time: its load is paid once a server, not once a token.
-        capture_s += float(summary.get("forward_seconds") or summary["seconds"])
-    tokens = sum(shard_tokens.values())
-    generate_s = sum(
-        benchmark_seconds(root / "benchmarks" / run / "generate" / f"{shard}.tsv")
-        for shard in shard_tokens
-    )
-    report = json.loads((results / "drafter" / "train_report.json").read_text())
-    rates = {
-        "generate_tokens_per_s": tokens / generate_s,
-        "capture_tokens_per_s": tokens / capture_s,
-        "train_tokens_per_s": float(report["tokens_per_s"]),
-    }
-    sizes = {
-        "raw": sum((results / "raw" / f"{s}.parquet").stat().st_size for s in shard_tokens),
-        "samples": sum((results / "samples" / f"{s}.parquet").stat().st_size for s in shard_tokens),
-        "tokens": sum((results / "tokens" / f"{s}.parquet").stat().st_size for s in shard_tokens),
-    }
-    return rates, {name: size / tokens for name, size in sizes.items()}
-
-
-def benchmark_seconds(path: Path) -> float:
-    with open(path) as stream:
-        return float(next(csv.DictReader(stream, delimiter="\t"))["s"])
-
-
-# --- text --------------------------------------------------------------------------------------
-
-
-def human_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:,.0f} B"
-
-
-def human_hours(h: float | None) -> str:
-    if h is None:
-        return "-"
-    return f"{h:,.1f} h" if h >= 0.1 else f"{h * 60:,.1f} min"
-
-
-def format_plan(plan: RunPlan) -> str:
-    a = plan.assumptions
-    title = (
-        f"run {plan.run}: {plan.samples:,} samples in {plan.shards:,} shards of "
-        f"{plan.shard_size:,} ({plan.train_shards:,} trained on, {plan.eval_shards:,} held out), "
-        f"~{plan.tokens:,.3g} tokens"
-    )
-    lines = [
-        title,
-        f"hidden states: {plan.hidden_bytes_per_token:,} bytes/token (hidden size {a.hidden_size:,})",
-        "",
-        f"{'stage':<12} {'jobs':>7} {'shards':>7} {'disk (files)':>13} {'hours':>10}  rules",
-    ]
-    for row in plan.stages:
-        jobs = sum(row.jobs.values())
-        if not jobs:
-            continue
-        rules = ", ".join(f"{rule} {n:,}" for rule, n in row.jobs.items() if n)
-        disk = human_bytes(row.disk_bytes) if row.disk_bytes else "-"
-        note = f" ({row.note})" if row.note else ""
-        lines.append(
-            f"{row.stage:<12} {jobs:>7,} {f'{row.shards:,}' if row.shards else '-':>7} {disk:>13} "
-            f"{human_hours(row.hours):>10}  {rules}{note}"
-        )
-    header = (
-        f"{'hidden.store':<14} {'capture jobs':>12} {'hidden disk':>12} {'total disk':>11} "
-        f"{'capture hours':>14}"
-    )
-    lines += ["", header]
-    for row in plan.stores:
-        label = {"files": "files", "none": "none", "budget": f"budget {a.cache_gb:,.0f} GB"}
-        kept = (
-            f"first {row.stored_shards:,} training shard(s) stored" if row.mode == "budget" else ""
-        )
-        line = (
-            f"{label[row.mode]:<14} {row.extract_jobs:>12,} {human_bytes(row.hidden_bytes):>12} "
-            f"{human_bytes(row.total_bytes):>11} {human_hours(row.capture_hours):>14}  "
-            f"{kept}"
-        )
-        lines.append(line.rstrip())
-    lines += ["", *(f"- {note}" for note in plan.notes)]
-    return "\n".join(lines)
-
-
-# --- the command -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: Any) -> None:
-    parser.add_argument("--configfile", nargs="+", required=True, help="the run's config files")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. prompts.max_samples=500000 (repeatable)",
-    )
-    parser.add_argument("--samples", type=int, help="prompts.max_samples")
-    parser.add_argument("--tokens-per-sample", type=float, help="default: generation.max_tokens/2")
-    parser.add_argument("--hidden-size", type=int, help="default: the target's config")
-    parser.add_argument("--cache-gb", type=float, help="hidden.cache_gb of the budget mode")
-    for name, help_text in (
-        ("generate", "per endpoint"),
-        ("capture", "per capture engine"),
-        ("train", "per training process (GPU)"),
-    ):
-        key = f"{name}_tokens_per_s"
-        parser.add_argument(
-            f"--{name}-tokens-per-s",
-            type=float,
-            default=DEMO_RATES[key],
-            help=f"{help_text}; default {DEMO_RATES[key]:,.0f}, measured on the demo here",
-        )
-
-
-def overridden(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:
-    """`config` with `section.key=value` overrides (values read as YAML)."""
-    import yaml
-
-    for item in settings:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key:
-            raise ValueError(f"--set {item!r}: expected section.key=value")
-        *path, last = key.split(".")
-        node = config
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value)
-    return config
-
-
-def run(args: Any) -> int:
-    import yaml
-
-    from eaglenest.common.config import ConfigError, merged_config, validate_config
-
-    try:
-        config = merged_config(args.configfile)
-        overrides = list(args.set) + (
-            [f"prompts.max_samples={args.samples}"] if args.samples else []
-        )
-        config = overridden(yaml.safe_load(yaml.safe_dump(config)), overrides)
-        validate_config(config)
-        hidden_size = args.hidden_size or target_hidden_size(config)
-    except (ConfigError, ValueError) as err:
-        print(f"eaglenest plan: {err}")
-        return 2
-    tokens_per_sample = args.tokens_per_sample or config["generation"]["max_tokens"] / 2
-    cache_gb = args.cache_gb or config["hidden"].get("cache_gb") or DEFAULT_CACHE_GB
-    rates = Rates(args.generate_tokens_per_s, args.capture_tokens_per_s, args.train_tokens_per_s)
-    plan = plan_run(config, Assumptions(tokens_per_sample, hidden_size, rates, cache_gb))
-    print(format_plan(plan))
-    return 0
 
 
 __all__ = [

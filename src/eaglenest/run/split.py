@@ -8,12 +8,21 @@ workflow again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eaglenest.run.shards import shard_bounds, shard_ids
-from eaglenest.run.store import estimated_sample_bytes, shards_that_fit
+from eaglenest.run.store import (
+    budget_warnings,
+    estimated_sample_bytes,
+    measured_shard_bytes,
+    shards_that_fit,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ def split_shards(
     store: str | None = None,
     cache_gb: float | None = None,
     hidden_size: int | None = None,
+    warn: bool = True,
 ) -> ShardSplit:
     """The one split of a validated config's shards, which the rules, `eaglenest plan` and
     experiments/ all use. `store` and `cache_gb` default to the config's `hidden.store` and
@@ -78,7 +88,8 @@ def split_shards(
     budget stores the first training shards whose estimated states fit in `cache_gb` together
     (run/store.py: the shard's samples at half of `generation.max_tokens` each), decided from
     the config alone so that every parse plans the same DAG; held-out shards are stored only
-    with `files`, as evaluation reads them once."""
+    with `files`, as evaluation reads them once. A fixed split, not a cache: `warn` logs when
+    no shard fits and how the stored shards written so far weigh (run/store.budget_warnings)."""
     shards = shard_ids(config)
     heldout = heldout_shards(config, shards)
     training = [s for s in shards if s not in heldout]
@@ -88,7 +99,29 @@ def split_shards(
     kept = 0
     if store == "budget":
         budget = config["hidden"]["cache_gb"] if cache_gb is None else cache_gb
-        per_sample = estimated_sample_bytes(config, hidden_size)
-        sizes = [per_sample * len(range(*shard_bounds(config, s))) for s in training]
+        sizes = training_shard_bytes(config, training, hidden_size)
         kept = shards_that_fit(budget, sizes)
-    return ShardSplit(tuple(training), tuple(heldout), tuple(training[:kept]), ())
+    split = ShardSplit(tuple(training), tuple(heldout), tuple(training[:kept]), ())
+    if store == "budget" and warn:
+        for note in budget_notes(config, split, budget, hidden_size):
+            log.warning("%s", note)
+    return split
+
+
+def training_shard_bytes(
+    config: Mapping[str, Any], training: list[str], hidden_size: int | None = None
+) -> list[float]:
+    """The estimated hidden-state bytes of each training shard (run/store.py)."""
+    per_sample = estimated_sample_bytes(config, hidden_size)
+    return [per_sample * len(range(*shard_bounds(config, s))) for s in training]
+
+
+def budget_notes(
+    config: Mapping[str, Any], split: ShardSplit, cache_gb: float, hidden_size: int | None = None
+) -> list[str]:
+    """run/store.budget_warnings for a budget split, with the stored shards' files already
+    written in the run's hidden/ (relative to the working directory, as the rules' paths)."""
+    sizes = training_shard_bytes(config, list(split.training), hidden_size)
+    hidden_dir = Path("results") / config["run"] / "hidden"
+    measured = measured_shard_bytes(hidden_dir, split.stored_training)
+    return budget_warnings(cache_gb, sizes, list(split.stored_training), measured)

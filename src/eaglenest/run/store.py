@@ -5,12 +5,16 @@ fit in `hidden.cache_gb` (run/split.py splits the run with them).
 A sample's estimate is `generation.max_tokens / 2` tokens at the exact bytes per token of the
 shard layout (formats/hidden_shard.py) for the target's hidden size. Real shards differ from the
 estimate and the split does not move with them: `budget` is a fixed split decided up front, a
-guide for the disk, not a cache that evicts.
+guide for the disk, not a cache that evicts or measures itself into `cache_gb` (a split that
+moved with the files written would change the training's inputs, and rerun it, at the next
+run). What it does measure: the shards already written (`measured_shard_bytes`), set against
+`cache_gb` and the estimate by `budget_warnings`, with a warning when not one shard fits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 AUX_LAYERS = 3
@@ -60,3 +64,48 @@ def shards_that_fit(cache_gb: float, shard_bytes: list[float]) -> int:
             break
         fit += 1
     return fit
+
+
+def measured_shard_bytes(hidden_dir: str | Path, shards: Iterable[str]) -> dict[str, int]:
+    """The bytes of the hidden-state files of `shards` already written in `hidden_dir`."""
+    sizes = {}
+    for shard in shards:
+        path = Path(hidden_dir) / f"{shard}.safetensors"
+        if path.is_file():
+            sizes[shard] = path.stat().st_size
+    return sizes
+
+
+def budget_warnings(
+    cache_gb: float,
+    training_bytes: list[float],
+    stored: list[str],
+    measured: Mapping[str, int],
+) -> list[str]:
+    """What a user of `hidden.store: budget` should know: that no shard fits (every state then
+    comes from the servers, as with none), and how the stored shards written so far weigh
+    against their estimate and `cache_gb`. `training_bytes`: the estimates of the training
+    shards in order; `stored`: those the split stores; `measured`: written files' bytes."""
+    notes = []
+    if not stored and training_bytes:
+        notes.append(
+            f"hidden.store budget: hidden.cache_gb {cache_gb:g} holds not one shard (the first "
+            f"is estimated at {training_bytes[0] / 1e9:,.3g} GB): every training shard's states "
+            "come from the capture servers every epoch, as with hidden.store none"
+        )
+    written = [s for s in stored if s in measured]
+    if written:
+        total = sum(measured[s] for s in written)
+        estimate = sum(training_bytes[i] for i, s in enumerate(stored) if s in measured)
+        over = total > cache_gb * 1e9
+        notes.append(
+            f"hidden.store budget: the {len(written)} stored shard(s) written so far take "
+            f"{total / 1e9:,.3g} GB measured against {estimate / 1e9:,.3g} GB estimated"
+            + (
+                f", over hidden.cache_gb {cache_gb:g}: the split is fixed from the config, so "
+                "lower cache_gb (or generation.max_tokens) to store fewer"
+                if over
+                else f" (hidden.cache_gb {cache_gb:g})"
+            )
+        )
+    return notes

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.urls import capture_urls
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class VllmRuntime(Settings):
     capture_urls: tuple[str, ...]
     # How long a shard job waits for a capture server to answer again when none does.
     capture_wait_s: float
+    # The name of the environment variable holding the capture servers' key (never the key: a
+    # secret stays out of configs, results and logs); null = the servers take no key.
+    capture_key_env: str | None
     slots_dir: str | None  # generation.slots_dir: each capture server's cap is held there too
 
     @classmethod
@@ -52,13 +56,3 @@ class VllmRuntime(Settings):
             capture_urls=capture_urls(section),
             slots_dir=config["generation"]["slots_dir"],
         )
-
-
-def capture_urls(section: Mapping[str, Any]) -> tuple[str, ...]:
-    """`vllm.capture_urls` then `vllm.capture_url`, each URL once (a trailing slash ignored)."""
-    listed = [*(section.get("capture_urls") or []), section.get("capture_url")]
-    urls: list[str] = []
-    for url in listed:
-        if url and url.rstrip("/") not in urls:
-            urls.append(url.rstrip("/"))
-    return tuple(urls)

@@ -21,13 +21,17 @@ from pathlib import Path
 from eaglenest.vllm_engine.capture import capture_arguments
 from eaglenest.vllm_engine.cpu import server_flags
 from eaglenest.vllm_engine.process import start_group_watchdog, worker_in_engine_core
+from eaglenest.vllm_engine.request_ids import MIDDLEWARE
 
 
 def server_argv(request: dict) -> list[str]:
     args = capture_arguments(request, Path(request["out_dir"]))
     name = ["--served-model-name", request["served_name"]]
     address = ["--host", request["host"], "--port", str(request["port"])]
-    return ["vllm-capture-server", *server_flags(args), *name, *address]
+    # Request ids name state files: refused when they could escape the storage (request_ids.py).
+    # The key, when there is one, is in VLLM_API_KEY (capture/supervisor.child_env), not here.
+    guard = ["--middleware", MIDDLEWARE]
+    return ["vllm-capture-server", *server_flags(args), *name, *address, *guard]
 
 
 def main(request_path: str) -> None:

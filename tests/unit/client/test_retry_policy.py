@@ -12,7 +12,7 @@ import pytest
 from eaglenest.client.retry import RETRYABLE_STATUS, RetryPolicy
 
 LIBRARY = Path(__file__).resolve().parents[3] / "src" / "eaglenest"
-USERS = ("stages/probe.py", "client/chat.py", "capture/pool.py")
+USERS = ("stages/probe.py", "client/chat.py", "capture/faults.py")
 
 
 def test_the_backoff_doubles_up_to_its_cap_with_jitter_and_honours_the_server_up_to_its_cap():

@@ -92,3 +92,58 @@ def test_validation_does_not_mutate_defaults_between_calls():
     first["probe"]["prompt"] = "changed"
     second = validate_config(copy.deepcopy(demo_config()))
     assert second["probe"]["prompt"] != "changed"
+
+
+@pytest.mark.parametrize("wait", [".nan", ".inf"])
+def test_a_capture_wait_that_never_ends_is_refused(wait):
+    """JSON schema's `minimum` lets NaN through (every comparison with it is false)."""
+    config = demo_config()
+    config["vllm"] = {"capture_wait_s": yaml.safe_load(wait)}
+    with pytest.raises(ConfigError, match=r"'vllm.capture_wait_s' is (nan|inf): a finite number"):
+        validate_config(config)
+
+
+def test_aux_layers_that_repeat_are_refused_before_any_job(tmp_path):
+    """vLLM's capture engine dies on the first request of repeated aux layers; the default
+    (2, N//2, N-3) repeats one below 7 layers (6 -> 2, 3, 3)."""
+    config = demo_config()
+    config["demo_target"]["num_layers"] = 6
+    validate_config(copy.deepcopy(config))  # transformers' capture: any layers
+    config["hidden"] = {"backend": "vllm"}
+    with pytest.raises(ConfigError, match=r"default \(2, N//2, N-3\) for the target's 6 layers: "
+                                          r"\[2, 3, 3\] repeats a layer"):  # fmt: skip
+        validate_config(copy.deepcopy(config))
+    config["hidden"] = {"backend": "vllm", "aux_layer_ids": [1, 2, 3]}
+    validate_config(copy.deepcopy(config))
+    config["demo_target"]["num_layers"] = 7
+    config["hidden"] = {"aux_layer_ids": [1, 4, 4]}
+    config["evaluate"] = {"engine": "vllm"}
+    with pytest.raises(ConfigError, match=r"'hidden.aux_layer_ids' is set: \[1, 4, 4\] repeats"):
+        validate_config(copy.deepcopy(config))
+    # A target on disk: its config.json (a multimodal one's text_config) tells its layers.
+    (tmp_path / "config.json").write_text('{"text_config": {"num_hidden_layers": 5}}')
+    config = demo_config()
+    config["demo_target"]["enabled"] = False
+    config["target"]["path"] = str(tmp_path)
+    config["hidden"] = {"backend": "vllm"}
+    with pytest.raises(ConfigError, match=r"target's 5 layers: \[2, 2, 2\]"):
+        validate_config(copy.deepcopy(config))
+    config["target"]["path"] = "org/a-hub-id"  # not on disk: the engine's own check later
+    validate_config(config)
+
+
+def test_several_training_nodes_need_slurm_before_any_job(monkeypatch):
+    from eaglenest.common.config import check_executor
+
+    config = validate_config(demo_config())
+    config["train"]["nodes"] = 4
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(ConfigError, match=r"'train.nodes' is 4: .* executor is local"):
+        check_executor(config, "local")
+    for executor in ("slurm", "slurm-jobstep", "dryrun", None):
+        check_executor(config, executor)
+    monkeypatch.setenv("SLURM_JOB_ID", "123")  # inside an allocation
+    check_executor(config, "local")
+    config["train"]["nodes"] = 1
+    monkeypatch.delenv("SLURM_JOB_ID")
+    check_executor(config, "local")

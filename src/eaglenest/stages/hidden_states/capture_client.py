@@ -12,10 +12,11 @@ file is packed into the shard (vllm_backend.pack_request) and deleted before its
 at most the cap of state files exist at once per server.
 
 State files are named by request id, `cmpl-eaglenest-<shard key>-<attempt>-<i>-<send>...`, the
-shard key a hash of the output path (capture/state_file.job_key): a job removes every leftover of
-its shard's earlier attempts when it ends (a killed job's last requests are still written by a
-server after it died), and on a failure it waits for its requests in flight and deletes their
-files before it raises.
+shard key a hash of the output path (capture/state_file.job_key); the job reads and deletes only
+files so named (capture/faults.py), in the storage directory each server answers from. A job
+removes every leftover of its shard's earlier attempts when it ends (a killed job's last requests
+are still written by a server after it died), and on a failure it waits for its requests in
+flight and deletes their files before it raises.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class CaptureJob:
     key: str  # capture/state_file.job_key of the shard's output
     wait_s: float = 300.0  # vllm.capture_wait_s
     slots_dir: Path | None = None
+    key_env: str | None = None  # vllm.capture_key_env: the variable holding the servers' key
     attempt: str = field(default_factory=lambda: secrets.token_hex(4))
     storage_dirs: set[str] = field(default_factory=set)
     packed: int = 0
@@ -98,7 +100,8 @@ async def run_capture(job: CaptureJob) -> float:
     requests in flight have ended and their files are gone."""
     started = time.perf_counter()
     try:
-        async with CapturePool(job.urls, job.model, job.cap, job.wait_s, job.slots_dir) as pool:
+        pool = CapturePool(job.urls, job.model, job.cap, job.wait_s, job.slots_dir, job.key_env)
+        async with pool:
             todo = list(range(len(job.prompts)))[::-1]  # popped from the end: in shard order
             workers = min(job.cap * len(job.urls), len(todo))
             await asyncio.gather(*(worker(pool, job, todo) for _ in range(workers)))

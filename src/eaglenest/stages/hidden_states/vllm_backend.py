@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.capture.answer import StateFileError, request_rows
+from eaglenest.capture.answer import ExpectedStates, StateFileError, check_states, request_rows
 from eaglenest.capture.final_signal import FinalSignal
 from eaglenest.capture.request import VllmCaptureError, engine_request
 from eaglenest.capture.state_file import read_request_file
@@ -66,16 +66,21 @@ def pack_request(writer, frame, i: int, offsets, states, signal, tokens: Path) -
 
 class RequestPacker:
     """Packs one request's state file into the shard and deletes it; callable from several
-    threads at once (the server path reads files as their answers come)."""
+    threads at once (the server path reads files as their answers come). A file that is not
+    what `expected` and the sample's ids call for raises StateFileError before anything is
+    packed: the capture pool sends that sample to another server."""
 
-    def __init__(self, writer: ShardWriter, plan: ShardPlan, signal: FinalSignal):
-        self.writer, self.plan, self.signal = writer, plan, signal
+    def __init__(
+        self, writer: ShardWriter, plan: ShardPlan, signal: FinalSignal, expected: ExpectedStates
+    ):
+        self.writer, self.plan, self.signal, self.expected = writer, plan, signal, expected
         self.tokens = plan.tokens
         self._lock = threading.Lock()
 
     def __call__(self, i: int, path: str) -> None:
         states = read_request_file(path)  # waits on the file's .lock outside our own
         plan = self.plan
+        check_states(states, self.expected, plan.frame["input_ids"][i].to_numpy(), path)
         with self._lock:
             pack_request(self.writer, plan.frame, i, plan.offsets, states, self.signal, self.tokens)
 
@@ -128,6 +133,7 @@ def capture_through_server(
         key=job_key(out),
         wait_s=runtime.capture_wait_s,
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
+        key_env=runtime.capture_key_env,
     )
     n = len(plan.frame)
     names = ", ".join(redacted_url(url) for url in job.urls)
@@ -196,7 +202,13 @@ def capture_hidden_states_vllm(
         trust_remote_code=trust_remote_code,
     )
     with open_shard(output, plan, settings, settings.model_dtype) as writer:
-        pack = RequestPacker(writer, plan, signal)
+        expected = ExpectedStates.of(
+            len(plan.layer_ids) + 1,
+            model_config.hidden_size,
+            settings.model_dtype,
+            settings.engine.engine_args if settings.engine else {},
+        )
+        pack = RequestPacker(writer, plan, signal, expected)
         if runtime.capture_urls:
             generate_s = capture_through_server(request, runtime, plan, out, pack)
         else:
