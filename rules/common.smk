@@ -46,7 +46,6 @@ from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
 from eaglenest.settings.train import (
-    FAMILIES,
     TrainSettings,
     family_of_suffix,
     family_suffix,
@@ -69,8 +68,12 @@ PROMPT_OPTIONS = PromptOptions.from_config(config)
 
 
 # What a drafter family's paths add to EAGLE-3's: "" for EAGLE-3 (drafter/, eval/, the paths it
-# always had), _p_eagle, _dflash (eaglenest.settings.train.family_suffix).
-FAMILY_SUFFIXES = "|".join(family_suffix(family) for family in FAMILIES)
+# always had), _p_eagle, _dflash (eaglenest.settings.train.family_suffix). Only the families
+# listed: no rule makes an unlisted family's files, so one taken out is never retrained (the
+# report still reads what it left, rules/report.smk).
+FAMILY_SUFFIXES = "|".join(
+    family_suffix(family) for family in config["train"]["families"]
+)
 
 
 wildcard_constraints:

@@ -1,6 +1,13 @@
-# The run report: results/{run}/report/index.html (self-contained) and one PNG per plot, each in
-# `snakemake --report` with its caption from report/. Reads every stage's files; see
-# eaglenest.stages.report (report.py builds it from inputs, data, figures, sections and page).
+# The run report: results/{run}/report/index.html (self-contained), one PNG per plot, each in
+# `snakemake --report` with its caption from report/, and report/summary.json (the drafter family
+# chosen). Reads every stage's files; see eaglenest.stages.report (report.py builds it from
+# inputs, data, figures, sections, choice and page).
+from eaglenest.stages.report.family_files import report_family_files
+
+# Of the families train.families lists, and of any other evaluated already: a family taken out
+# keeps its files and its place, so the report's inputs never shrink and taking one out reruns
+# nothing (Snakemake reruns a job whose set of inputs changed); one added is a new input.
+REPORT_FAMILY_FILES = report_family_files(config["train"]["families"], run_path(""))
 
 
 rule build_report:
@@ -13,12 +20,14 @@ rule build_report:
         lengths=expand(run_path("tokens/{shard}.lengths.parquet"), shard=SHARDS),
         hidden_summaries=expand(run_path("hidden/{shard}.json"), shard=STORED_SHARDS),
         draft_vocab=run_path("vocab/draft_vocab.json"),
-        train_metrics=run_path("drafter/metrics.jsonl"),
-        train_report=run_path("drafter/train_report.json"),
-        eval_metrics=run_path("eval/metrics.json"),
+        # Per family: drafter/ and eval/ for EAGLE-3, drafter_p_eagle/ ... for the others.
+        train_metrics=REPORT_FAMILY_FILES["train_metrics"],
+        train_report=REPORT_FAMILY_FILES["train_report"],
+        eval_metrics=REPORT_FAMILY_FILES["eval_metrics"],
         hidden_verify=get_hidden_verification(),
     output:
         html=run_path("report/index.html"),
+        summary=run_path("report/summary.json"),
         funnel=report(
             run_path("report/funnel.png"),
             caption="../report/funnel.rst",
@@ -47,6 +56,11 @@ rule build_report:
         acceptance=report(
             run_path("report/acceptance.png"),
             caption="../report/acceptance.rst",
+            category="5. Evaluation",
+        ),
+        families=report(
+            run_path("report/families.png"),
+            caption="../report/families.rst",
             category="5. Evaluation",
         ),
     log:

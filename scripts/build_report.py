@@ -18,4 +18,5 @@ with log_to(snakemake.log[0]):
         out_html=snakemake.output.html,
         plots={name: getattr(snakemake.output, name) for name in PLOT_NAMES},
         run=snakemake.params.run,
+        summary=snakemake.output.summary,
     )

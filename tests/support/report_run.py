@@ -5,6 +5,7 @@ workflow test."""
 
 from __future__ import annotations
 
+import copy
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -139,6 +140,11 @@ EVAL_METRICS = {
             "identical_to_greedy": True,
             "spec_wall_s": 3.1,
             "greedy_wall_s": 5.4,
+            # The times the families' choice reads (evaluate's live loop).
+            "emitted_per_round": 2.3,
+            "drafter_s_per_round": 0.004,
+            "target_s_per_round": 0.010,
+            "greedy_s_per_token": 0.008,
         },
         "7": {
             "acceptance_length": 2.79,
@@ -149,6 +155,10 @@ EVAL_METRICS = {
             "identical_to_greedy": False,
             "spec_wall_s": 3.5,
             "greedy_wall_s": 5.4,
+            "emitted_per_round": 2.7,
+            "drafter_s_per_round": 0.009,
+            "target_s_per_round": 0.012,
+            "greedy_s_per_token": 0.008,
         },
     },
     # evaluate.py also writes these (beyond the contract): shown when present
@@ -175,7 +185,7 @@ EVAL_METRICS = {
 }
 
 
-def write_training(run: Path, ttt_steps: int = 3) -> None:
+def write_training(run: Path, ttt_steps: int = 3, folder: str = "drafter") -> None:
     lines = []
     for step in range(1, 41):
         acc = [min(0.9, 0.02 * step / (i + 1)) for i in range(ttt_steps)]
@@ -195,11 +205,11 @@ def write_training(run: Path, ttt_steps: int = 3) -> None:
         )
         if step % 10 == 0:
             lines.append({"split": "heldout", "step": step, "loss": 6.0 / step, "acc": acc})
-    path = run / "drafter" / "metrics.jsonl"
+    path = run / folder / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     write_json(
-        run / "drafter" / "train_report.json",
+        run / folder / "train_report.json",
         {
             "steps": 40,
             "epochs": 2.0,
@@ -215,6 +225,88 @@ def write_training(run: Path, ttt_steps: int = 3) -> None:
             "train_shards": ["00000"],
         },
     )
+
+
+def family_eval(
+    ks: list[int], per_depth: dict[int, tuple[float, float]], family: str = "eagle3"
+) -> dict:
+    """A family's eval/metrics.json: EVAL_METRICS at `ks` (of 3 and 7), with a depth table whose
+    live rows at each depth have (emitted tokens per round, drafter seconds per round), the same
+    at every K; the target takes 10 ms a round to verify, 8 ms a token to decode plainly."""
+    metrics = copy.deepcopy(EVAL_METRICS)
+    keep = [str(k) for k in ks]
+    for name in ("simulated", "live"):
+        metrics[name] = {k: v for k, v in metrics[name].items() if k in keep}
+    metrics.update(family=family, ks=ks)
+    rows = {
+        k: [
+            {
+                "depth": depth,
+                "prompts": 4,
+                "simulated": {"acceptance_length": emitted + 0.1, "positions": 100},
+                "live": {
+                    "acceptance_length": emitted + 0.05,
+                    "emitted_per_round": emitted,
+                    "rounds": 20,
+                    "tokens": int(20 * emitted) + 4,
+                    "prompts": 4,
+                    "identical_to_greedy": True,
+                    "drafter_s_per_round": drafter_s,
+                    "target_s_per_round": 0.010,
+                    "greedy_s_per_token": 0.008,
+                },
+                "engine": None,
+            }
+            for depth, (emitted, drafter_s) in per_depth.items()
+        ]
+        for k in keep
+    }
+    metrics["by_depth"] = {
+        "depths": list(per_depth),
+        "continuation_tokens": 16,
+        "samples": {
+            str(d): {"prompts": 4, "too_short": 0, "prompt_past_depth": 0} for d in per_depth
+        },
+        "per_k": rows,
+    }
+    return metrics
+
+
+def write_family(run: Path, family: str, metrics: dict) -> None:
+    """A family's training (drafter{suffix}/) and evaluation (eval{suffix}/) in a run."""
+    suffix = "" if family == "eagle3" else f"_{family}"
+    write_training(run, folder=f"drafter{suffix}")
+    write_json(run / f"eval{suffix}" / "metrics.json", metrics)
+
+
+class Headings(HTMLParser):
+    """The page's sections: (id, title) of every h2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[tuple[str, str]] = []
+        self._open: str | None = None
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "h2":
+            self._open = dict(attrs).get("id") or ""
+            self.sections.append((self._open, ""))
+
+    def handle_data(self, data) -> None:
+        if self._open is not None:
+            section_id, title = self.sections[-1]
+            self.sections[-1] = (section_id, title + data)
+
+    def handle_endtag(self, tag) -> None:
+        if tag == "h2":
+            self._open = None
+
+
+def page_sections(page: Path) -> dict[str, str]:
+    """The page's sections by id (h2 id -> its title)."""
+    parser = Headings()
+    parser.feed(page.read_text())
+    return dict(parser.sections)
 
 
 ENDPOINT = "http://10.0.0.5:8000"

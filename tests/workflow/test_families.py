@@ -1,20 +1,26 @@
 """Several drafter families from one run (train.families): on a copy of the finished small demo
 run (EAGLE-3 trained and evaluated), adding P-EAGLE and DFlash plans their training and
-evaluation only; trained by Snakemake, their directories hold what vLLM 0.32 reads, as their
-loaders read it back; taking a family out again reruns nothing."""
+evaluation only, and a run of P-EAGLE alone plans no EAGLE-3; trained by Snakemake, their
+directories hold what vLLM 0.32 reads, as their loaders read it back; evaluated, the report has
+every family's sections and the families side by side, and its summary names the family chosen;
+taking a family out again reruns nothing, the report included."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
+from support.report_run import missing_references, page_sections
 from support.workflow import SMALL_DEMO, SMALL_RUN, job_logs, merged, planned_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
 ALL_FAMILIES = ["eagle3", "p_eagle", "dflash"]
+TITLES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE", "dflash": "DFlash"}
 # A short DFlash recipe: blocks of 4 (K = 3, the demo's ttt_steps and so P-EAGLE's depths), few
 # anchors a row; family-only keys, so EAGLE-3's job keeps its settings.
 DFLASH = {"block_size": 4, "max_anchors": 32}
@@ -38,8 +44,27 @@ def test_adding_families_to_a_finished_run_plans_only_their_jobs(finished_run_co
     for family in ("p_eagle", "dflash"):
         assert f"{results}/drafter_{family}/config.json" in result.stdout
         assert f"{results}/eval_{family}/metrics.json" in result.stdout
-    outputs = [line for line in result.stdout.splitlines() if line.strip().startswith("output:")]
-    assert not [line for line in outputs if "/drafter/" in line or "/eval/" in line], outputs
+    assert not eagle3_outputs(result.stdout)
+
+    # A run of P-EAGLE alone: no EAGLE-3 drafter is trained for it, nor evaluated, nor read.
+    results = finished_run_copy / "results" / SMALL_RUN
+    for folder in ("drafter", "eval"):
+        shutil.rmtree(results / folder)
+    alone = snakemake(finished_run_copy, "-n", config=with_families(["p_eagle"]))
+    assert planned_jobs(alone) == {
+        "train_drafter": 1,
+        "evaluate_drafter": 1,
+        "build_report": 1,
+        "all": 1,
+    }
+    assert not eagle3_outputs(alone.stdout)
+    assert f"{SMALL_RUN}/drafter_p_eagle/config.json" in alone.stdout
+
+
+def eagle3_outputs(dry_run: str) -> list[str]:
+    """The output lines of a dry run that name an EAGLE-3 drafter or evaluation file."""
+    outputs = [line for line in dry_run.splitlines() if line.strip().startswith("output:")]
+    return [line for line in outputs if "/drafter/" in line or "/eval/" in line]
 
 
 def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_run_copy: Path):
@@ -88,3 +113,45 @@ def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_ru
     assert without_report(planned_jobs(fewer)) == {"evaluate_drafter": 1, "all": 1}
     assert "eval_dflash/metrics.json" in fewer.stdout
     assert planned_jobs(snakemake(finished_run_copy, "-n", config=with_families(["eagle3"]))) == {}
+
+    # Evaluated (only P-EAGLE and DFlash) and reported.
+    done = snakemake(finished_run_copy, config=config, timeout_s=1200)
+    assert done.returncode == 0, (
+        done.stdout[-3000:] + done.stderr[-3000:] + job_logs(finished_run_copy)
+    )
+    # A run prints its job table on stderr (a dry run on stdout).
+    ran = planned_jobs(subprocess.CompletedProcess(done.args, 0, done.stderr))
+    assert ran == {"evaluate_drafter": 2, "build_report": 1, "all": 1}
+    assert_the_report_of_three_families(results)
+    # Taken out of train.families, a family keeps its files and its place in the report: no
+    # job of any family, and not the report, reruns.
+    for families in (ALL_FAMILIES, ["eagle3", "dflash"], ["p_eagle"], ["eagle3"]):
+        again = snakemake(finished_run_copy, "-n", config=with_families(families))
+        assert planned_jobs(again) == {}, (families, again.stdout[-2000:])
+
+
+def assert_the_report_of_three_families(results: Path) -> None:
+    """Every family's training and acceptance sections, the families side by side, the choice
+    in report/summary.json among them, from times each family's evaluation measured."""
+    page = results / "report" / "index.html"
+    sections = page_sections(page)
+    for family, title in (("", "EAGLE-3"), ("_p_eagle", "P-EAGLE"), ("_dflash", "DFlash")):
+        for part in ("training", "acceptance"):
+            assert sections[f"{part}{family}"].endswith(f"({title})"), sections
+    assert "families" in sections
+    assert missing_references(page) == []
+    summary = json.loads((results / "report" / "summary.json").read_text())
+    assert summary["choice"]["family"] in ALL_FAMILIES, summary
+    assert summary["choice"]["tokens_per_target_step"] > 0
+    for family, suffix in (("eagle3", ""), ("p_eagle", "_p_eagle"), ("dflash", "_dflash")):
+        metrics = json.loads((results / f"eval{suffix}" / "metrics.json").read_text())
+        for k, live in metrics["live"].items():
+            times = ("drafter_s_per_round", "target_s_per_round", "greedy_s_per_token")
+            assert all(live[t] > 0 for t in times), (family, k, live)
+            rate = summary["families"][family]["per_k"][k]["tokens_per_target_step"]
+            assert rate is not None and rate > 0, (family, k)
+    # DFlash at block_size - 1 only (DFLASH: blocks of 4).
+    assert list(summary["families"]["dflash"]["per_k"]) == ["3"]
+    chosen = summary["choice"]
+    text = page.read_text()
+    assert f"Chosen: {TITLES[chosen['family']]} at K={chosen['k']}" in text

@@ -77,6 +77,9 @@ def _live_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
     row["identical_to_greedy"] = figures.get("identical_to_greedy")
     # A family's drafter time a round at this depth (a block in one forward, or K forwards).
     row["drafter_s_per_round"] = figures.get("drafter_s_per_round")
+    # The target's: its verification a round, and its plain greedy step (the report's unit).
+    row["target_s_per_round"] = figures.get("target_s_per_round")
+    row["greedy_s_per_token"] = figures.get("greedy_s_per_token")
     return row
 
 

@@ -56,6 +56,11 @@ def live(
     greedy_wall = 0.0
     runs: dict[tuple[str, int], list] = {(name, k): [] for name in proposers for k in ks}
     identical = dict.fromkeys(runs, True)
+    # The target's own time: its plain greedy steps after the prefill, and each run's rounds
+    # less the drafter's share (the verification forwards and their bookkeeping). Prefills, the
+    # target's and the drafter's over the prompt, are left out of both: decoding only.
+    greedy_step_s, greedy_steps = 0.0, 0
+    verify_s = dict.fromkeys(runs, 0.0)
     greedy_tokens = 0
     hidden_layers = layer_ids if any(p.needs_hidden for p in proposers.values()) else None
     for prompt in prompts:
@@ -63,12 +68,15 @@ def live(
         reference = greedy_generate(target, prompt, max_new_tokens, eos_ids, prefill)
         greedy_wall += reference.wall_s
         greedy_tokens += len(reference.tokens)
+        greedy_step_s += reference.wall_s - prefill.wall_s
+        greedy_steps += reference.target_forwards - 1
         for name, proposer in proposers.items():
             for k in ks:
                 run = speculative_generate(
                     target, proposer, prompt, k, max_new_tokens, eos_ids, layer_ids, prefill
                 )
                 runs[name, k].append(run)
+                verify_s[name, k] += run.wall_s - prefill.wall_s - run.draft_s - run.draft_start_s
                 identical[name, k] &= run.tokens == reference.tokens
     results: dict[str, dict[str, Any]] = {name: {} for name in proposers}
     for (name, k), done in runs.items():
@@ -82,6 +90,9 @@ def live(
             # Per prompt, to compare with the engine's per request (vllm_evaluate.py).
             "rounds_per_prompt": [len(r.accept_lengths) for r in done],
             "drafter_s_per_round": sum(r.draft_s for r in done) / max(len(rounds), 1),
+            "target_s_per_round": verify_s[name, k] / max(len(rounds), 1),
+            # The unit of target time the report's choice counts in (docs/report.md).
+            "greedy_s_per_token": greedy_step_s / greedy_steps if greedy_steps else None,
             **per_position_acceptance(done, k),
             "target_forwards_per_token": sum(r.target_forwards for r in done) / max(tokens, 1),
             "speedup": greedy_wall / max(wall, 1e-9),

@@ -48,6 +48,7 @@ class Generation:
     # Drafts per round that lie inside the output (all of them but in the last round).
     draft_lengths: list[int] = field(default_factory=list)
     draft_s: float = 0.0  # in the proposer's propose and accept calls
+    draft_start_s: float = 0.0  # in its start: the drafter over the prompt, once a run
 
     def accepted_per_position(self, k: int) -> list[int]:
         """Rounds whose draft at position i (0-based) was accepted; acceptance is a prefix."""
@@ -227,7 +228,9 @@ def speculative_generate(
     cache = prefill.own_cache()
     tokens = [int(prefill.logits.argmax())]
     forwards = 1
+    tick = time.perf_counter()
     proposer.start(prompt, prefill.aux if layers is not None else None, tokens[0])
+    draft_start_s = time.perf_counter() - tick
     accept_lengths: list[int] = []
     draft_lengths: list[int] = []
     draft_s = 0.0
@@ -255,4 +258,6 @@ def speculative_generate(
         proposer.accept(new, aux[: n + 1] if aux is not None else None)
         draft_s += time.perf_counter() - tick
     wall_s = time.perf_counter() - started
-    return Generation(tokens, forwards, wall_s, accept_lengths, draft_lengths, draft_s)
+    return Generation(
+        tokens, forwards, wall_s, accept_lengths, draft_lengths, draft_s, draft_start_s
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglenest.settings.train import family_suffix
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
 from eaglenest.stages.report.figures import acceptance_figure
 from eaglenest.stages.report.page import Section, table
@@ -14,7 +15,8 @@ def section_acceptance(data: RunData) -> Section:
     section = Section("acceptance", "Acceptance: by position, live vs simulated, baselines")
     metrics = data.eval
     if metrics is None:
-        section.notes.append("Not evaluated yet: no eval/metrics.json.")
+        folder = f"eval{family_suffix(data.family)}"
+        section.notes.append(f"Not evaluated yet: no {folder}/metrics.json.")
         return section
     ks = [str(k) for k in metrics["ks"]]
     live = metrics.get("live")

@@ -6,9 +6,10 @@ Nothing here draws or formats: figures.py plots these numbers, sections.py and p
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -18,8 +19,21 @@ BASELINE_NAMES = ("untrained", "prompt_lookup")
 
 
 @dataclass
+class FamilyRun:
+    """One drafter family's training and evaluation (drafter{suffix}/, eval{suffix}/)."""
+
+    train_lines: list[dict] | None = None
+    heldout_lines: list[dict] | None = None
+    train_report: dict | None = None
+    eval: dict | None = None
+
+
+@dataclass
 class RunData:
-    """Everything the report shows of one run; None (or empty) where the files are absent."""
+    """Everything the report shows of one run; None (or empty) where the files are absent.
+
+    The training and evaluation fields are those of `family`, the first family the run has
+    (EAGLE-3 where there is one); `families` holds every family's, in FAMILIES order."""
 
     prompts: dict | None
     probe: dict | None
@@ -37,6 +51,17 @@ class RunData:
     train_report: dict | None
     eval: dict | None
     hidden_verify: dict | None = None  # hidden/verify.json: vLLM against transformers per layer
+    family: str = "eagle3"
+    families: dict[str, FamilyRun] = field(default_factory=dict)
+
+    def of_family(self, family: str) -> RunData:
+        """This run with `family`'s training and evaluation in the place of the first's."""
+        own = self.families[family]
+        fields = {f.name: getattr(own, f.name) for f in dataclasses.fields(own)}
+        return dataclasses.replace(self, family=family, **fields)
+
+    def evaluated_families(self) -> list[str]:
+        return [name for name, run in self.families.items() if run.eval is not None]
 
 
 # ---------------------------------------------------------------------------------------------

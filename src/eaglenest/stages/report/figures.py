@@ -269,3 +269,41 @@ def depth_panel(axis, by_depth: dict[str, Any]) -> None:
     axis.set_ylabel("acceptance length")
     axis.set_title("acceptance by depth")
     axis.legend(fontsize=6)
+
+
+# What the families panel plots against depth, by the key of each depth row (choice.py).
+FAMILY_PANELS = (
+    ("acceptance_length", "live acceptance length", 1.0),
+    ("emitted_per_round", "emitted tokens per round (live)", 1.0),
+    ("drafter_s_per_round", "drafter ms per round", 1000.0),
+    ("tokens_per_target_step", "tokens per target step", 1.0),
+)
+K_STYLES = ("-", "--", ":", "-.")
+
+
+def families_figure(families: dict[str, dict[str, list[dict]]]) -> Figure:
+    """The drafter families by depth (family -> K -> depth rows): live acceptance, emitted tokens
+    per round, the drafter's time per round and tokens per target step; a colour per family, a
+    line style per K."""
+    figure, axes = new_figure(len(FAMILY_PANELS), width=4.2)
+    for (key, label, scale), axis in zip(FAMILY_PANELS, axes, strict=True):
+        for index, (family, per_k) in enumerate(families.items()):
+            for k_index, (k, rows) in enumerate(per_k.items()):
+                points = [(r["depth"], scale * r[key]) for r in rows if r.get(key) is not None]
+                if points:
+                    axis.plot(
+                        *zip(*points),
+                        K_STYLES[k_index % len(K_STYLES)],
+                        marker="o",
+                        markersize=3,
+                        color=f"C{index}",
+                        label=f"{family} K={k}",
+                    )
+        axis.set_xlabel("context depth (tokens)")
+        axis.set_ylabel(label)
+        axis.set_ylim(bottom=0)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    axes[0].set_title("acceptance by depth")
+    axes[-1].set_title("the choice's measure")
+    return figure

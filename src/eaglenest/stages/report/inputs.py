@@ -22,7 +22,9 @@ from eaglenest.formats.lengths import (
     TOKEN_LENGTH_COLUMNS,
     read_shard_lengths,
 )
-from eaglenest.stages.report.data import RunData
+from eaglenest.settings.train import FAMILIES
+from eaglenest.stages.report.data import FamilyRun, RunData
+from eaglenest.stages.report.family_files import FAMILY_FILES, family_files, family_of_path
 
 
 class ReportInputError(ValueError):
@@ -64,24 +66,18 @@ class RunFiles:
     generate_benchmarks: list[Path] = field(default_factory=list)
     generate_activity: list[Path] = field(default_factory=list)
     draft_vocab: Path | None = None
-    train_metrics: Path | None = None
-    train_report: Path | None = None
-    eval_metrics: Path | None = None
+    # Each drafter family's (drafter{suffix}/, eval{suffix}/: the folder names the family).
+    train_metrics: list[Path] = field(default_factory=list)
+    train_report: list[Path] = field(default_factory=list)
+    eval_metrics: list[Path] = field(default_factory=list)
     hidden_verify: Path | None = None  # hidden/verify.json, with hidden.verify_samples
 
     def __post_init__(self) -> None:
-        optional = (
-            "prompts_report",
-            "probe",
-            "draft_vocab",
-            "train_metrics",
-            "train_report",
-            "eval_metrics",
-            "hidden_verify",
-        )
+        optional = ("prompts_report", "probe", "draft_vocab", "hidden_verify")
         for name in optional:
             setattr(self, name, _optional(getattr(self, name)))
-        for name in ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths"):
+        lists = ("raw", "samples", "samples_reports", "tokens", "tokens_reports", "lengths")
+        for name in (*lists, *FAMILY_FILES):
             setattr(self, name, _paths(getattr(self, name)))
         self.hidden_summaries = _paths(self.hidden_summaries)
         self.generate_benchmarks = _paths(self.generate_benchmarks)
@@ -123,9 +119,7 @@ class RunFiles:
             if logs_dir is not None
             else [],
             draft_vocab=existing("vocab/draft_vocab.json"),
-            train_metrics=existing("drafter/metrics.jsonl"),
-            train_report=existing("drafter/train_report.json"),
-            eval_metrics=existing("eval/metrics.json"),
+            **{kind: family_files(kind, FAMILIES, run_dir, []) for kind in FAMILY_FILES},
         )
 
 
@@ -217,6 +211,11 @@ LIVE_FIELDS = {"acceptance_length": "number"}
 ENGINE_FIELDS = {"acceptance_length": "number"}
 ENGINE_OPTIONAL = {"rounds": "int", "per_position_acceptance": "numbers", "tokens": "int"}
 LIVE_OPTIONAL = {
+    "emitted_per_round": "number",
+    # The round's time, the drafter's and the target's, and the target's plain greedy step.
+    "drafter_s_per_round": "number",
+    "target_s_per_round": "number",
+    "greedy_s_per_token": "number",
     "target_forwards_per_token": "number",
     "speedup": "number",
     "tokens": "int",
@@ -280,8 +279,10 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
             "baselines": "object",
             "live_baselines": "object",
             "engine": "object",
+            "by_depth": "object",
         },
     )
+    check_by_depth(metrics.get("by_depth") or {}, f"{path} by_depth")
     engine = metrics.get("engine") or {}
     check_fields(engine, f"{path} engine", {}, {"per_k": "object", "engine": "str"})
     for k in metrics["ks"]:
@@ -309,6 +310,21 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
             if key in per_k:
                 check_fields(per_k[key], f"{path} baselines[{name}][{key}]", ACCEPTANCE_FIELDS)
     return metrics
+
+
+def check_by_depth(by_depth: dict[str, Any], where: str) -> None:
+    """eval/metrics.json's `by_depth`: per K, rows of a depth and its live and engine figures."""
+    check_fields(by_depth, where, {}, {"per_k": "object"})
+    for k, rows in (by_depth.get("per_k") or {}).items():
+        if not isinstance(rows, list):
+            raise ReportInputError(f"{where}.per_k[{k}]: expected a list of depth rows")
+        for index, row in enumerate(rows):
+            row_where = f"{where}.per_k[{k}][{index}]"
+            check_fields(row, row_where, {"depth": "int"}, {"prompts": "int"})
+            for measurement in ("live", "engine"):
+                check_fields(
+                    row.get(measurement) or {}, f"{row_where}.{measurement}", {}, LIVE_OPTIONAL
+                )
 
 
 def _scan(path: Path, columns: list[str]) -> pl.DataFrame:
@@ -379,10 +395,32 @@ def read_by_shard(paths: list[Path]) -> dict[str, dict]:
     return {shard_of(p): read_json_object(p) for p in sorted(paths)}
 
 
+def _family_of(path: Path) -> str:
+    try:
+        return family_of_path(path)
+    except ValueError as err:
+        raise ReportInputError(str(err)) from err
+
+
+def read_families(files: RunFiles) -> dict[str, FamilyRun]:
+    """Each family's training and evaluation files, read and checked, in FAMILIES order."""
+    runs: dict[str, FamilyRun] = {}
+    for path in files.train_metrics:
+        run = runs.setdefault(_family_of(path), FamilyRun())
+        run.train_lines, run.heldout_lines = read_train_metrics(path)
+    for path in files.train_report:
+        runs.setdefault(_family_of(path), FamilyRun()).train_report = read_train_report(path)
+    for path in files.eval_metrics:
+        runs.setdefault(_family_of(path), FamilyRun()).eval = read_eval_metrics(path)
+    return {family: runs[family] for family in FAMILIES if family in runs}
+
+
 def load_run(files: RunFiles) -> RunData:
-    train_lines = heldout_lines = None
-    if files.train_metrics is not None:
-        train_lines, heldout_lines = read_train_metrics(files.train_metrics)
+    """The run's files read and checked; its training and evaluation fields are the first
+    family's (EAGLE-3 where it has one), every family's are in `families`."""
+    families = read_families(files)
+    family = next(iter(families), "eagle3")
+    own = families.get(family, FamilyRun())
     sample_lengths, token_lengths = read_lengths(files)
     return RunData(
         prompts=read_json_object(files.prompts_report) if files.prompts_report else None,
@@ -398,9 +436,11 @@ def load_run(files: RunFiles) -> RunData:
         },
         generate_activity=read_by_shard([p for p in files.generate_activity if p.exists()]),
         draft_vocab=read_draft_vocab(files.draft_vocab) if files.draft_vocab else None,
-        train_lines=train_lines,
-        heldout_lines=heldout_lines,
-        train_report=read_train_report(files.train_report) if files.train_report else None,
-        eval=read_eval_metrics(files.eval_metrics) if files.eval_metrics else None,
+        train_lines=own.train_lines,
+        heldout_lines=own.heldout_lines,
+        train_report=own.train_report,
+        eval=own.eval,
         hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
+        family=family,
+        families=families,
     )

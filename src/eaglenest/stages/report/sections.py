@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from eaglenest.settings.train import DRAFTER_VARIANTS
+from eaglenest.settings.train import DRAFTER_VARIANTS, family_suffix
 from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.data import (
     RunData,
@@ -350,16 +350,17 @@ def section_training(data: RunData) -> Section:
     section = Section("training", "Training: loss and accuracy per TTT step")
     if data.draft_vocab:
         section.blocks.append(draft_vocab_block(data.draft_vocab))
+    folder = f"drafter{family_suffix(data.family)}"
     if data.train_lines is None and data.train_report is None:
         section.notes.append(
-            "Not trained yet: no drafter/metrics.jsonl or drafter/train_report.json."
+            f"Not trained yet: no {folder}/metrics.jsonl or {folder}/train_report.json."
         )
         return section
     train, heldout = data.train_lines or [], data.heldout_lines or []
     if train or heldout:
         section.figure = training_figure(train, heldout)
     else:
-        section.notes.append("drafter/metrics.jsonl has no lines yet.")
+        section.notes.append(f"{folder}/metrics.jsonl has no lines yet.")
     report = data.train_report
     if report:
         section.blocks.append(
@@ -394,8 +395,15 @@ def section_training(data: RunData) -> Section:
         section.blocks.append("<h3>Accuracy per TTT step (end of training)</h3>")
         section.blocks.append(table(["TTT step", "train", "held-out"], accuracy))
     else:
-        section.notes.append("No drafter/train_report.json: training has not finished.")
+        section.notes.append(f"No {folder}/train_report.json: training has not finished.")
     return section
+
+
+# The families that draft in one forward, as the recipe names them.
+PARALLEL_FAMILIES = {
+    "p_eagle": "P-EAGLE: its depths drafted in one forward",
+    "dflash": "DFlash: a block drafted in one forward, non-causal inside it",
+}
 
 
 def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -405,6 +413,8 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     get = settings.get
     variant = [name for name in DRAFTER_VARIANTS if drafter.get(name)]
     architecture = "EAGLE-3 with " + ", ".join(variant) if variant else "EAGLE-3 (plain)"
+    if report.get("family") in PARALLEL_FAMILIES:
+        architecture = f"{PARALLEL_FAMILIES[report['family']]}; {architecture}"
     if drafter.get("sliding_window"):
         architecture += f"; attention within a {drafter['sliding_window']}-token sliding window"
     loss = (
