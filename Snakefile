@@ -27,6 +27,7 @@ include: "rules/vocab.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/eval_sets.smk"
 include: "rules/report.smk"
 
 
@@ -34,3 +35,4 @@ rule all:
     default_target: True
     input:
         get_final_outputs(),
+        get_eval_set_outputs(),

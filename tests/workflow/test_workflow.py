@@ -14,6 +14,11 @@ import polars as pl
 import pytest
 
 # Shared with other workflow tests; `finished_run` is a session fixture in conftest.py.
+from support.eval_sets import (
+    write_demo_mt_bench,
+    write_gsm8k_parquet,
+    write_speed_bench_parquet,
+)
 from support.workflow import (
     DEMO_CONFIGFILE,
     SMALL_DEMO,
@@ -102,6 +107,38 @@ def test_dict_param_key_order_reruns_nothing(finished_run_copy: Path):
 def test_client_settings_rerun_nothing(finished_run_copy: Path):
     config = merged(SMALL_DEMO, {"generation": {"concurrency": 7, "timeout_s": 30}})
     assert planned_jobs(snakemake(finished_run_copy, "-n", config=config)) == {}
+
+
+def test_evaluation_sets_are_prepared_beside_a_finished_run(finished_run_copy: Path):
+    """evaluate.sets added to a finished run: one prepare_eval_set job per set and nothing else
+    (the sets are not yet an input of evaluate_drafter); each set written, a SPEED-Bench file
+    with its placeholder row failing its own job with the fix named."""
+    sets = finished_run_copy / "sets"
+    sets.mkdir()
+    write_demo_mt_bench(sets / "question.jsonl")
+    write_gsm8k_parquet(sets / "gsm8k.parquet")
+    write_speed_bench_parquet(sets / "speed.parquet", placeholder_row=2)
+    entries = [
+        {"name": "mt_bench", "path": "sets/question.jsonl"},
+        {"name": "gsm8k", "path": "sets/gsm8k.parquet"},
+        {"name": "speed", "path": "sets/speed.parquet"},
+    ]
+    config = merged(SMALL_DEMO, {"evaluate": {"sets": entries}})
+    planned = planned_jobs(snakemake(finished_run_copy, "-n", config=config))
+    assert planned == {"prepare_eval_set": 3, "all": 1}
+    result = snakemake(finished_run_copy, "--keep-going", config=config)
+    assert result.returncode != 0
+    run = finished_run_copy / "results" / SMALL_DEMO["run"] / "eval_sets"
+    mt_bench = pl.read_parquet(run / "mt_bench.parquet")
+    assert (
+        mt_bench.height == 6 and json.loads((run / "gsm8k.report.json").read_text())["prompts"] == 2
+    )
+    assert not (run / "speed.parquet").exists()
+    log = (
+        finished_run_copy / "logs" / SMALL_DEMO["run"] / "prepare_eval_set" / "speed.log"
+    ).read_text()
+    assert "row 2: field 'turns[0]': holds SPEED-Bench's placeholder" in log
+    assert "prepare_data.py --dataset speed" in log
 
 
 def test_a_run_against_an_external_endpoint(tmp_path: Path, demo_target_dir: Path):

@@ -1,0 +1,103 @@
+"""A set is a benchmark: a row that cannot be used fails the set, naming the file, the row (its
+line, or its parquet row) and the field, and SPEED-Bench's placeholder rows name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.eval_sets import SPEED_PLACEHOLDER, write_jsonl, write_speed_bench_parquet
+
+from eaglenest.settings.eval_sets import EvalSetSettings
+from eaglenest.stages.eval_sets.eval_sets import prepare_eval_set
+from eaglenest.stages.eval_sets.files import EvalSetError
+
+
+def refusal(tmp_path: Path, source: Path, fmt: str = "auto") -> str:
+    out = tmp_path / "out.parquet"
+    with pytest.raises(EvalSetError) as err:
+        prepare_eval_set(EvalSetSettings("bench", str(source), fmt), out, tmp_path / "r.json")
+    assert not out.exists()  # nothing half-written
+    return str(err.value)
+
+
+def test_the_speed_bench_placeholder_row_is_refused_with_the_fix(tmp_path):
+    source = write_speed_bench_parquet(tmp_path / "test.parquet", placeholder_row=1)
+    message = refusal(tmp_path, source)
+    assert f"evaluate.sets 'bench': {source} (read as speed_bench): 1 of 3 rows refused" in message
+    assert "row 1: field 'turns[0]': holds SPEED-Bench's placeholder" in message
+    assert SPEED_PLACEHOLDER in message
+    assert "prepare_data.py --dataset speed --config <config>" in message
+
+
+def test_the_placeholder_is_refused_whatever_the_format(tmp_path):
+    source = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": "fine"}, {"prompt": SPEED_PLACEHOLDER.lower()}]
+    )
+    assert "line 2: field 'prompt': holds SPEED-Bench's placeholder" in refusal(tmp_path, source)
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        (
+            [{"question_id": 1, "category": "math", "turns": "not a list"}],
+            "line 1: field 'turns': expected a non-empty list",
+        ),
+        (
+            [{"question_id": 1, "category": "math", "turns": ["a", " "]}],
+            "line 1: field 'turns': turn 2: expected non-empty text",
+        ),
+        (
+            [{"question_id": None, "category": "math", "turns": ["a"]}],
+            "line 1: field 'question_id': expected an id",
+        ),
+        (
+            [
+                {"question_id": 1, "category": "math", "turns": ["a"]},
+                {"question_id": 1, "category": "x", "turns": ["b"]},
+            ],
+            "line 2: id '1' is already the id of line 1",
+        ),
+    ],
+    ids=["turns-not-a-list", "empty-turn", "no-id", "duplicate-id"],
+)
+def test_bad_mt_bench_rows_are_refused_naming_line_and_field(tmp_path, rows, expected):
+    assert expected in refusal(tmp_path, write_jsonl(tmp_path / "q.jsonl", rows))
+
+
+def test_bad_messages_are_refused_naming_the_message(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "assistant", "content": "only me"}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}]},
+    ]
+    message = refusal(tmp_path, write_jsonl(tmp_path / "m.jsonl", rows))
+    assert "3 of 3 rows refused" in message
+    assert (
+        "line 1: field 'messages[1].role': expected user, assistant or a first system, got 'tool'"
+        in message
+    )
+    assert "line 2: field 'messages': no user message" in message
+    assert "line 3: field 'messages[1].role'" in message
+
+
+def test_a_line_that_is_not_json_is_refused_with_its_number(tmp_path):
+    source = tmp_path / "q.jsonl"
+    source.write_text('{"prompt": "a"}\n\n{"prompt": \n')
+    out = tmp_path / "o.parquet"
+    with pytest.raises(EvalSetError, match=r"q\.jsonl: line 3: not a JSON object"):
+        prepare_eval_set(EvalSetSettings("b", str(source), "auto"), out, tmp_path / "r.json")
+
+
+def test_a_file_lacking_its_formats_column_is_refused_naming_both(tmp_path):
+    source = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "x"}])
+    message = refusal(tmp_path, source, "gsm8k")
+    assert "format gsm8k reads column question, which the file lacks (it has prompt)" in message
+
+
+def test_many_refusals_are_counted_not_all_listed(tmp_path):
+    source = write_jsonl(tmp_path / "p.jsonl", [{"prompt": ""}] * 14)
+    message = refusal(tmp_path, source)
+    assert "14 of 14 rows refused" in message and "... and 4 more" in message
+    assert "line 11:" not in message
