@@ -11,27 +11,37 @@ How it computes (the residual stream has named slots, SLOTS below; a constant sl
 sqrt(HIDDEN) holds the stream's RMS between 1 and 1.2, so every RMSNorm's weight is 1 and a norm
 leaves the slots as they are but for a factor per position, which no gate or argmax feels):
 - the embedding holds a state's Fourier features (IN: cos and sin of 2π·f·n/STATES for
-  FREQUENCIES f), a key's rotation (ROT: cos and sin of 2π·f·step/STATES) and one-hot, and flags
-  for the few other tokens the walk uses;
+  FREQUENCIES f), a key's one-hot (KEY_EMB), and flags for the few other tokens the walk uses;
 - layer 0, head 0 attends one position back (RoPE's fastest planes, phase-shifted by one
   position) and copies the previous token's flags (PREV_*); head 1 attends the key token, from
-  any distance (RoPE's slowest plane barely turns over the context), and copies its ROT and
-  one-hot; both read the layer's one key/value head, each its own planes and part of it;
+  any distance (RoPE's slowest plane barely turns over the context), and copies its one-hot
+  (KEY); both read the layer's one key/value head, each its own planes and part of it;
 - layer 1, head 0 copies the prompt's start state (START), asked only where the previous token
   is `<think>`, where it is the one state in the context; layer 1's MLP moves it into IN there;
-- layer 2's MLP turns IN by ROT, frequency by frequency (a complex product: SwiGLU units
-  silu(rot + C) * in, less C * in), into OUT; other units write one flag each for the next
-  special token (`<think>`, `</think>`, ...);
-- layer 3's MLP turns OUT by ROT once more, into OUT2: the state after next, which the target
-  does not read but its features hold, as a trained target's features hold more than its next
-  token. It is what makes the demo's drafter learnable in minutes: its first draft step reads the
-  answer off the features (a linear map), where it would otherwise have to learn the key's
-  rotation, a product, from scratch (the first written target had no OUT2; its drafter reached
-  0.15 held-out accuracy);
+- layer 2's MLP turns IN by the key's step into OUT, the next state: adding a step to a state
+  is a rotation of its Fourier features, so OUT = sum over keys of KEY[k] · R(step_k) · IN, one
+  SwiGLU unit per key and IN coordinate (gate: that key's KEY, up: the coordinate); other units
+  write one flag each for the next special token (`<think>`, `</think>`, ...);
+- layer 3's MLP reads the same units into the states further on, OUT2 ... OUT{LOOKAHEAD}
+  (R(j · step_k) for the j-th): states the target does not read, but its features hold, as a
+  trained target's features hold more than its next token. They make the demo a study of
+  drafting several tokens at once: at position t the features hold the states t+1 ... t+4, so
+  a drafter's j-th draft step (j <= LOOKAHEAD - 1) can read its answer off the features (a linear
+  map) at any depth: EAGLE-3 by carrying the later slots in its own hidden state from step to
+  step, P-EAGLE and DFlash by each drafted position reading its own slot. A draft past
+  LOOKAHEAD - 1 steps would need the key's rotation, a product, which no drafter learns from
+  the demo's data (the first written target had only OUT, and its drafter reached 0.15 held-out
+  accuracy; the second had OUT2 alone, and capped every drafter at its first draft step:
+  acceptance ~2.0 at K=3 and K=7 alike);
 - the LM head scores each state by OUT's Fourier features (a peak of N_FREQ at the state, under
-  0.34 of it elsewhere); END_STATE's features are the newline's, so the walk ends by itself.
+  0.41 of it elsewhere); END_STATE's features are the newline's, so the walk ends by itself.
 Layer 4 is the identity (zero output projections): the EAGLE-3 aux layers (2, 3, 4), the outputs
-of layers 1, 2 and 3, hold the current state, the next one and the one after.
+of layers 1, 2 and 3, hold the current state, the next one, and the next LOOKAHEAD.
+
+The slot budget (HIDDEN 512): six state slots of 2 · N_FREQ (IN, START, OUT ... OUT4) and 37
+flags; N_FREQ 39 keeps the LM head's margin (the best wrong state under 0.41 of the right one;
+47, the second target's, would need a hidden size of 640, and every drafter's layer and LM head
+with it). The MLPs are 640 units wide (8 keys × 78 coordinates, and the flags).
 """
 
 from __future__ import annotations
@@ -57,7 +67,8 @@ from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 # Layers 0-3 compute; layer 4 is there so that EAGLE-3's aux layers (2, 3, 4), the INPUTS of
 # those layers, are the outputs of layers 1, 2 and 3 (the config sets hidden.aux_layer_ids).
 NUM_LAYERS = 5
-MLP_LAYER = 2  # the next state's layer (aux 3 is its output); aux 4 holds the one after
+MLP_LAYER = 2  # the next state's layer (aux 3 is its output); aux 4 holds the states after it
+LOOKAHEAD = 4  # OUT ... OUT4: the features at position t hold the states t+1 ... t+4
 HIDDEN = 512
 # Two query heads of 128 sharing one key/value head: all the attention the walk needs (layer 0:
 # the previous token and the key; layer 1: the start), and a KV cache of 256 numbers a position
@@ -66,7 +77,7 @@ HIDDEN = 512
 HEADS = 2
 KV_HEADS = 1
 HEAD_DIM = 128
-N_FREQ = 47  # Fourier frequencies of a state: five slots of 2 * N_FREQ (IN, OUT, OUT2, START, ROT)
+N_FREQ = 39  # Fourier frequencies of a state: six slots of 2 * N_FREQ (IN, START, OUT ... OUT4)
 ROPE_THETA = 1_000_000.0
 PREV_PLANES = 8  # RoPE planes of the previous-token head: its fastest
 KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.02 rad over 16K positions
@@ -75,20 +86,21 @@ KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.02 rad over 16K p
 # norm and LM head starts from logits of a usual scale.
 BIG = math.sqrt(HIDDEN)
 GATE = 40.0  # a SwiGLU gate's input: +GATE/2 open, -GATE/2 or less shut (silu ~ 1e-8)
-LINEAR = 20.0  # silu(x + LINEAR) = x + LINEAR to 1e-7 for |x| <= 1: a product's offset
 PREV_SCALE = 20.0  # the previous-token head's scores: one position back wins by ~16 (e^-16)
 CONTENT_SCORE = 32.0  # the key and start heads' score on what they look for (0 elsewhere)
 STATE_LOGIT = 1.0  # per Fourier frequency: the next state's logit is N_FREQ times this
 FLAG_LOGIT = 40.0  # the next special token's logit
 
 
+# The slots of the states ahead: AHEAD[j - 1] holds the state j steps on (OUT: the next).
+AHEAD = ["OUT"] + [f"OUT{j}" for j in range(2, LOOKAHEAD + 1)]
+
+
 def _slots() -> dict[str, slice | int]:
     names: list[tuple[str, int]] = [
         ("IN", 2 * N_FREQ),
-        ("OUT", 2 * N_FREQ),
-        ("OUT2", 2 * N_FREQ),
+        *((ahead, 2 * N_FREQ) for ahead in AHEAD),
         ("START", 2 * N_FREQ),
-        ("ROT", 2 * N_FREQ),
         ("KEY", KEYS),
         ("KEY_EMB", KEYS),
         ("IS_NL", 1),
@@ -203,7 +215,6 @@ def _embedding(ids: _Ids, freqs: np.ndarray) -> np.ndarray:
     embed[np.ix_(ids.state_ids, _rows("IN"))] = fourier(ids.states, freqs)
     embed[ids.state_ids, s["IS_STATE"]] = 1
     for key, i in enumerate(ids.keys):
-        embed[i, _rows("ROT")] = fourier(np.array([STEPS[key]]), freqs)[0]
         embed[i, s["KEY_EMB"].start + key] = 1
         embed[i, s["IS_KEY"]] = 1
     for token, flag in (
@@ -250,10 +261,10 @@ def _attention_layers() -> dict[str, np.ndarray]:
         k[j, s["BIG"]] = math.cos(theta[j]) / BIG
         k[j + half, s["BIG"]] = math.sin(theta[j]) / BIG
     copy(v, o, 0, 0, [s["IS_THINK"], s["IS_STATE"]], [s["PREV_THINK"], s["PREV_STATE"]])
-    # Head 1: the key token, wherever it is (its ROT and one-hot), found in the slowest plane.
+    # Head 1: the key token, wherever it is (its one-hot), found in the slowest plane.
     q[HEAD_DIM + KEY_PLANE, s["BIG"]] = 1 / BIG
     k[KEY_PLANE, s["IS_KEY"]] = 1
-    copy(v, o, 1, 2, _rows("ROT") + _rows("KEY_EMB"), _rows("ROT") + _rows("KEY"))
+    copy(v, o, 1, 2, _rows("KEY_EMB"), _rows("KEY"))
     # Layer 1, head 0: the prompt's start state, asked after `<think>` (the walk's first
     # token), where it is the one state in the context.
     q, k, v, o = attention(1)
@@ -271,7 +282,7 @@ def _open_when(gate: np.ndarray, u: int, slots: dict[int, int]) -> None:
     gate[u, SLOTS["BIG"]] = -(needed - 0.5) * GATE / BIG
 
 
-def _mlp_layers() -> dict[str, np.ndarray]:
+def _mlp_layers(freqs: np.ndarray) -> dict[str, np.ndarray]:
     """Layers 1, 2 and 3's SwiGLU units (silu(gate) * up, written out by down); the other
     layers' are zero."""
     s = SLOTS
@@ -285,41 +296,28 @@ def _mlp_layers() -> dict[str, np.ndarray]:
     ] + [
         ({s["IS_NN"]: 1, s["KEY"].start + key: 1}, s["WANT_KEY"].start + key) for key in range(KEYS)
     ]
-    width = -(-(6 * N_FREQ + len(flags)) // 32) * 32  # every layer's MLP: one config size
+    ins = _rows("IN")
+    width = -(-(KEYS * len(ins) + len(flags)) // 32) * 32  # every layer's MLP: one config size
 
     def zeros() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.zeros((width, HIDDEN)), np.zeros((width, HIDDEN)), np.zeros((HIDDEN, width))
 
-    def turn(gate, up, down, source: list[int], dest: list[int]) -> int:
-        """dest = source turned by ROT (cos a, sin a by cos b, sin b), each product as
-        silu(rot + LINEAR) * in less LINEAR * in; returns the units used."""
+    def turn(gate, up, down, ahead: list[int]) -> int:
+        """The states `ahead` steps on (AHEAD[j - 1] for j in ahead) from IN: one unit per key
+        and IN coordinate, open where KEY is that key, its product with the coordinate written
+        out by that key's rotation of j steps; returns the units used."""
         u = 0
-        for j in range(N_FREQ):
-            cos_in, sin_in, cos_rot, sin_rot = (
-                source[j],
-                source[N_FREQ + j],
-                rot[j],
-                rot[N_FREQ + j],
-            )
-            out_cos, out_sin = dest[j], dest[N_FREQ + j]
-            # (cos_out, sin_out) = (ci cr - si sr, ci sr + si cr); (factor, in, sign, out)
-            for factor, into, sign, out in (
-                (cos_rot, cos_in, 1, out_cos),
-                (sin_rot, sin_in, -1, out_cos),
-                (sin_rot, cos_in, 1, out_sin),
-                (cos_rot, sin_in, 1, out_sin),
-            ):
-                gate[u, factor], gate[u, s["BIG"]] = 1, LINEAR / BIG
-                up[u, into], down[out, u] = sign, 1
-                u += 1
-            for out, sin_sign in ((out_cos, -1), (out_sin, 1)):
-                gate[u, s["BIG"]] = LINEAR / BIG  # silu(LINEAR) * (the offsets): taken back off
-                up[u, cos_in], up[u, sin_in] = 1, sin_sign
-                down[out, u] = -LINEAR / _silu(LINEAR)
+        for key in range(KEYS):
+            turns = {j: rotation(j * STEPS[key], freqs) for j in ahead}
+            for i, row in enumerate(ins):
+                _open_when(gate, u, {s["KEY"].start + key: 1})
+                up[u, row] = 1
+                for j, turned in turns.items():
+                    down[_rows(AHEAD[j - 1]), u] = turned[:, i] / opened
                 u += 1
         return u
 
-    ins, starts, rot = _rows("IN"), _rows("START"), _rows("ROT")
+    starts = _rows("START")
     # Layer 1 (after its attention copied START): at the walk's first token, START into IN.
     gate, up, down = zeros()
     for u in range(2 * N_FREQ):
@@ -327,18 +325,18 @@ def _mlp_layers() -> dict[str, np.ndarray]:
         up[u, starts[u]] = 1
         down[ins[u], u] = 1 / opened
     mlp = {1: (gate, up, down)}
-    # Layer 2: OUT = IN turned by ROT, and the flags of the next special token.
+    # Layer 2: OUT, the next state, and the flags of the next special token.
     gate, up, down = zeros()
-    u = turn(gate, up, down, ins, _rows("OUT"))
+    u = turn(gate, up, down, [1])
     for slots, target in flags:
         _open_when(gate, u, slots)
         up[u, s["BIG"]] = 1 / BIG
         down[target, u] = 1 / opened
         u += 1
     mlp[2] = (gate, up, down)
-    # Layer 3: OUT2 = OUT turned by ROT (the state after next).
+    # Layer 3: OUT2 ... OUT{LOOKAHEAD}, the states after next, for the drafters.
     gate, up, down = zeros()
-    turn(gate, up, down, _rows("OUT"), _rows("OUT2"))
+    turn(gate, up, down, list(range(2, LOOKAHEAD + 1)))
     mlp[3] = (gate, up, down)
     w = {}
     for layer, (gate, up, down) in mlp.items():
@@ -373,13 +371,9 @@ def _weights(tokenizer: Any, freqs: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "model.embed_tokens.weight": _embedding(ids, freqs),
         **_attention_layers(),
-        **_mlp_layers(),
+        **_mlp_layers(freqs),
         "lm_head.weight": _lm_head(ids, freqs),
     }
-
-
-def _silu(x: float) -> float:
-    return x / (1 + math.exp(-x))
 
 
 def _norm_weights() -> dict[str, np.ndarray]:
