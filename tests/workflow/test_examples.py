@@ -93,6 +93,8 @@ with open(_os.environ["EAGLENEST_PLAN"], "w") as _out:
             "params": {
                 r.name: {name: _param(value) for name, value in r.params.items()}
                 for r in workflow.rules
+                # prepare_eval_set's are per set, and the examples list none
+                if set(r.wildcard_names) <= {"shard", "family_suffix"}
             },
         },
         _out,
