@@ -3,8 +3,10 @@ the pipeline on the same shards and budget (train.families: the same epochs, bat
 schedule, so the same tokens and steps), each evaluated at every `evaluate.depths` by vLLM and
 by our own live loop. Prints one markdown table: per family and depth, vLLM's acceptance length
 and emitted tokens per round, its acceptance rate (accepted / drafted), its rounds and the live
-loop's, the simulated acceptance, the drafter's own time per round in the live loop, and the
-training budget (steps, tokens) and held-out accuracy per draft step.
+loop's, the simulated acceptance, the drafter's own time per round and the tokens per target
+step in the live loop (what the report's choice weighs: stages/report/choice.py), and the
+training budget (steps, tokens) and held-out accuracy per draft step; then the family the
+report would choose. The drafter's time needs `evaluate.live: true`.
 
     python experiments/families.py --configfile config/tests/long-reasoning.yaml \\
         [--set '{"prompts": {"max_samples": 16}}'] [--workdir DIR] [--cores 2] [--json out.json]
@@ -27,8 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import yaml
 from run_data import REPO, copy_workflow, deep_update, run_config, snakemake_command
+
+from eaglenest.stages.report.choice import choose_family, depth_figures
+from eaglenest.stages.report.inputs import read_token_lengths
 
 FAMILIES = ("eagle3", "p_eagle", "dflash")
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -80,17 +86,17 @@ def table(figures: dict[str, dict[str, Any]]) -> list[str]:
     header = (
         "| family | K | depth | prompts | vLLM acceptance length | vLLM emitted/round "
         "| vLLM accepted/drafted | vLLM rounds | live rounds | simulated "
-        "| drafter ms/round (live) | steps | train tokens | held-out acc by step |"
+        "| drafter ms/round (live) | tokens / target step (live) | steps | train tokens "
+        "| held-out acc by step |"
     )
-    lines = [
-        header,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [header, "|" + "---|" * 15]
     for family, found in figures.items():
         train = found["train"]
         accuracy = " / ".join(f"{a:.2f}" for a in train.get("heldout_acc") or [])
+        timed = {k: {f.depth: f for f in rows} for k, rows in depth_figures(found["eval"]).items()}
         for k, rows in found["eval"]["by_depth"]["per_k"].items():
             for row in rows:
+                per_step = timed[k][row["depth"]].tokens_per_target_step
                 engine, live, sim = row["engine"] or {}, row["live"] or {}, row["simulated"] or {}
                 length = engine.get("acceptance_length")
                 rate = None if length is None else (length - 1) / int(k)
@@ -101,9 +107,25 @@ def table(figures: dict[str, dict[str, Any]]) -> list[str]:
                     f"| {_f(rate)} | {engine.get('rounds', '-')} | {live.get('rounds', '-')} "
                     f"| {_f(sim.get('acceptance_length'))} "
                     f"| {_f(None if drafter_s is None else 1000 * drafter_s, 1)} "
+                    f"| {_f(per_step)} "
                     f"| {train['steps']} | {train['train_tokens']} | {accuracy} |"
                 )
     return lines
+
+
+def choice_line(run_dir: Path, figures: dict[str, dict[str, Any]]) -> str:
+    """The family the run's report would choose, its depths weighted by the run's answers."""
+    shards = sorted((run_dir / "tokens").glob("?????.parquet"))
+    tokens = pl.concat([read_token_lengths(p) for p in shards]) if shards else None
+    summary = choose_family({f: found["eval"] for f, found in figures.items()}, tokens)
+    choice = summary["choice"]
+    if choice is None:
+        return f"choice: none ({summary['why_none']})"
+    return (
+        f"choice: {choice['family']} at K={choice['k']}, "
+        f"{choice['tokens_per_target_step']:.3f} tokens per target step "
+        f"(depth weights {choice['depth_weights']})"
+    )
 
 
 def main() -> None:
@@ -128,6 +150,7 @@ def main() -> None:
         if not figures:
             raise SystemExit(f"families study: no drafter*/ with eval*/ in {run_dir}")
         print("\n".join(table(figures)), flush=True)
+        print(choice_line(run_dir, figures), flush=True)
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2) + "\n")
 

@@ -1,5 +1,6 @@
 # Shared by every stage: config validation, paths of the run, code versions, params as JSON.
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from eaglenest.run.shards import (
 from eaglenest.run.split import split_shards
 from eaglenest.stages.prompts.sources import local_source_files
 from eaglenest.settings.demo_target import DemoTargetSettings
-from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.evaluate import EvaluateSettings, evaluate_job_settings_json
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 from eaglenest.settings.hidden_states import (
     HiddenSettings,
@@ -52,6 +53,7 @@ from eaglenest.settings.train import (
     train_job_settings_json,
 )
 from eaglenest.settings.vocab import VocabSettings
+from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
 
 try:
@@ -246,6 +248,17 @@ def get_train_settings(train_settings):
     return settings
 
 
+def get_evaluate_settings(evaluate_settings):
+    """The evaluate rule's settings param of a family's job: EvaluateSettings' JSON as it always
+    was for EAGLE-3, with the K the family is measured at for another."""
+
+    def settings(wildcards):
+        family = family_of_suffix(wildcards.family_suffix)
+        return evaluate_job_settings_json(evaluate_settings, config, family)
+
+    return settings
+
+
 def get_family(wildcards, output):
     """The family of a job's `{family_suffix}`: a function of its output, so a param Snakemake
     does not record (EAGLE-3's jobs keep the params they had; the paths already say it).
@@ -258,7 +271,12 @@ def bench_path(relative):
 
 
 # Standard evaluation sets (evaluate.sets, rules/eval_sets.smk).
-from eaglenest.settings.eval_sets import eval_set_names, eval_set_settings
+from eaglenest.settings.eval_sets import (
+    SetDecodeSettings,
+    eval_set_names,
+    eval_set_settings,
+)
+from eaglenest.settings.evaluate import CompareSettings, compare_drafters
 
 EVAL_SETS = eval_set_names(config)
 
@@ -278,3 +296,42 @@ def get_eval_set_outputs():
     return expand(
         run_path("eval_sets/{set}.{ext}"), set=EVAL_SETS, ext=["parquet", "report.json"]
     )
+
+
+# The sets are decoded in vLLM only: without evaluate.engine vllm they are prepared, and neither
+# an input nor a param of the evaluation (a run without them keeps its params).
+DECODED_SETS = EVAL_SETS if config["evaluate"]["engine"] == "vllm" else []
+
+
+def get_decoded_sets():
+    """The prepared sets the evaluation decodes ([] without sets or without the vLLM engine)."""
+    return expand(run_path("eval_sets/{set}.parquet"), set=DECODED_SETS)
+
+
+def get_set_decoding():
+    """How the sets are rendered (SetDecodeSettings as JSON), "" when none is decoded."""
+    return settings_json(SetDecodeSettings) if DECODED_SETS else ""
+
+
+# Drafters trained elsewhere (evaluate.compare, rules/evaluate.smk): each its own job.
+COMPARED = compare_drafters(config)
+WEIGHT_SUFFIXES = ("safetensors", "bin", "pt")
+# The names as a wildcard's pattern (a name may hold a dot); none matches nothing.
+COMPARE_NAMES = "|".join(re.escape(name) for name in COMPARED) or "(?!)"
+
+
+def get_compared_files(wildcards):
+    """A compared drafter's config.json and weights, so replacing them decodes it again."""
+    directory = Path(COMPARED[wildcards.compare])
+    weights = [path for ext in WEIGHT_SUFFIXES for path in directory.glob(f"*.{ext}")]
+    return [str(directory / "config.json"), *sorted(str(path) for path in weights)]
+
+
+def get_compared_dir(wildcards):
+    """The compared drafter's directory, as the config names it."""
+    return COMPARED[wildcards.compare]
+
+
+def get_compare_outputs():
+    """Every compared drafter's figures ([] when evaluate.compare is empty)."""
+    return expand(run_path("eval_compare/{compare}.json"), compare=list(COMPARED))

@@ -1,5 +1,6 @@
 # Standard evaluation sets (evaluate.sets): each set's local file read, checked and written as the
-# run's evaluation prompts. Not yet an input of evaluate_drafter (docs/evaluate.md).
+# run's evaluation prompts, which evaluate_drafter and evaluate_compare decode in vLLM (with
+# evaluate.engine: vllm; docs/evaluate.md).
 rule prepare_eval_set:
     input:
         source=get_eval_set_file,

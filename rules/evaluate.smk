@@ -8,6 +8,10 @@ rule evaluate_drafter:
         head=run_path("hidden/target_head.safetensors"),
         vocab=run_path("vocab/draft_vocab.safetensors"),
         target=get_target_dir(),
+        # evaluate.sets, decoded by the vLLM engines (none without evaluate.engine: vllm)
+        sets=get_decoded_sets(),
+        # the drafter's training tokens: the thinking mode it was trained in
+        train_tokens=expand(run_path("tokens/{shard}.parquet"), shard=TRAIN_SHARDS),
     output:
         metrics=run_path("eval{family_suffix}/metrics.json"),
     log:
@@ -20,10 +24,44 @@ rule evaluate_drafter:
     resources:
         gpu=get_evaluate_gpus(),
     params:
-        settings=settings_json(EvaluateSettings),
+        # EAGLE-3's: every evaluate.ks; another family's: the K it is measured at
+        settings=get_evaluate_settings(settings_json(EvaluateSettings)),
         hidden=get_store_params(),
         runtime=untracked(settings_json(VllmRuntime)),
         family=get_family,
+        sets=get_set_decoding(),
+        thinking=settings_json(ThinkingSettings),
         code_version=code_version("evaluate_drafter"),
     script:
         "../scripts/evaluate_drafter.py"
+
+
+# A drafter trained elsewhere (evaluate.compare): decoded in vLLM on the prompts, depths, sets and
+# K of the run's own, by a job of its own (one added reruns nothing else).
+rule evaluate_compare:
+    input:
+        drafter=get_compared_files,
+        tokens=expand(run_path("tokens/{shard}.parquet"), shard=EVAL_SHARDS),
+        target=get_target_dir(),
+        sets=get_decoded_sets(),
+    output:
+        metrics=run_path("eval_compare/{compare}.json"),
+    log:
+        get_log("evaluate_compare/{compare}"),
+    benchmark:
+        bench_path("evaluate/evaluate_compare/{compare}.tsv")
+    wildcard_constraints:
+        compare=COMPARE_NAMES,
+    conda:
+        "../envs/eaglenest.yaml"
+    threads: 2
+    resources:
+        gpu=get_evaluate_gpus(),
+    params:
+        settings=settings_json(CompareSettings),
+        runtime=untracked(settings_json(VllmRuntime)),
+        drafter=get_compared_dir,
+        sets=get_set_decoding(),
+        code_version=code_version("evaluate_compare"),
+    script:
+        "../scripts/evaluate_compare.py"

@@ -24,6 +24,8 @@ rule build_report:
         train_metrics=REPORT_FAMILY_FILES["train_metrics"],
         train_report=REPORT_FAMILY_FILES["train_report"],
         eval_metrics=REPORT_FAMILY_FILES["eval_metrics"],
+        # evaluate.compare: the drafters trained elsewhere, beside the run's own
+        compare=get_compare_outputs(),
         hidden_verify=get_hidden_verification(),
     output:
         html=run_path("report/index.html"),

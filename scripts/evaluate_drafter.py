@@ -6,14 +6,20 @@ use_threads(snakemake.threads)
 
 from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
+from eaglenest.settings.eval_sets import SetDecodeSettings
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden_states import HiddenSettings
+from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
+from eaglenest.stages.evaluate.sets import engine_sets
+from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
 
 settings = EvaluateSettings.from_json(snakemake.params.settings)
 # hidden.store none/budget: the held-out states from the capture servers ("" with files)
 hidden = HiddenSettings.from_json(snakemake.params.hidden) if snakemake.params.hidden else None
+# evaluate.sets with evaluate.engine vllm: how the sets are rendered ("" without)
+sets = SetDecodeSettings.from_json(snakemake.params.sets) if snakemake.params.sets else None
 # Distinct GPUs for jobs that share a machine, held for the job's work.
 with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)):
     evaluate_drafter(
@@ -28,4 +34,10 @@ with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)
         hidden=hidden,
         # The family of train.families this job evaluates (its paths': eval/ is eagle3's).
         family=snakemake.params.family,
+        sets=engine_sets(snakemake.input.sets, sets, settings.live_max_new_tokens),
+        # evaluate.thinking_modes: the held-out prompts in the other thinking mode too
+        thinking=ThinkingEvaluation(
+            ThinkingSettings.from_json(snakemake.params.thinking),
+            list(snakemake.input.train_tokens),
+        ),
     )

@@ -11,8 +11,9 @@ every engine and every run it can, session-scoped and built once per test run fo
   the offline vLLM backend rewrote, one engine per shard job: compared with transformers
   (test_vllm_capture_backend.py) and the reference of the capture server's
   (test_vllm_capture_server.py);
-- `plain_decoding`: the small demo target's held-out prompts decoded plainly by vLLM, once for
-  the acceptance test and every EAGLE-3 variant;
+- `plain_decoding`: the small demo target's held-out prompts decoded plainly by vLLM (and in the
+  other thinking mode), once for the acceptance test and every EAGLE-3 variant; with the
+  standard sets' conversations (the demo's MT-Bench questions, a GSM8K-style set: `sets`);
 - `deepseek_target_dir`: the DeepSeek-V3 demo target (config/tests/deepseek-v3.yaml, the
   architecture of Kimi-K2 and Kimi-K2.5), built by real Snakemake in `deepseek_workdir`. A test
   that serves that target asks for this fixture alone; it must not write into the directory;
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.eval_sets import demo_engine_sets
 from support.servers import free_port
 from support.vllm import (
     CAPTURE_SHARDS,
@@ -127,10 +129,13 @@ def vllm_captured_run(finished_run: Path, tmp_path_factory: pytest.TempPathFacto
 def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """`finished_run`'s held-out prompts decoded plainly by vLLM, once for every test (and
     worker) that compares a drafter's decoding with it; with the arguments every such engine
-    gets."""
+    gets. The same engine also decodes them in the other thinking mode (`thinking`: the demo's
+    template pre-fills an empty think block with enable_thinking false), a group of its own."""
     from eaglenest.common.config import settings_from_sections
+    from eaglenest.settings.thinking import ThinkingSettings
     from eaglenest.settings.vllm import VllmEngine, VllmRuntime
     from eaglenest.stages.evaluate.live import heldout_prompts
+    from eaglenest.stages.evaluate.thinking import other_mode
     from eaglenest.stages.evaluate.vllm_evaluate import decode, engine_request
 
     require_vllm_venv()
@@ -147,14 +152,24 @@ def plain_decoding(finished_run: Path, tmp_path_factory: pytest.TempPathFactory)
         "engine": settings_from_sections(VllmEngine, vllm={"engine_args": engine_args}),
         "runtime": settings_from_sections(VllmRuntime, vllm={"python": VLLM_PYTHON}),
     }
-    request = engine_request(**arguments, drafter_dir=results / "drafter")
+    target = {"path": str(results / "target"), "chat_template_kwargs": {"enable_thinking": True}}
+    thinking = settings_from_sections(ThinkingSettings, target=target)
+    other = other_mode(arguments["prompts"], thinking)
+    groups = other.groups()
+    request = engine_request(**arguments, drafter_dir=results / "drafter", groups=groups)
 
     def build(out: Path) -> None:
-        write_facts(out, decode({**request, "k": None}, arguments["runtime"], out))
+        # The standard sets' conversations too, turn by turn (stages/evaluate/sets.py).
+        sets = demo_engine_sets(out / "sets", results / "target", arguments["max_new_tokens"])
+        plain = sets.plain_request(sets.sized({**request, "k": None}, None))
+        write_facts(out, decode(plain, arguments["runtime"], out))
 
+    built = built_once(tmp_path_factory, "plain-decoding", build)
     return {
         "arguments": arguments,
-        "plain": built_facts(built_once(tmp_path_factory, "plain-decoding", build)),
+        "thinking": {"settings": thinking, "other": other},
+        "plain": built_facts(built),
+        "sets": demo_engine_sets(built / "sets", results / "target", arguments["max_new_tokens"]),
     }
 
 

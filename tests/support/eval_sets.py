@@ -104,3 +104,46 @@ def write_plain_jsonl(path: Path) -> Path:
             {"category": "chat", "turns": ["First.", "Second."]},
         ],
     )
+
+
+def prepare_demo_sets(out_dir: Path) -> list[Path]:
+    """The demo's questions as MT-Bench JSONL and the GSM8K-style parquet, each prepared by the
+    stage's own function as the rule prepare_eval_set writes it: the prepared files."""
+    from eaglenest.settings.eval_sets import EvalSetSettings
+    from eaglenest.stages.eval_sets.eval_sets import prepare_eval_set
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = {
+        "mt_bench": write_demo_mt_bench(out_dir / "question.jsonl"),
+        "gsm8k": write_gsm8k_parquet(out_dir / "gsm8k.parquet"),
+    }
+    prepared = []
+    for name, source in sources.items():
+        out = out_dir / f"{name}.prepared.parquet"
+        prepare_eval_set(EvalSetSettings(name, str(source), "auto"), out, out_dir / f"{name}.json")
+        prepared.append(out)
+    return prepared
+
+
+def set_decoding(target_dir: Path, kwargs: dict | None = None, names=("mt_bench", "gsm8k")):
+    """The SetDecodeSettings evaluate_drafter's rule passes for these sets over `target_dir`
+    (the config checked without the sets, whose files are the test's own, their names set
+    after)."""
+    from eaglenest.common.config import validate_config
+    from eaglenest.settings.eval_sets import SetDecodeSettings
+
+    target = {"path": str(target_dir), "chat_template_kwargs": kwargs or {}}
+    config = validate_config({"target": target})
+    config["evaluate"]["sets"] = [{"name": name, "path": f"{name}.jsonl"} for name in names]
+    return SetDecodeSettings.from_config(config)
+
+
+def demo_engine_sets(out_dir: Path, target_dir: Path, max_new_tokens: int):
+    """The demo's sets (prepare_demo_sets, made once in `out_dir`) as the vLLM evaluation decodes
+    them over `target_dir` (stages/evaluate/sets.py's EngineSets)."""
+    from eaglenest.stages.evaluate.sets import engine_sets
+
+    prepared = sorted(out_dir.glob("*.prepared.parquet"))
+    if not prepared:
+        prepared = prepare_demo_sets(out_dir)
+    return engine_sets(prepared, set_decoding(target_dir), max_new_tokens)

@@ -8,6 +8,7 @@ import json
 
 import polars as pl
 
+from eaglenest.common.thinking import reasoned, switch_value
 from eaglenest.formats.raw import RAW_SCHEMA
 from eaglenest.formats.samples import SAMPLE_SCHEMA, SamplesSchema
 
@@ -75,7 +76,7 @@ def sample(
         "messages": messages,
         "reasoning": reasoning,
         "content": content,
-        "reasoning_field": "reasoning",
+        "reasoning_field": "reasoning" if reasoned(reasoning) else "none",  # none: thinking off
         "finish_reason": "stop",
         "prompt_token_ids": prompt_token_ids,
         "completion_token_ids": completion_token_ids,
@@ -85,6 +86,8 @@ def sample(
         "prompt_tokens": None,
         "completion_tokens": None,
         "latency_s": 0.1,
+        "thinking_switch": switch_value(kwargs),
+        "thinking": reasoned(reasoning),
     }
 
 

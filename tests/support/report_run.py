@@ -16,7 +16,7 @@ import polars as pl
 from eaglenest.formats.lengths import write_shard_lengths
 from eaglenest.formats.prompts import MESSAGE_DTYPE
 from eaglenest.formats.raw import RAW_SCHEMA, RawSchema
-from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema
+from eaglenest.formats.samples import SAMPLE_COLUMNS, SamplesSchema, with_thinking
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.formats.tokens import TokensSchema
 from eaglenest.settings.vocab import VocabSettings
@@ -66,9 +66,8 @@ def raw_frame(shard: str) -> pl.DataFrame:
 def samples_frame(raw: pl.DataFrame) -> pl.DataFrame:
     kept = raw.filter(pl.col("error_kind").is_null() & (pl.col("finish_reason") != "length"))
     messages = [[{"role": "user", "content": f"question {i}"}] for i in range(kept.height)]
-    frame = kept.with_columns(pl.Series("messages", messages, dtype=MESSAGE_DTYPE_LIST)).select(
-        SAMPLE_COLUMNS
-    )
+    frame = kept.with_columns(pl.Series("messages", messages, dtype=MESSAGE_DTYPE_LIST))
+    frame = with_thinking(frame).select(SAMPLE_COLUMNS)
     return SamplesSchema.validate(frame)
 
 
@@ -83,6 +82,7 @@ def tokens_frame(samples: pl.DataFrame) -> pl.DataFrame:
             "token_source": ["rebuilt"] * samples.height,
             "truncated": [False] * samples.height,
             "rebuild_agrees": [None] * samples.height,
+            "thinking": samples["thinking"],
         },
         schema_overrides={"input_ids": pl.List(pl.Int64), "rebuild_agrees": pl.Boolean},
     )

@@ -3,11 +3,13 @@ run (EAGLE-3 trained and evaluated), adding P-EAGLE and DFlash plans their train
 evaluation only, and a run of P-EAGLE alone plans no EAGLE-3; trained by Snakemake, their
 directories hold what vLLM 0.32 reads, as their loaders read it back; evaluated, the report has
 every family's sections and the families side by side, and its summary names the family chosen;
-taking a family out again reruns nothing, the report included."""
+taking a family out again reruns nothing, the report included. A key only some families read
+(EAGLE-3's training-time test, its variants, evaluate.ks) reruns the jobs of those alone."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,6 +61,65 @@ def test_adding_families_to_a_finished_run_plans_only_their_jobs(finished_run_co
     }
     assert not eagle3_outputs(alone.stdout)
     assert f"{SMALL_RUN}/drafter_p_eagle/config.json" in alone.stdout
+
+
+# train section changes (over with_families) -> the families whose training and evaluation rerun
+KEYS_READ_BY = [
+    # EAGLE-3's training-time test: P-EAGLE's depths are set (its default is ttt_steps).
+    ({"step_weight": 0.5, "ttt_steps": 4, "p_eagle": {"depths": 3}}, {"eagle3"}),
+    # An EAGLE-3 variant and activation checkpointing: not DFlash's.
+    (
+        {"drafter": {"norm_before_fc": False}, "activation_checkpointing": True},
+        {"eagle3", "p_eagle"},
+    ),
+    ({"dflash": {**DFLASH, "gamma": 2.0}}, {"dflash"}),  # and DFlash's jobs see their own keys
+]
+
+
+def test_a_key_only_some_families_read_reruns_only_their_jobs(finished_run_copy: Path):
+    """Every family's outputs recorded as this config's, without training: placeholders that
+    `snakemake --touch` records with each job's params, as a run would (nothing planned after;
+    --forcerun, as touch records only the jobs it would run). Then a dry run per change plans
+    the training and evaluation of the families that read it (P-EAGLE's and DFlash's own
+    keys plan theirs: the records are there)."""
+    config = with_families(ALL_FAMILIES)
+    results = finished_run_copy / "results" / SMALL_RUN
+    for family in ("p_eagle", "dflash"):
+        names = ("config.json", "model.safetensors", "metrics.jsonl", "train_report.json")
+        for path in [
+            *(results / f"drafter_{family}" / n for n in names),
+            results / f"eval_{family}" / "metrics.json",
+        ]:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text("{}")
+    touched = snakemake(finished_run_copy, "--touch", "--forcerun", "train_drafter", config=config)
+    assert touched.returncode == 0, touched.stdout[-3000:] + touched.stderr[-3000:]
+    assert planned_jobs(snakemake(finished_run_copy, "-n", config=config)) == {}
+    for change, families in KEYS_READ_BY:
+        result = snakemake(finished_run_copy, "-n", config=merged(config, {"train": change}))
+        planned = without_report(planned_jobs(result))
+        assert planned_families(result.stdout) == (families, families), change
+        assert planned == {
+            "train_drafter": len(families),
+            "evaluate_drafter": len(families),
+            "all": 1,
+        }, change
+    # evaluate.ks: P-EAGLE's (up to its 3 depths) change, DFlash's K = block_size - 1 does not.
+    ks = merged(config, {"evaluate": {"ks": [3, 5]}})
+    result = snakemake(finished_run_copy, "-n", config=ks)
+    assert planned_families(result.stdout) == (set(), {"eagle3", "p_eagle"})
+
+
+def planned_families(dry_run: str) -> tuple[set[str], set[str]]:
+    """The families whose training, and whose evaluation, a dry run plans (its output lines)."""
+    lines = [line for line in dry_run.splitlines() if line.strip().startswith("output:")]
+    outputs = "\n".join(lines)
+    trained = re.findall(r"/drafter(_p_eagle|_dflash)?/config\.json", outputs)
+    evaluated = re.findall(r"/eval(_p_eagle|_dflash)?/metrics\.json", outputs)
+    return (
+        {s.removeprefix("_") or "eagle3" for s in trained},
+        {s.removeprefix("_") or "eagle3" for s in evaluated},
+    )
 
 
 def eagle3_outputs(dry_run: str) -> list[str]:

@@ -104,3 +104,29 @@ def test_the_pipelines_report_of_the_demo_run(finished_run: Path):
     vocab = json.loads((results / "vocab" / "draft_vocab.json").read_text())
     assert vocab["distinct_ids_seen"] > vocab["draft_vocab_size"] and vocab["coverage"] < 1
     assert f"<td>{100 * vocab['coverage']:.2f}%</td>" in text
+    assert_both_thinking_modes(metrics, text)
+
+
+def assert_both_thinking_modes(metrics: dict, page: str) -> None:
+    """The evaluate job (its train_tokens input, its thinking param) decoded the held-out prompts
+    in both modes of the demo's template: trained thinking on, the prompts rendered off too,
+    decoded live at every K; the report's section says so."""
+    thinking = metrics["thinking"]
+    assert thinking["trained"]["mode"] == "on" and thinking["trained"]["samples"]["on"] > 0
+    assert (thinking["heldout_mode"], thinking["other_mode"]) == ("on", "off")
+    assert thinking["switch"] == "enable_thinking" and thinking["not_flipped"] == 0
+    ks = {str(k) for k in metrics["ks"]}
+    prompts = metrics["live"][min(ks)]["prompts"]
+    assert thinking["other_prompts"] == prompts
+    on, off = thinking["modes"]["on"]["live"], thinking["modes"]["off"]["live"]
+    assert set(on) == set(off) == ks
+    for k in ks:
+        # The generated mode's figures are the held-out prompts' own, the other's apart.
+        assert on[k] == {key: metrics["live"][k][key] for key in on[k]}
+        assert off[k]["prompts"] == prompts and off[k]["tokens"] > 0
+        ratio = thinking["other_vs_generated"]["live"][k]
+        assert ratio == off[k]["acceptance_length"] / on[k]["acceptance_length"]
+    assert "live_groups" not in metrics
+    section = page.split("<h2 id='thinking'>")[1].split("<h2")[0]
+    assert "with thinking off, its acceptance length is" in section
+    assert "<td>thinking on (all" in section

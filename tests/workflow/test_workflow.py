@@ -111,8 +111,9 @@ def test_client_settings_rerun_nothing(finished_run_copy: Path):
 
 def test_evaluation_sets_are_prepared_beside_a_finished_run(finished_run_copy: Path):
     """evaluate.sets added to a finished run: one prepare_eval_set job per set and nothing else
-    (the sets are not yet an input of evaluate_drafter); each set written, a SPEED-Bench file
-    with its placeholder row failing its own job with the fix named."""
+    (the small demo decodes in no engine, and the sets are decoded in vLLM only: neither an input
+    nor a param of evaluate_drafter there); each set written, a SPEED-Bench file with its
+    placeholder row failing its own job with the fix named."""
     sets = finished_run_copy / "sets"
     sets.mkdir()
     write_demo_mt_bench(sets / "question.jsonl")

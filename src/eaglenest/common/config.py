@@ -86,6 +86,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         lines = "\n  ".join(_describe(e) for e in errors)
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
     from eaglenest.settings.eval_sets import check_eval_sets
+    from eaglenest.settings.evaluate import check_compare
     from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.train import check_families, drafter_window
     from eaglenest.settings.urls import check_config_urls
@@ -98,6 +99,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         check_finite(config)
         check_aux_layers(config)
         check_eval_sets(config)
+        check_compare(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     return config

@@ -1,5 +1,8 @@
 """The samples shard, `samples/{shard}.parquet`: answers fit for training (non-empty reasoning and
-content, no think tags left in either, complete, ids valid), with the prompt's messages."""
+content, no think tags left in either, complete, ids valid), with the prompt's messages and the
+thinking mode (common/thinking.py): the switch the request sent and whether reasoning came back.
+A request that switched thinking off answers without reasoning: its reasoning is empty and its
+reasoning_field `none`."""
 
 from __future__ import annotations
 
@@ -7,21 +10,24 @@ import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
+from eaglenest.common.reasoning import INLINE_FIELD, NO_FIELD, REASONING_FIELDS
+from eaglenest.common.thinking import reasoned, request_switch
 from eaglenest.formats.prompts import MESSAGE_DTYPE, PROMPT_ID_PATTERN
 from eaglenest.formats.raw import RAW_SCHEMA, TOKEN_ID_COLUMNS, bad_token_ids
 from eaglenest.formats.tokens import IDS_DTYPE
 
 
 class SamplesSchema(pa.DataFrameModel):
-    """Answers fit for training: non-empty reasoning and content, no think tags left in either
-    (the parser split them), complete (not cut by max_tokens), unique ids."""
+    """Answers fit for training: non-empty reasoning (unless the request switched thinking off)
+    and content, no think tags left in either (the parser split them), complete (not cut by
+    max_tokens), unique ids."""
 
     id: str = pa.Field(str_matches=PROMPT_ID_PATTERN, unique=True, nullable=False)
     messages: pl.List(MESSAGE_DTYPE) = pa.Field(nullable=False)
     reasoning: str = pa.Field(nullable=False)
     content: str = pa.Field(nullable=False)
     reasoning_field: str = pa.Field(
-        isin=["reasoning", "reasoning_content", "content_think_tags"], nullable=False
+        isin=[*REASONING_FIELDS, INLINE_FIELD, NO_FIELD], nullable=False
     )
     finish_reason: str = pa.Field(nullable=True, notin=["length"])
     prompt_token_ids: IDS_DTYPE = pa.Field(nullable=True)
@@ -32,15 +38,33 @@ class SamplesSchema(pa.DataFrameModel):
     prompt_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     completion_tokens: pl.Int64 = pa.Field(nullable=True, ge=0)
     latency_s: pl.Float64 = pa.Field(nullable=False, ge=0)
+    # The chat-template switch the request sent (null: none, the template's default) and
+    # whether the answer reasoned: the sample's thinking mode.
+    thinking_switch: pl.Boolean = pa.Field(nullable=True)
+    thinking: pl.Boolean = pa.Field(nullable=False)
 
     class Config:
         strict = True
         ordered = True
 
-    @pa.check("reasoning", "content", error="must not be empty or whitespace")
+    @pa.check("content", error="must not be empty or whitespace")
     @classmethod
     def not_blank(cls, data: PolarsData) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col(data.key).str.strip_chars().str.len_chars() > 0)
+
+    @pa.dataframe_check(
+        error="reasoning must not be empty or whitespace unless the request switched thinking "
+        "off (thinking_switch false); `thinking` says whether it is not, reasoning_field is "
+        "`none` exactly when it is"
+    )
+    @classmethod
+    def reasoning_as_asked(cls, data: PolarsData) -> pl.LazyFrame:
+        has = pl.col("reasoning").str.strip_chars().str.len_chars() > 0
+        return data.lazyframe.select(
+            (has | pl.col("thinking_switch").not_().fill_null(False))  # null: no switch, on
+            & (pl.col("thinking") == has)
+            & ((pl.col("reasoning_field") == NO_FIELD) != has)
+        )
 
     @pa.check("reasoning", "content", error="must not contain think tags (the parser splits them)")
     @classmethod
@@ -70,6 +94,9 @@ def samples_schema(vocab_size: int | None) -> pa.DataFrameSchema:
     )
 
 
+# The thinking mode of a sample (common/thinking.py), beside the raw columns it is read from.
+THINKING_COLUMNS = {"thinking_switch": pl.Boolean, "thinking": pl.Boolean}
+
 SAMPLE_COLUMNS = [
     "id",
     "messages",
@@ -85,11 +112,28 @@ SAMPLE_COLUMNS = [
     "prompt_tokens",
     "completion_tokens",
     "latency_s",
+    *THINKING_COLUMNS,
 ]
 
 
-# Column dtypes of samples/{shard}.parquet: the raw columns kept, plus the prompt's messages.
+# Column dtypes of samples/{shard}.parquet: the raw columns kept, the prompt's messages and the
+# thinking mode.
 SAMPLE_SCHEMA = {
-    name: pl.List(MESSAGE_DTYPE) if name == "messages" else RAW_SCHEMA[name]
+    name: pl.List(MESSAGE_DTYPE)
+    if name == "messages"
+    else THINKING_COLUMNS.get(name) or RAW_SCHEMA[name]
     for name in SAMPLE_COLUMNS
 }
+
+
+def with_thinking(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (raw or samples rows) with its thinking columns, computed from `request` and
+    `reasoning` where absent: a samples shard written before they were recorded gets them too."""
+    if all(name in frame.columns for name in THINKING_COLUMNS):
+        return frame
+    switches = [request_switch(r) for r in frame["request"].to_list()]
+    thinking = [reasoned(r) for r in frame["reasoning"].to_list()]
+    return frame.with_columns(
+        pl.Series("thinking_switch", switches, dtype=pl.Boolean),
+        pl.Series("thinking", thinking, dtype=pl.Boolean),
+    )

@@ -29,7 +29,10 @@ class TokensSchema(pa.DataFrameModel):
     The loss covers the completion: positions from `prompt_len` on (so at least one). `token_source`
     says whether the ids are the server's (`server`) or rebuilt with the tokenizer (`rebuilt`);
     `rebuild_agrees` whether a rebuild matched the server's ids (null when not compared);
-    `truncated` whether the sequence was cut at tokenize.max_length.
+    `truncated` whether the sequence was cut at tokenize.max_length; `thinking` the sample's
+    thinking mode (it reasoned: common/thinking.py), what a drafter trained on it was trained in.
+    Shards written before it was recorded lack the column: readers take it as unknown
+    (`read_thinking`).
     """
 
     id: str = pa.Field(str_matches=PROMPT_ID_PATTERN, unique=True, nullable=False)
@@ -39,6 +42,7 @@ class TokensSchema(pa.DataFrameModel):
     token_source: str = pa.Field(isin=list(TOKEN_SOURCES), nullable=False)
     truncated: bool = pa.Field(nullable=False)
     rebuild_agrees: bool = pa.Field(nullable=True)
+    thinking: bool = pa.Field(nullable=False)
 
     class Config:
         strict = True
@@ -71,6 +75,7 @@ def empty_tokens_frame() -> pl.DataFrame:
             "token_source": pl.String,
             "truncated": pl.Boolean,
             "rebuild_agrees": pl.Boolean,
+            "thinking": pl.Boolean,
         }
     )
 
@@ -85,3 +90,16 @@ def loss_mask(prompt_len: int, n_tokens: int) -> np.ndarray:
 def read_tokens(tokens_path: str | Path) -> pl.DataFrame:
     """What later stages need of a tokens shard: ids and where the completion starts."""
     return pl.read_parquet(tokens_path, columns=["id", "input_ids", "prompt_len", "n_tokens"])
+
+
+def read_thinking(tokens_paths: list[str | Path]) -> list[bool | None]:
+    """Every sample's thinking mode over tokens shards, in order; None for each sample of a shard
+    written before the mode was recorded (no `thinking` column)."""
+    modes: list[bool | None] = []
+    for path in tokens_paths:
+        names = pl.read_parquet_schema(path)
+        if "thinking" in names:
+            modes += pl.read_parquet(path, columns=["thinking"])["thinking"].to_list()
+        else:
+            modes += [None] * pl.scan_parquet(path).select(pl.len()).collect().item()
+    return modes

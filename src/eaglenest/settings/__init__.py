@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 
 class NotTracked:
-    """A field a settings object leaves out (a view's other fields, see TargetSettings.view): any
-    use of it is an error naming the field. One instance per name, so views compare equal."""
+    """A field a settings object leaves out (a view's other fields, see TargetSettings.view and
+    TrainSettings.of_family): any use of it is an error naming the config key. One instance per
+    key, so views compare equal."""
 
     _instances: typing.ClassVar[dict[str, NotTracked]] = {}
 
@@ -49,13 +50,17 @@ class NotTracked:
 
     def _fail(self, *_: Any, **__: Any) -> NoReturn:
         raise AttributeError(
-            f"target.{self.name} is not among the target fields this stage's settings track: add "
-            "it to its TargetSettings.view(...) in src/eaglenest/settings/ (a change of it must "
-            "rerun the stage)"
+            f"{self.name} is not among the fields this job's settings track: add it to their "
+            "view in src/eaglenest/settings/ (TargetSettings.view, TrainSettings.of_family): a "
+            "change of it must rerun the job"
         )
 
     __bool__ = __str__ = __fspath__ = __iter__ = __len__ = __getitem__ = __eq__ = _fail
     __hash__ = __getattr__ = _fail  # type: ignore[assignment]
+    # Used as a number (range(ttt_steps), step_weight ** i): the same error, not a TypeError.
+    __index__ = __int__ = __float__ = __lt__ = __le__ = __gt__ = __ge__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _fail
+    __truediv__ = __rtruediv__ = __pow__ = __rpow__ = _fail
 
     def __repr__(self) -> str:
         return f"NotTracked({self.name!r})"
@@ -73,6 +78,13 @@ class Settings:
 
     # Whether from_dict may leave fields out (a view): they become NotTracked.
     PARTIAL = False
+    # The config section of the fields (NotTracked names the key: "target.path").
+    SECTION = ""
+
+    @classmethod
+    def not_tracked(cls, name: str) -> NotTracked:
+        """The field `name` left out of a view."""
+        return NotTracked(f"{cls.SECTION}.{name}" if cls.SECTION else name)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Self:
@@ -99,7 +111,7 @@ class Settings:
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         if cls.PARTIAL:
-            values = {f.name: NotTracked(f.name) for f in fields} | dict(values)
+            values = {f.name: cls.not_tracked(f.name) for f in fields} | dict(values)
         return cls(**{f.name: _revived(hints[f.name], values[f.name]) for f in fields})
 
 

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglenest.settings import Settings
+from eaglenest.settings.target import TargetSettings
+
 # The formats a set's file can be read as (eaglenest.stages.eval_sets.formats); "auto" reads it
 # from the file: its suffix and its columns.
 EVAL_SET_FORMATS = ("auto", "mt_bench", "gsm8k", "humaneval", "speed_bench", "plain")
@@ -75,3 +78,23 @@ def check_eval_sets(config: Mapping[str, Any], workdir: str | Path = ".") -> Non
                 f"{key}: {entry['path']} is not one of {', '.join(EVAL_SET_SUFFIXES)}; save the "
                 "set as JSON Lines or parquet (docs/evaluate.md)"
             )
+
+
+@dataclass(frozen=True)
+class SetDecodeSettings(Settings):
+    """What the evaluate stage decodes the sets with (the param `sets` of evaluate_drafter and
+    evaluate_compare, absent when evaluate.sets is empty, so a run without sets keeps its params):
+    the sets' names, in config order, and how the target renders a chat, as generation renders
+    its prompts (the tokenizer's chat template with target.chat_template_kwargs)."""
+
+    names: tuple[str, ...]
+    target: TargetSettings  # path, tokenizer, trust_remote_code, chat_template_kwargs
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SetDecodeSettings:
+        return cls(
+            names=tuple(eval_set_names(config)),
+            target=TargetSettings.view(
+                config, "path", "tokenizer", "trust_remote_code", "chat_template_kwargs"
+            ),
+        )

@@ -1,14 +1,17 @@
-"""Settings of the evaluate stage: the `evaluate` section and the seed of the run's training (the
-untrained baseline and the batch order draw from it)."""
+"""Settings of the evaluate stage: the `evaluate` section, the seed of the run's training (the
+untrained baseline, the batch order and the engine's sampled decoding draw from it) and, with
+the engine, the generation temperature it samples at."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from eaglenest.settings import Settings
 from eaglenest.settings.target import TargetSettings
+from eaglenest.settings.train import DFlashSettings, PEagleSettings
 from eaglenest.settings.vllm import VllmEngine
 
 
@@ -24,19 +27,101 @@ class EvaluateSettings(Settings):
     max_batch_tokens: int
     seed: int  # train.seed
     engine: str | None  # "vllm": also decode in the serving engine
+    # generation.temperature, with engine "vllm" only (its sampled figures; None otherwise, so a
+    # change reruns the evaluation only where it is measured)
+    sampled_temperature: float | None
     vllm: VllmEngine | None  # with engine "vllm" only: a vllm section change reruns only then
     target: TargetSettings  # path and trust_remote_code
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EvaluateSettings:
         section = config["evaluate"]
-        fixed = ("ks", "depths", "seed", "vllm", "target")
+        fixed = ("ks", "depths", "seed", "vllm", "target", "sampled_temperature")
         names = [f for f in cls.__dataclass_fields__ if f not in fixed]
         return cls(
             ks=tuple(section["ks"]),
             depths=tuple(section["depths"]),
             seed=config["train"]["seed"],
+            sampled_temperature=(
+                config["generation"]["temperature"] if section["engine"] == "vllm" else None
+            ),
             vllm=VllmEngine.from_config(config) if section["engine"] == "vllm" else None,
             target=TargetSettings.view(config, "path", "trust_remote_code"),
             **{k: section[k] for k in names},
         )
+
+
+@dataclass(frozen=True)
+class CompareSettings(Settings):
+    """What a drafter of evaluate.compare is decoded with: the prompts, depths, K and sampling of
+    the run's own drafter in vLLM (the fields of EvaluateSettings that the engine reads)."""
+
+    ks: tuple[int, ...]
+    depths: tuple[int, ...]
+    live_prompts: int
+    live_max_new_tokens: int
+    device: str
+    seed: int  # train.seed
+    sampled_temperature: float | None  # generation.temperature (the sampled figures)
+    vllm: VllmEngine
+    target: TargetSettings  # path and trust_remote_code
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CompareSettings:
+        evaluate = EvaluateSettings.from_config(config)
+        return cls(
+            ks=evaluate.ks,
+            depths=evaluate.depths,
+            live_prompts=evaluate.live_prompts,
+            live_max_new_tokens=evaluate.live_max_new_tokens,
+            device=evaluate.device,
+            seed=evaluate.seed,
+            sampled_temperature=evaluate.sampled_temperature,
+            vllm=VllmEngine.from_config(config),
+            target=evaluate.target,
+        )
+
+
+def compare_drafters(config: Mapping[str, Any]) -> dict[str, str]:
+    """`evaluate.compare`: name -> the directory of a drafter trained elsewhere ({} when none).
+    Not a field of EvaluateSettings: a drafter added there runs its own job, rerunning nothing."""
+    return dict((config.get("evaluate") or {}).get("compare") or {})
+
+
+def check_compare(config: Mapping[str, Any], workdir: str | Path = ".") -> None:
+    """What the schema cannot say of `evaluate.compare`: the drafters are decoded in vLLM only
+    (evaluate.engine: vllm), and each directory holds the config.json vLLM reads. Raises
+    ValueError naming the key."""
+    drafters = compare_drafters(config)
+    if drafters and (config.get("evaluate") or {}).get("engine") != "vllm":
+        raise ValueError(
+            "config key 'evaluate.compare': drafters trained elsewhere are decoded in vLLM only; "
+            "set evaluate.engine: vllm (or remove evaluate.compare)"
+        )
+    for name, directory in drafters.items():
+        config_json = Path(workdir) / directory / "config.json"
+        if not config_json.is_file():
+            raise ValueError(
+                f"config key 'evaluate.compare.{name}': {directory} has no config.json (resolved "
+                f"from the working directory: {config_json.resolve()}); give the directory of a "
+                "drafter vLLM serves (speculators format, Hugging Face EAGLE-3 or DFlash layout)"
+            )
+
+
+def evaluate_job_settings_json(evaluate: str, config: Mapping[str, Any], family: str) -> str:
+    """The evaluate rule's `settings` param for one family's job, from EvaluateSettings' JSON
+    (`evaluate`): that for EAGLE-3 (every evaluate.ks), else with the ks the family is measured
+    at (stages/evaluate/families.py), so a change of evaluate.ks that leaves them as they were
+    reruns none of its evaluation: P-EAGLE's up to its trained depths (else its depths), DFlash's
+    block_size - 1 alone. Its metrics' `configured_ks` are these."""
+    if family == "eagle3":
+        return evaluate
+    settings = EvaluateSettings.from_json(evaluate)
+    if family == "p_eagle":
+        depths = PEagleSettings.from_config(config).depths
+        ks = tuple(k for k in settings.ks if k <= depths) or (depths,)
+    elif family == "dflash":
+        ks = (DFlashSettings.from_config(config).block_size - 1,)
+    else:
+        raise ValueError(f"train.families: {family!r} is no drafter family")
+    return replace(settings, ks=ks).to_json()

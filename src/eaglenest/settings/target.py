@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from eaglenest.settings import NotTracked, Settings
+from eaglenest.settings import Settings
 
 
 @dataclass(frozen=True)
 class TargetSettings(Settings):
     PARTIAL = True
+    SECTION = "target"
 
     model: str  # the served name: what requests ask for
     path: str | None  # local directory or hub name of the weights (None: served only)
@@ -45,5 +46,5 @@ class TargetSettings(Settings):
             raise ValueError(f"TargetSettings has no fields {unknown}")
         whole = cls.from_config(config)
         return replace(
-            whole, **{f.name: NotTracked(f.name) for f in fields(cls) if f.name not in names}
+            whole, **{f.name: cls.not_tracked(f.name) for f in fields(cls) if f.name not in names}
         )

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eaglenest.settings import Settings
+from eaglenest.settings import NotTracked, Settings
 from eaglenest.settings.target import TargetSettings
 
 # The EAGLE-3 variants (booleans of train.drafter and of the exported config.json), as vLLM's
@@ -22,7 +22,11 @@ class DrafterSettings(Settings):
     """`train.drafter`: the EAGLE-3 variant and the attention of the drafter, and the sizes that
     override the target's (None: not set, the size follows the target's config; an explicit null
     means the same). Read by training (stages/train/initialise.py), whose checkpoint's config.json
-    export and evaluation then read as the drafter's config (eaglenest.drafter.config)."""
+    export and evaluation then read as the drafter's config (eaglenest.drafter.config). A family
+    that reads fewer of them tracks a view (`TrainSettings.of_family`)."""
+
+    PARTIAL = True
+    SECTION = "train.drafter"
 
     norm_before_fc: bool
     fc_norm: bool
@@ -50,12 +54,20 @@ class DrafterSettings(Settings):
 
     def overrides(self) -> dict[str, Any]:
         """What the drafter's config takes over the target's: the variant, the attention and
-        every size that is set (eaglenest.drafter.config.DrafterConfig.from_target)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        every size that is set (eaglenest.drafter.config.DrafterConfig.from_target); a field
+        its family's view leaves out is not set."""
+        values = dataclasses.asdict(self).items()
+        return {k: v for k, v in values if v is not None and not isinstance(v, NotTracked)}
 
 
 @dataclass(frozen=True)
 class TrainSettings(Settings):
+    """The `train` section's recipe. EAGLE-3's job tracks every field; another family's job a
+    view of those its training reads (`of_family`: the others NotTracked)."""
+
+    PARTIAL = True
+    SECTION = "train"
+
     epochs: int
     max_steps: int | None
     lr: float
@@ -92,8 +104,19 @@ class TrainSettings(Settings):
     def recorded(self) -> dict[str, Any]:
         """The `train` section's values, as train_report.json and checkpoints record them: where
         the target lies is the run's, not the training's (moving it invalidates no checkpoint)."""
-        recorded = {k: v for k, v in dataclasses.asdict(self).items() if k != "target"}
+        values = dataclasses.asdict(self).items()
+        recorded = {k: v for k, v in values if k != "target" and not isinstance(v, NotTracked)}
         return recorded | {"drafter": self.drafter.overrides()}
+
+    def of_family(self, family: str) -> TrainSettings:
+        """The view of these settings a family's training reads: the fields of NOT_READ[family]
+        NotTracked (left out of its job's params, an error where read)."""
+        own, drafter = NOT_READ[family]
+        left_out = {name: self.not_tracked(name) for name in own}
+        view = {name: self.drafter.not_tracked(name) for name in drafter}
+        return dataclasses.replace(
+            self, **left_out, drafter=dataclasses.replace(self.drafter, **view)
+        )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:
@@ -135,6 +158,21 @@ def drafter_window(drafter: Mapping[str, Any]) -> int | None:
 
 # What a run can train from the same token and hidden-state shards (eaglenest.stages.train.families).
 FAMILIES = ("eagle3", "p_eagle", "dflash")
+
+# The training-time test: EAGLE-3's alone. P-EAGLE drafts train.p_eagle.depths (PEagleSettings
+# resolves its default, ttt_steps) from mask tokens, never drafted ones (ttt_inputs drafter is
+# refused with it: check_families).
+TTT_FIELDS = ("ttt_steps", "step_weight", "ttt_inputs")
+# train.drafter's MLA sizes: P-EAGLE and DFlash have llama attention only (check_families).
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# family -> (TrainSettings fields, DrafterSettings fields) its training never reads, so a change
+# of one reruns none of its jobs (stages/train/families.py, build_recipe). DFlash's Qwen3 layers
+# take none of the EAGLE-3 variants, and its blocks are always recomputed in backward.
+NOT_READ: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "eagle3": ((), ()),
+    "p_eagle": (TTT_FIELDS, MLA_FIELDS),
+    "dflash": ((*TTT_FIELDS, "activation_checkpointing"), (*DRAFTER_VARIANTS, *MLA_FIELDS)),
+}
 
 
 def family_suffix(family: str) -> str:
@@ -219,11 +257,13 @@ class FamilySettings(Settings):
 def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) -> str:
     """The train rule's `settings` param for one family's job, from TrainSettings' JSON
     (`train`): that alone for eagle3 (what the rule tracked before families, so a finished run
-    reruns nothing), else with the family's own settings beside it."""
+    reruns nothing), else the view the family reads (`TrainSettings.of_family`) with the
+    family's own settings beside it."""
     if family == "eagle3":
         return train
-    own = FamilySettings.of(config, family).to_json()
-    return json.dumps({"train": json.loads(train), "family": json.loads(own)}, sort_keys=True)
+    view = json.loads(TrainSettings.from_json(train).of_family(family).to_json())
+    own = json.loads(FamilySettings.of(config, family).to_json())
+    return json.dumps({"train": view, "family": own}, sort_keys=True)
 
 
 def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:

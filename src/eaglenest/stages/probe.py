@@ -33,6 +33,7 @@ from eaglenest.common.reasoning import (
     extract_reasoning,
     present_fields,
 )
+from eaglenest.common.thinking import switch_value
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 from eaglenest.target_model.tokenizer import think_token_ids
@@ -209,10 +210,19 @@ def _request_bodies(
 
 
 def _answers_without_reasoning(
-    base: str, model: str, answers: list[dict[str, Any]], require_reasoning: bool
+    base: str, model: str, answers: list[dict[str, Any]], require_reasoning: bool, switch_off: bool
 ) -> list[int]:
-    """Indices of the answers without reasoning; raise when all lack it and it is required."""
+    """Indices of the answers without reasoning; raise when all lack it and it is required
+    (and asked for: a request that switched thinking off wants answers without it)."""
     empty = [i for i, a in enumerate(answers) if a["reasoning_field"] == NO_FIELD]
+    if switch_off:
+        log.info(
+            "probe %s: asked with thinking off; %d of %d answers have no reasoning, as asked",
+            base,
+            len(empty),
+            len(answers),
+        )
+        return empty
     if require_reasoning and len(empty) == len(answers):
         raise ProbeError(_empty_reasoning_message(base, model, answers))
     if empty:
@@ -269,7 +279,9 @@ def probe_endpoint(
     what it said, or raise ProbeError saying what is wrong.
 
     The reasoning check fails only when every answer lacks reasoning: a real target may skip
-    thinking on one trivial prompt, which is a warning, not a broken server.
+    thinking on one trivial prompt, which is a warning, not a broken server. With the thinking
+    switch off in `chat_template_kwargs` (common/thinking.py) answers without reasoning are what
+    was asked, and pass.
     """
     base = api_base(endpoint.url)
     api_key = api_key_from_env(endpoint.api_key_env)
@@ -282,7 +294,8 @@ def probe_endpoint(
         # Error texts quote what the server said, which a proxy may fill with our headers.
         raise ProbeError(redact(str(err), [api_key, *url_secrets(base)])) from None
     shown_base = redacted_url(base)
-    empty = _answers_without_reasoning(shown_base, model, answers, require_reasoning)
+    switch_off = switch_value(chat_template_kwargs) is False
+    empty = _answers_without_reasoning(shown_base, model, answers, require_reasoning, switch_off)
     supported = _check_token_ids(shown_base, answers, require_token_ids)
     shown = next((i for i in range(len(answers)) if i not in empty), 0)
     # No redaction here: the key travels only in headers, and the model's text is kept as it is.
@@ -302,6 +315,7 @@ def probe_endpoint(
         "token_ids": answers[shown]["token_ids"] | {"supported": supported},
         "answers": answers,
         "answers_without_reasoning": len(empty),
+        "thinking_switch": switch_value(chat_template_kwargs),  # null: the template's default
         "raw_response": responses[shown],
     }
 

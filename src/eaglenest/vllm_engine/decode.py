@@ -6,7 +6,8 @@ interpreter, started by vllm_evaluate.py, once per evaluation.
 `requests.json` is a list of configurations (plainly, and with each K), decoded in turn, each by
 a fresh offline `vllm.LLM` that is shut down before the next starts: one process imports vLLM
 once for all of them (~9 s of CPU an import here), where a process per configuration imported it
-len(ks) + 1 times. Each engine decodes the held-out prompts (token ids) at temperature 0:
+len(ks) + 1 times. Each engine decodes the held-out prompts (token ids) at temperature 0, and
+at the request's sampling temperatures (below):
 plainly, or with EAGLE-3 speculative decoding by the exported drafter and K draft tokens, and
 answers one message (eaglenest.vllm_engine.process.say): the generated token ids per prompt, the
 wall time of `generate`, and vLLM's own speculative-decoding counters (`vllm:spec_decode_*`),
@@ -14,15 +15,23 @@ which are the figures users see in production. The request's `groups` (name -> p
 prompts cut at each depth) are decoded after, by the same engine, one `generate` each, with the
 counters' growth over that call as the group's own.
 
+Each prompt list (the held-out prompts, every group) is decoded greedily first, then once at
+each of the request's `temperatures` (vLLM's rejection sampling; temperature is per request, so
+the same engine), each prompt with its own seed (`seed` + its index: the same prompt list
+samples the same tokens again); the sampled answers under `sampled` (temperature -> answer).
+
 A request's `speculative_config` (the drafter family's: EAGLE-3, P-EAGLE's eagle3 with
 parallel_drafting, DFlash's method dflash) is vLLM's as given; without one, EAGLE-3 with the
-request's `drafter` and `k`. Each speculative engine also counts rounds per request (vLLM's
-`per_request_spec_decode_metrics`, v1/metrics/stats.py RequestSpecDecodeMetrics: the steps of
-its histogram), so each prompt's rounds can be compared with our live loop's. A configuration
+request's `drafter` and `k`. Each speculative engine also keeps each request's record (vLLM's
+`per_request_spec_decode_metrics: detailed`, v1/metrics/stats.py RequestSpecDecodeMetrics): the
+rounds per prompt (the steps of its histogram), and the accepted and drafted counts of every
+step in order (`per_step_accepted`, `per_step_drafted`), from which the figures' spread over
+prompts and acceptance by generated position come (stages/evaluate/spread.py). A configuration
 the CPU build cannot serve (cpu.py's CpuEngineError: a non-MLA drafter beside an MLA target) is
-answered with `refused` and its reason, and the next one starts.
+answered with `refused` and its reason, and the next one starts. A plain request's `sets` (the
+standard sets' conversations) are decoded turn by turn after (conversations.py).
 
-Imports vLLM and eaglenest.vllm_engine.process only.
+Imports vLLM and eaglenest.vllm_engine.process only (and cpu_expand.py's fix of the CPU build).
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+from eaglenest.vllm_engine.conversations import decode_sets
 from eaglenest.vllm_engine.cpu import CpuEngineError
+from eaglenest.vllm_engine.cpu_expand import fix_cpu_expand_kernel
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 SPEC_COUNTERS = {
@@ -45,6 +56,8 @@ SPEC_COUNTERS = {
 
 
 def engine(request: dict):
+    # Sampled verification on vLLM's CPU build reads a temperature it never wrote (cpu_expand.py).
+    fix_cpu_expand_kernel()
     method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
         method["speculative_config"] = request.get("speculative_config") or {
@@ -52,7 +65,7 @@ def engine(request: dict):
             "model": request["drafter"],
             "num_speculative_tokens": request["k"],
         }
-        method["per_request_spec_decode_metrics"] = "summary"
+        method["per_request_spec_decode_metrics"] = "detailed"
     return one_shot_llm(llm_arguments(request, **method), core_in_process=True)
 
 
@@ -88,7 +101,12 @@ def counters_since(after: dict, before: dict) -> dict:
 
 
 def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
-    """Tokens, wall time and the counters' growth of one `generate` over `prompts`."""
+    """Tokens, wall time and the counters' growth of one `generate` over `prompts`, decoded from
+    an empty prefix cache, so a list's figures do not depend on the lists decoded before it (seen
+    without: the thinking-off prompts, which extend the held-out ones, decoded first gave one
+    held-out prompt the same tokens in 47 rounds against 35; a seeded sampled decoding, whose
+    draws follow the rounds, would not repeat either)."""
+    llm.reset_prefix_cache()
     before = spec_counters(llm)
     tick = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
@@ -101,7 +119,44 @@ def decode_prompts(llm, prompts: list[list[int]], sampling) -> dict:
     per_request = [getattr(output.outputs[0], "spec_decode_metrics", None) for output in outputs]
     if all(metrics is not None for metrics in per_request):
         answer["rounds_per_prompt"] = [sum(metrics.histogram) for metrics in per_request]
+        answer["per_step_accepted"] = [list(m.per_step_accepted) for m in per_request]
+        answer["per_step_drafted"] = [list(m.per_step_drafted) for m in per_request]
     return answer
+
+
+def sampling_arguments(request: dict, temperature: float, prompts: int) -> list[dict]:
+    """SamplingParams' arguments for each of `prompts` prompts: greedy at temperature 0 (one
+    for all), else sampled, each prompt with its own seed (the request's `seed` + its index), so
+    a prompt list decoded again samples the same tokens."""
+    if temperature == 0:
+        return [{"max_tokens": request["max_new_tokens"], "temperature": 0.0}]
+    tokens = request["max_new_tokens"]
+    return [
+        {"max_tokens": tokens, "temperature": temperature, "seed": request["seed"] + index}
+        for index in range(prompts)
+    ]
+
+
+def decode_at_temperatures(llm, prompts: list[list[int]], request: dict) -> dict:
+    """The greedy answer of `prompts`, with one sampled answer per temperature of the request's
+    `temperatures` under `sampled` ("0.7" -> answer) when it lists any."""
+    from vllm import SamplingParams
+
+    def at(temperature: float) -> dict:
+        arguments = sampling_arguments(request, temperature, len(prompts))
+        sampling = [SamplingParams(**each) for each in arguments]
+        return decode_prompts(llm, prompts, sampling if len(sampling) > 1 else sampling[0])
+
+    answer = at(0.0)
+    temperatures = [t for t in request.get("temperatures") or () if t > 0]
+    if temperatures:
+        answer["sampled"] = {temperature_key(t): at(t) for t in temperatures}
+    return answer
+
+
+def temperature_key(temperature: float) -> str:
+    """How answers and metrics.json name a temperature: "0.7", "1"."""
+    return f"{temperature:g}"
 
 
 def shut_down(llm) -> None:
@@ -123,11 +178,13 @@ def decode_request(request: dict) -> dict:
 
     say({"engine_ready_s": round(time.perf_counter() - started, 3), "k": request["k"]})
     sampling = SamplingParams(max_tokens=request["max_new_tokens"], temperature=0.0)
-    answer = decode_prompts(llm, request["prompts"], sampling)
+    answer = decode_at_temperatures(llm, request["prompts"], request)
     groups = {
-        name: decode_prompts(llm, prompts, sampling)
+        name: decode_at_temperatures(llm, prompts, request)
         for name, prompts in (request.get("groups") or {}).items()
     }
+    if request.get("sets"):  # the plain engine: the standard sets' conversations, turn by turn
+        answer["sets"] = decode_sets(llm, request["sets"], sampling)
     shut_down(llm)
     return {"done": True, "k": request["k"], **answer, "groups": groups}
 
@@ -139,5 +196,7 @@ def main(requests_path: str) -> None:
         gc.collect()  # the last engine's client, unreachable now, before the next one starts
 
 
+if __name__ == "__mp_main__":  # this module re-imported by an engine core vLLM spawned
+    fix_cpu_expand_kernel()
 if __name__ == "__main__":  # LLM(...) starts its workers with spawn
     main(sys.argv[1])

@@ -89,6 +89,9 @@ def _engine_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
     keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
     row = {key: figures.get(key) for key in keys}
     row["identical_to_plain"] = figures.get("identical_to_plain")
+    # Its temperature and its spread over prompts (stages/evaluate/spread.py), where measured.
+    row["temperature"] = figures.get("temperature")
+    row["ci95"] = (figures.get("spread") or {}).get("ci95")
     return row
 
 
@@ -99,11 +102,14 @@ def depth_table(
     simulated: dict[str, dict[str, Any]],
     live: dict[str, dict[str, Any]] | None,
     engine: dict[str, dict[str, Any]] | None,
+    engine_sampled: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """eval/metrics.json's `by_depth`: per K, one row per depth with the prompts decoded there
-    and the acceptance (length, rounds) of the simulated, live and engine measurements.
+    and the acceptance (length, rounds) of the simulated, live and engine measurements, and of
+    the engine's sampled decoding (`engine_sampled`, at the generation temperature).
 
-    `simulated`, `live`, `engine`: depth (str) -> K (str) -> that measurement's figures."""
+    `simulated`, `live`, `engine`, `engine_sampled`: depth (str) -> K (str) -> that
+    measurement's figures."""
     per_k: dict[str, list[dict[str, Any]]] = {}
     for k in map(str, ks):
         rows = []
@@ -124,6 +130,7 @@ def depth_table(
                     ),
                     "live": _live_row(((live or {}).get(d) or {}).get(k)),
                     "engine": _engine_row(((engine or {}).get(d) or {}).get(k)),
+                    "engine_sampled": _engine_row(((engine_sampled or {}).get(d) or {}).get(k)),
                 }
             )
         per_k[k] = rows
@@ -134,7 +141,7 @@ def depth_table(
         "per_k": per_k,
         "definition": (
             "held-out samples cut after `depth` tokens (depth 0: the sample's prompt), the "
-            "continuation decoded greedily with the drafter; simulated: positions >= depth of "
-            "every held-out sample"
+            "continuation decoded greedily with the drafter (engine_sampled: by the engine at "
+            "the generation temperature); simulated: positions >= depth of every held-out sample"
         ),
     }

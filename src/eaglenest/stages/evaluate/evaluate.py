@@ -29,15 +29,17 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.depths import cut_at_depths, depth_table
-from eaglenest.stages.evaluate.families import load_family
+from eaglenest.stages.evaluate.families import FamilyDrafter, load_family
 from eaglenest.stages.evaluate.live import (
     heldout_prompts,
     live_metrics,
 )
+from eaglenest.stages.evaluate.sets import EngineSets
 from eaglenest.stages.evaluate.simulated import (
     simulate_all,
     simulated_metrics,
 )
+from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
 from eaglenest.stages.evaluate.vllm_evaluate import engine_metrics, live_vs_engine
 
 log = logging.getLogger(__name__)
@@ -55,9 +57,12 @@ def evaluate_drafter(
     runtime: VllmRuntime | None = None,
     hidden: HiddenSettings | None = None,
     family: str = "eagle3",
+    sets: EngineSets | None = None,
+    thinking: ThinkingEvaluation | None = None,
 ) -> dict[str, Any]:
     """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures of
-    the `family` drafter in `drafter_dir`, at the K it serves (families.py).
+    the `family` drafter in `drafter_dir`, at the K it serves (families.py); `sets`: standard sets
+    (sets.py) decoded in vLLM; `thinking`: also the other thinking mode (thinking.py)'s prompts.
     With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
@@ -96,9 +101,10 @@ def evaluate_drafter(
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
+    groups = thinking.groups(prompts) if thinking else {}  # the other thinking mode's prompts
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
-        live_args = (*live_args, head.aux_layer_ids, cuts, family)
+        live_args = (*live_args, head.aux_layer_ids, cuts, family, groups)
         metrics.update(live_metrics(loaded.proposer, prompts, *live_args))
         metrics["live_vs_simulated"] = {
             k: metrics["live"][k]["acceptance_length"] / simulated[family][k]["acceptance_length"]
@@ -107,17 +113,43 @@ def evaluate_drafter(
     else:
         metrics["live_skipped_reason"] = "evaluate.live is false"
     if settings.engine == "vllm":
-        # A refusal is a reason for another family: EAGLE-3 has an MLA drafter for MLA targets.
-        engine_args = (runtime, model_dtype, loaded.speculative_config, family != "eagle3")
-        metrics["engine"] = engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)
-        if metrics["live"]:
-            metrics["live_vs_engine"] = live_vs_engine(metrics["live"], metrics["engine"]["per_k"])
+        engine_args = (settings, runtime, model_dtype, loaded, family, sets, groups)
+        metrics.update(engine_figures(drafter_dir, prompts, cuts, metrics["live"], *engine_args))
+    metrics.update(thinking.section(metrics) if thinking else {})
     live_by_depth = metrics.pop("live_by_depth", None)
     engine_by_depth = (metrics.get("engine") or {}).pop("by_depth", None)
+    sampled_by_depth = ((metrics.get("engine") or {}).get("sampled") or {}).pop("by_depth", None)
     if settings.depths:
-        metrics["by_depth"] = depth_table(
-            cuts, settings.ks, continuation, simulated_by_depth, live_by_depth, engine_by_depth
-        )
+        by_depth = (simulated_by_depth, live_by_depth, engine_by_depth, sampled_by_depth)
+        metrics["by_depth"] = depth_table(cuts, settings.ks, continuation, *by_depth)
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
+
+
+def engine_figures(
+    drafter_dir: str | Path,
+    prompts: list[list[int]],
+    cuts: list,
+    live: dict[str, Any] | None,
+    settings: EvaluateSettings,
+    runtime: VllmRuntime | None,
+    model_dtype: str,
+    loaded: FamilyDrafter,
+    family: str,
+    sets: EngineSets | None,
+    groups: dict[str, list[list[int]]] | None = None,
+) -> dict[str, Any]:
+    """metrics.json's `engine` (vLLM's figures), `live_vs_engine` beside the `live` figures, and
+    `sets` (the standard sets' figures, taken out of the engine's) when there are sets; `groups`
+    (the other thinking mode's prompts) decoded by the same engines, under `by_depth`."""
+    # A refusal is a reason for another family: EAGLE-3 has an MLA drafter for MLA targets.
+    engine_args = (runtime, model_dtype, loaded.speculative_config, family != "eagle3", sets)
+    engine_args = (*engine_args, groups)
+    figures = {"engine": engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)}
+    if live:
+        figures["live_vs_engine"] = live_vs_engine(live, figures["engine"]["per_k"])
+    set_figures = figures["engine"].pop("sets", None)
+    if sets is not None:
+        figures["sets"] = set_figures
+    return figures

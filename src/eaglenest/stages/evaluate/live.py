@@ -142,10 +142,12 @@ def live_metrics(
     layer_ids: list[int],
     cuts: list[DepthCut] = (),
     family: str = "eagle3",
+    groups: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """Greedy and speculative decoding with the transformers target, the drafter (a fresh
     proposer of its family from `proposer_of`, under the family's name) and prompt lookup; the
-    drafter also from each depth cut (`live_by_depth`: depth -> K -> figures)."""
+    drafter also from each depth cut (`live_by_depth`: depth -> K -> figures) and each further
+    prompt group (`live_groups`: name -> K -> figures; the other thinking mode's)."""
     from eaglenest.target_model.loading import load_target
 
     target = load_target(target_path, device, model_dtype, trust_remote_code)
@@ -154,6 +156,7 @@ def live_metrics(
         "prompt_lookup": PromptLookupProposer(settings.prompt_lookup_ngram),
     }
     eos_ids = eos_token_ids(target_path, target)
+    decoding = (settings.ks, settings.live_max_new_tokens)
     results = live(
         target, proposers, prompts, settings.ks, settings.live_max_new_tokens, eos_ids, layer_ids
     )
@@ -173,10 +176,17 @@ def live_metrics(
                 eos_ids,
                 layer_ids,
             )[family]
+    live_groups = {}
+    for name, group in (groups or {}).items():
+        log.info("live %s: %d prompts", name, len(group))
+        live_groups[name] = live(
+            target, {family: proposer_of()}, group, *decoding, eos_ids, layer_ids
+        )[family]
     return {
         "live": results[family],
         "live_baselines": {"prompt_lookup": results["prompt_lookup"]},
         "live_by_depth": by_depth,
+        **({"live_groups": live_groups} if groups else {}),
     }
 
 

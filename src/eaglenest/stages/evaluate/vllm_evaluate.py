@@ -23,6 +23,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.depths import DepthCut
 from eaglenest.stages.evaluate.live import emitted_per_round
+from eaglenest.stages.evaluate.sets import EngineSets
+from eaglenest.stages.evaluate.spread import paired_difference, record_figures
 from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.vllm_engine.process import (
     EngineError,
@@ -41,6 +44,22 @@ from eaglenest.vllm_engine.process import (
 log = logging.getLogger(__name__)
 
 DECODE_MODULE = "eaglenest.vllm_engine.decode"
+HELDOUT = "heldout"  # the set name of the held-out prompts' figures (and of their depth cuts)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The engine's sampled decoding beside the greedy one: vLLM's rejection sampling at
+    `temperature` (the run's generation.temperature; 0: greedy only), top_p 1, each prompt seeded
+    with `seed` + its index (train.seed), so a rerun samples the same tokens; the bootstrap of
+    the spread (spread.py) draws from `seed` too."""
+
+    temperature: float = 0.0
+    seed: int = 0
+
+    def key(self) -> str:
+        """How answers and metrics.json name the temperature (vllm_engine/decode.py's key)."""
+        return f"{self.temperature:g}"
 
 
 def draft_room(k: int | None) -> int:
@@ -150,9 +169,11 @@ def engine_request(
     runtime: VllmRuntime,
     trust_remote_code: bool = False,
     groups: dict[str, list[list[int]]] | None = None,
+    sampling: Sampling = Sampling(),
 ) -> dict[str, Any]:
     """What vllm_engine/decode.py is asked (less `k`: None for plain decoding, else the draft length).
-    `groups`: further prompts by name (the depth cuts), each decoded by the same engine."""
+    `groups`: further prompts by name (the depth cuts), each decoded by the same engine; every
+    prompt list greedily, and sampled too when `sampling` has a temperature."""
     every = [*prompts, *[p for group in (groups or {}).values() for p in group]]
     longest = max((len(p) for p in every), default=0)
     return {
@@ -169,7 +190,26 @@ def engine_request(
         "max_model_len": runtime.max_model_len or longest + max_new_tokens,
         "gpu_memory_utilization": runtime.gpu_memory_utilization,
         "trust_remote_code": trust_remote_code,
+        "temperatures": [sampling.temperature] if sampling.temperature > 0 else [],
+        "seed": sampling.seed,
     }
+
+
+def decode_sets_plainly(
+    request: dict[str, Any],
+    sets: EngineSets | None,
+    plain: dict[str, Any] | None,
+    runtime: VllmRuntime,
+    work_dir: Path,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """With `sets`: the request sized for their longest turns, with their recorded prompts as
+    groups, and the plain decoding that recorded them (decoded here, first, when not given: the
+    sets' later turns follow its answers). Without: both as they are."""
+    if sets is None:
+        return request, plain
+    request = sets.sized(request, runtime.max_model_len)
+    plain = plain or decode(sets.plain_request(request), runtime, work_dir)
+    return {**request, "groups": {**request["groups"], **sets.groups(plain)}}, plain
 
 
 def evaluate_in_vllm(
@@ -187,6 +227,8 @@ def evaluate_in_vllm(
     depth_prompts: dict[str, list[list[int]]] | None = None,
     speculative_config: Callable[[str, int], dict[str, Any]] | None = None,
     refusal_is_a_reason: bool = False,
+    sets: EngineSets | None = None,
+    sampling: Sampling = Sampling(),
 ) -> dict[str, Any]:
     """vLLM's figures for every K, as `eval/metrics.json` records them under `engine`. `plain`:
     the plain decoding of the same prompts, when already made (`decode` with k None).
@@ -194,7 +236,9 @@ def evaluate_in_vllm(
     under `by_depth` (depth -> K -> figures). `speculative_config`: (drafter dir, K) -> vLLM's
     speculative_config (the drafter's family's; EAGLE-3's when None). A K the CPU build refuses
     to serve beside the target (an MLA target) is an EngineError, or with
-    `refusal_is_a_reason` its reason under `not_served` (K -> reason), its figures absent."""
+    `refusal_is_a_reason` its reason under `not_served` (K -> reason), its figures absent.
+    `sets`: the standard sets, decoded by the same engines (sets.py), their figures under `sets`.
+    `sampling`: every prompt list also decoded sampled, its figures under `sampled`."""
     request = engine_request(
         prompts=prompts,
         drafter_dir=drafter_dir,
@@ -205,11 +249,13 @@ def evaluate_in_vllm(
         runtime=runtime,
         trust_remote_code=trust_remote_code,
         groups=depth_prompts,
+        sampling=sampling,
     )
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
     not_served: dict[str, str] = {}
     try:
+        request, plain = decode_sets_plainly(request, sets, plain, runtime, work_dir)
         configs = ([] if plain else [None]) + list(ks)
         requests = [{**request, "k": k} for k in configs]
         for each in requests if speculative_config else ():
@@ -218,7 +264,8 @@ def evaluate_in_vllm(
         answers = decode_each(requests, runtime, work_dir)
         by_config = dict(zip(configs, answers, strict=True))
         plain = plain or by_config[None]
-        per_k = {}
+        per_k, served = {}, {}
+        at = figure_tables(per_k, by_depth, sampling)
         for k in ks:
             answer = by_config[k]
             if answer.get("refused"):
@@ -227,11 +274,8 @@ def evaluate_in_vllm(
                 not_served[str(k)] = answer["refused"]
                 log.warning("vLLM does not serve K=%d here: %s", k, answer["refused"])
                 continue
-            per_k[str(k)] = acceptance(answer, plain, k)
-            log.info("vLLM K=%d: %s", k, per_k[str(k)])
-            for depth, group in (answer.get("groups") or {}).items():
-                by_depth[depth][str(k)] = acceptance(group, plain["groups"][depth], k)
-                log.info("vLLM K=%d depth %s: %s", k, depth, by_depth[depth][str(k)])
+            served[k] = answer
+            file_figures(at, answer, plain, k, max_new_tokens, sampling)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return {
@@ -243,7 +287,74 @@ def evaluate_in_vllm(
         "by_depth": by_depth,
         "not_served": not_served,
         "definition": "vLLM's spec_decode counters: acceptance length = 1 + accepted / drafts",
+        "sets": sets.figures(served, plain, acceptance) if sets else {},
+        **sampled_section(at, sampling),
     }
+
+
+def figures_at_temperatures(
+    answer: dict[str, Any], plain: dict[str, Any], k: int, max_new_tokens: int, sampling: Sampling
+) -> dict[str, dict[str, Any]]:
+    """One K's answer to one prompt list as figures, by temperature key: "0" greedy (as ever,
+    with its temperature, set, spread and acceptance by position), then each sampled answer,
+    with its difference from the greedy one on the same prompts (`vs_greedy`). A sampled
+    output equals no plain one (identical_to_plain None); its speedup needs the plain engine's
+    sampled decoding (None when `plain` was decoded greedily only)."""
+    seed = sampling.seed
+    figures = {"0": {**acceptance(answer, plain, k), "temperature": 0.0, "set": HELDOUT}}
+    figures["0"].update(record_figures(answer, max_new_tokens, seed))
+    for key, sampled in (answer.get("sampled") or {}).items():
+        plain_sampled = (plain.get("sampled") or {}).get(key)
+        each = acceptance(sampled, plain_sampled or sampled, k)
+        each.update(identical_to_plain=None, temperature=float(key), set=HELDOUT, seed=seed)
+        if plain_sampled is None:
+            each.update(plain_wall_s=None, speedup=None)
+        each.update(record_figures(sampled, max_new_tokens, seed))
+        greedy_steps = answer.get("per_step_accepted") or []
+        each["vs_greedy"] = paired_difference(sampled.get("per_step_accepted"), greedy_steps, seed)
+        figures[key] = each
+    return figures
+
+
+def figure_tables(
+    per_k: dict[str, Any], by_depth: dict[str, dict[str, Any]], sampling: Sampling
+) -> dict[str, dict[str, Any]]:
+    """Where evaluate_in_vllm files its figures: temperature key -> {"per_k": K -> figures,
+    "by_depth": depth -> K -> figures}; "0" (greedy) holds `per_k` and `by_depth` themselves."""
+    at = {"0": {"per_k": per_k, "by_depth": by_depth}}
+    at.setdefault(sampling.key(), {"per_k": {}, "by_depth": {depth: {} for depth in by_depth}})
+    return at
+
+
+def file_figures(
+    at: dict[str, dict[str, Any]],
+    answer: dict[str, Any],
+    plain: dict[str, Any],
+    k: int,
+    max_new_tokens: int,
+    sampling: Sampling,
+) -> None:
+    """Files K's figures, of the held-out prompts and of each depth cut (the groups `at`'s
+    by_depth names; the other groups are the sets'), under their temperature in `at`
+    (evaluate_in_vllm's)."""
+    for key, figures in figures_at_temperatures(answer, plain, k, max_new_tokens, sampling).items():
+        at[key]["per_k"][str(k)] = figures
+        log.info("vLLM K=%d, temperature %s: %s", k, key, figures)
+    for depth in at["0"]["by_depth"]:
+        group, plain_group = answer["groups"][depth], plain["groups"][depth]
+        in_group = figures_at_temperatures(group, plain_group, k, max_new_tokens, sampling)
+        for key, figures in in_group.items():
+            at[key]["by_depth"][depth][str(k)] = figures
+            log.info("vLLM K=%d depth %s, temperature %s: %s", k, depth, key, figures)
+
+
+def sampled_section(at: dict[str, dict[str, Any]], sampling: Sampling) -> dict[str, Any]:
+    """metrics.json's engine `sampled` (absent at temperature 0): the temperature, top_p and
+    seed, and the sampled figures by K and by depth."""
+    if sampling.temperature <= 0:
+        return {}
+    settings = {"temperature": sampling.temperature, "top_p": 1.0, "seed": sampling.seed}
+    return {"sampled": {**settings, **at[sampling.key()]}}
 
 
 def engine_metrics(
@@ -255,10 +366,14 @@ def engine_metrics(
     model_dtype: str,
     speculative_config: Callable[[str, int], dict[str, Any]] | None = None,
     refusal_is_a_reason: bool = False,
+    sets: EngineSets | None = None,
+    groups: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """vLLM's figures (evaluate.engine: vllm) from the held-out prompts and each depth cut, with
-    the emitted tokens per round of every K on the one definition (`evaluate_in_vllm` for the
-    last two arguments)."""
+    """vLLM's figures (evaluate.engine: vllm) from the held-out prompts, each depth cut and the
+    standard sets, with the emitted tokens per round of every K on the one definition
+    (`evaluate_in_vllm` for the last three arguments); greedy, and sampled at the generation
+    temperature (settings.sampled_temperature) with seeds from train.seed. `groups`: further
+    prompt groups by name (the other thinking mode's), filed beside the depths in `by_depth`."""
     engine = evaluate_in_vllm(
         prompts=prompts,
         drafter_dir=drafter_dir,
@@ -269,15 +384,19 @@ def engine_metrics(
         engine=settings.vllm,
         runtime=runtime,
         trust_remote_code=settings.target.trust_remote_code,
-        depth_prompts={str(c.depth): c.prompts for c in cuts if c.prompts},
+        depth_prompts={**{str(c.depth): c.prompts for c in cuts if c.prompts}, **(groups or {})},
         speculative_config=speculative_config,
         refusal_is_a_reason=refusal_is_a_reason,
+        sets=sets,
+        sampling=Sampling(settings.sampled_temperature or 0.0, settings.seed),
     )
-    for per_k in [engine["per_k"], *(engine.get("by_depth") or {}).values()]:
-        for engine_k in per_k.values():
-            engine_k["emitted_per_round"] = emitted_per_round(
-                engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
-            )
+    greedy_and_sampled = [engine, *([engine["sampled"]] if engine.get("sampled") else [])]
+    for figures in greedy_and_sampled:
+        for per_k in [figures["per_k"], *(figures.get("by_depth") or {}).values()]:
+            for engine_k in per_k.values():
+                engine_k["emitted_per_round"] = emitted_per_round(
+                    engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
+                )
     return engine
 
 

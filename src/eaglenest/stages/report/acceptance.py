@@ -1,5 +1,6 @@
 """The report's acceptance section: acceptance length by K and by position, simulated from the
-stored features, live, in the serving engine and for the baselines (eval/metrics.json)."""
+stored features, live, in the serving engine (greedy and sampled, with the spread over prompts
+and by generated position: engine_spread.py) and for the baselines (eval/metrics.json)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 from eaglenest.settings.train import family_suffix
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
+from eaglenest.stages.report.engine_spread import position_table, spread_table
 from eaglenest.stages.report.figures import acceptance_figure
-from eaglenest.stages.report.page import Section, table
+from eaglenest.stages.report.page import Section, fmt, table
 
 
 def section_acceptance(data: RunData) -> Section:
@@ -28,6 +30,13 @@ def section_acceptance(data: RunData) -> Section:
     if metrics.get("engine"):
         section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
         section.blocks.append(engine_table(metrics, ks))
+        engine = metrics["engine"]
+        for title, block in (
+            ("Greedy and sampled, with the spread over prompts", spread_table(engine, ks)),
+            ("Acceptance by generated position", position_table(engine, ks)),
+        ):
+            if block:
+                section.blocks += [f"<h3>{title} ({engine['engine']})</h3>", block]
     live_baselines = metrics.get("live_baselines") or {}
     if live_baselines:
         section.blocks.append("<h3>Live baselines</h3>")
@@ -158,9 +167,15 @@ def depth_table_html(by_depth: dict[str, Any]) -> str:
     """One row per K and depth: prompts decoded there, then acceptance length and rounds of the
     live and the engine decoding, and the simulated acceptance length."""
     rows = []
+    every_row = [row for per_depth in by_depth["per_k"].values() for row in per_depth]
+    temperatures = [
+        row["engine_sampled"]["temperature"] for row in every_row if row.get("engine_sampled")
+    ]
+    sampled = bool(temperatures)
     for k, per_depth in by_depth["per_k"].items():
         for row in per_depth:
             live, engine, simulated = (row.get(m) or {} for m in ("live", "engine", "simulated"))
+            at_temperature = row.get("engine_sampled") or {}
             rows.append(
                 [
                     k,
@@ -170,6 +185,7 @@ def depth_table_html(by_depth: dict[str, Any]) -> str:
                     live.get("rounds"),
                     engine.get("acceptance_length"),
                     engine.get("rounds"),
+                    *([at_temperature.get("acceptance_length")] if sampled else []),
                     simulated.get("acceptance_length"),
                     simulated.get("positions"),
                 ]
@@ -182,6 +198,7 @@ def depth_table_html(by_depth: dict[str, Any]) -> str:
         "live rounds",
         "engine acceptance length",
         "engine rounds",
+        *([f"engine acceptance length at T={fmt(temperatures[0])}"] if sampled else []),
         "simulated acceptance length",
         "simulated positions",
     ]

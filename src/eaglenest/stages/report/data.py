@@ -53,6 +53,7 @@ class RunData:
     hidden_verify: dict | None = None  # hidden/verify.json: vLLM against transformers per layer
     family: str = "eagle3"
     families: dict[str, FamilyRun] = field(default_factory=dict)
+    compare: dict[str, dict] = field(default_factory=dict)  # eval_compare/{name}.json by name
 
     def of_family(self, family: str) -> RunData:
         """This run with `family`'s training and evaluation in the place of the first's."""
@@ -219,3 +220,20 @@ def hidden_totals(summaries: Iterable[dict]) -> tuple[int, int, float | None]:
     tokens = sum(s.get("tokens", 0) for s in summaries)
     size = sum(s.get("bytes", 0) for s in summaries)
     return tokens, size, size / tokens if tokens else None
+
+
+def temperature_rows(engine: dict[str, Any], ks: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(K, figures) of the serving engine's every K at each temperature measured: greedy, then
+    sampled (eval/metrics.json `engine.per_k`, `engine.sampled.per_k`)."""
+    sampled = (engine.get("sampled") or {}).get("per_k") or {}
+    rows = []
+    for k in ks:
+        for figures in ((engine.get("per_k") or {}).get(k), sampled.get(k)):
+            if figures:
+                rows.append((k, figures))
+    return rows
+
+
+def positions(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bins of an engine figure's acceptance by generated position ([] without a record)."""
+    return (figures.get("by_position") or {}).get("bins") or []

@@ -14,7 +14,7 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from eaglenest.stages.report.data import BASELINE_NAMES
+from eaglenest.stages.report.data import BASELINE_NAMES, positions, temperature_rows
 
 
 def new_figure(columns: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -186,10 +186,15 @@ SOURCE_COLORS = {"simulated": "C0", "live": "C1", "untrained": "C2", "prompt_loo
 
 def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
     """One panel per K: conditional acceptance by position (drafter and baselines, simulated);
-    then acceptance length per K, simulated, live and baselines side by side; last, with a
-    by-depth table (evaluate.depths), acceptance length against context depth."""
+    then acceptance length per K, simulated, live and baselines side by side; then, with a
+    by-depth table (evaluate.depths), acceptance length against context depth; last, beside it,
+    the engine's acceptance by generated position inside its own answers (greedy and sampled)."""
     by_depth = metrics.get("by_depth")
-    figure, axes = new_figure(len(ks) + 1 + bool(by_depth), width=4.2)
+    engine = metrics.get("engine") or {}
+    by_position = any(figures.get("by_position") for _, figures in temperature_rows(engine, ks))
+    figure, axes = new_figure(len(ks) + 1 + bool(by_depth) + by_position, width=4.2)
+    if by_position:
+        position_panel(axes.pop(), engine, ks)
     if by_depth:
         depth_panel(axes.pop(), by_depth)
     baselines = metrics.get("baselines") or {}
@@ -244,7 +249,7 @@ def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
 
 
 # Line style per measurement; colour per K.
-MEASUREMENT_STYLES = {"live": "-", "engine": ":", "simulated": "--"}
+MEASUREMENT_STYLES = {"live": "-", "engine": ":", "engine_sampled": "-.", "simulated": "--"}
 
 
 def depth_panel(axis, by_depth: dict[str, Any]) -> None:
@@ -263,11 +268,37 @@ def depth_panel(axis, by_depth: dict[str, Any]) -> None:
                     marker="o",
                     markersize=3,
                     color=f"C{index}",
-                    label=f"K={k} {measurement}",
+                    label=f"K={k} {measurement.replace('_', ' ')}",
                 )
     axis.set_xlabel("context depth (tokens)")
     axis.set_ylabel("acceptance length")
     axis.set_title("acceptance by depth")
+    axis.legend(fontsize=6)
+
+
+def position_panel(axis, engine: dict[str, Any], ks: list[str]) -> None:
+    """The engine's acceptance length by generated position (bins of its per-step record): per
+    K a colour, greedy solid, sampled dashed."""
+    for k, figures in temperature_rows(engine, ks):
+        points = [
+            ((row["start"] + row["end"]) / 2, row["acceptance_length"])
+            for row in positions(figures)
+            if row["acceptance_length"] is not None
+        ]
+        if points:
+            temperature = figures.get("temperature") or 0
+            axis.plot(
+                *zip(*points),
+                "--" if temperature else "-",
+                marker="o",
+                markersize=3,
+                color=f"C{ks.index(k)}",
+                label=f"K={k} T={temperature:g}",
+            )
+    axis.set_xlabel("generated position (tokens)")
+    axis.set_ylabel("acceptance length")
+    axis.set_ylim(bottom=1)
+    axis.set_title(f"acceptance by position ({engine.get('engine', 'engine')})")
     axis.legend(fontsize=6)
 
 

@@ -71,6 +71,7 @@ class RunFiles:
     train_report: list[Path] = field(default_factory=list)
     eval_metrics: list[Path] = field(default_factory=list)
     hidden_verify: Path | None = None  # hidden/verify.json, with hidden.verify_samples
+    compare: list[Path] = field(default_factory=list)  # eval_compare/{name}.json (evaluate.compare)
 
     def __post_init__(self) -> None:
         optional = ("prompts_report", "probe", "draft_vocab", "hidden_verify")
@@ -82,6 +83,7 @@ class RunFiles:
         self.hidden_summaries = _paths(self.hidden_summaries)
         self.generate_benchmarks = _paths(self.generate_benchmarks)
         self.generate_activity = _paths(self.generate_activity)
+        self.compare = _paths(self.compare)
 
     @classmethod
     def from_run_dir(
@@ -119,6 +121,7 @@ class RunFiles:
             if logs_dir is not None
             else [],
             draft_vocab=existing("vocab/draft_vocab.json"),
+            compare=sorted((run_dir / "eval_compare").glob("*.json")),
             **{kind: family_files(kind, FAMILIES, run_dir, []) for kind in FAMILY_FILES},
         )
 
@@ -209,7 +212,14 @@ DRAFT_VOCAB_OPTIONAL = {"loss_tokens": "int", "distinct_ids_seen": "int"}
 ACCEPTANCE_FIELDS = {"acceptance_length": "number", "conditional_acceptance": "numbers"}
 LIVE_FIELDS = {"acceptance_length": "number"}
 ENGINE_FIELDS = {"acceptance_length": "number"}
-ENGINE_OPTIONAL = {"rounds": "int", "per_position_acceptance": "numbers", "tokens": "int"}
+ENGINE_OPTIONAL = {
+    "rounds": "int",
+    "per_position_acceptance": "numbers",
+    "tokens": "int",
+    "temperature": "number",
+    "spread": "object",  # over prompts, and by generated position (stages/evaluate/spread.py)
+    "by_position": "object",
+}
 LIVE_OPTIONAL = {
     "emitted_per_round": "number",
     # The round's time, the drafter's and the target's, and the target's plain greedy step.
@@ -285,6 +295,8 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
     check_by_depth(metrics.get("by_depth") or {}, f"{path} by_depth")
     engine = metrics.get("engine") or {}
     check_fields(engine, f"{path} engine", {}, {"per_k": "object", "engine": "str"})
+    sampled = engine.get("sampled") or {}
+    check_fields(sampled, f"{path} engine.sampled", {}, {"per_k": "object"})
     for k in metrics["ks"]:
         key = str(k)
         if key not in metrics["simulated"]:
@@ -302,9 +314,10 @@ def read_eval_metrics(path: Path) -> dict[str, Any]:
             if key in per_k:
                 where = f"{path} live_baselines[{name}][{key}]"
                 check_fields(per_k[key], where, LIVE_FIELDS, LIVE_OPTIONAL)
-        if key in (engine.get("per_k") or {}):
-            where = f"{path} engine.per_k[{key}]"
-            check_fields(engine["per_k"][key], where, ENGINE_FIELDS, ENGINE_OPTIONAL)
+        for name, figures in (("engine", engine), ("engine.sampled", sampled)):
+            if key in (figures.get("per_k") or {}):
+                where = f"{path} {name}.per_k[{key}]"
+                check_fields(figures["per_k"][key], where, ENGINE_FIELDS, ENGINE_OPTIONAL)
         for name, per_k in (metrics.get("baselines") or {}).items():
             check_fields(per_k, f"{path} baselines[{name}]", {})
             if key in per_k:
@@ -321,7 +334,7 @@ def check_by_depth(by_depth: dict[str, Any], where: str) -> None:
         for index, row in enumerate(rows):
             row_where = f"{where}.per_k[{k}][{index}]"
             check_fields(row, row_where, {"depth": "int"}, {"prompts": "int"})
-            for measurement in ("live", "engine"):
+            for measurement in ("live", "engine", "engine_sampled"):
                 check_fields(
                     row.get(measurement) or {}, f"{row_where}.{measurement}", {}, LIVE_OPTIONAL
                 )
@@ -443,4 +456,5 @@ def load_run(files: RunFiles) -> RunData:
         hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
         family=family,
         families=families,
+        compare={path.stem: read_json_object(path) for path in files.compare},
     )

@@ -16,7 +16,8 @@ depth. report/summary.json names the family chosen (choice.py), for one family t
 This module is the entry (scripts/build_report.py calls `build_report`); the parts live beside it:
 inputs.py (which files, reading and checking them; family_files.py which families), data.py
 (the loaded run and its numbers), figures.py (the plots), sections.py (each part of the page;
-acceptance.py the acceptance one, families.py the families one), choice.py (the family chosen)
+acceptance.py the acceptance one, families.py the families one, sets.py the standard sets and
+the drafters compared, thinking.py the thinking modes), choice.py (the family chosen)
 and page.py (the HTML).
 By hand: `python -m eaglenest.stages.report RUN_DIR` (see __main__.py).
 """
@@ -40,6 +41,8 @@ from eaglenest.stages.report.figures import note_figure, png_bytes
 from eaglenest.stages.report.inputs import RunFiles, load_run
 from eaglenest.stages.report.page import Section, fmt, key_figures, render_html
 from eaglenest.stages.report.sections import SECTIONS, section_training
+from eaglenest.stages.report.sets import sections_sets_and_compare
+from eaglenest.stages.report.thinking import section_thinking
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,8 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
     families = section_families(data, summary)
     if families is not None:
         sections.append(families)
-    return sections
+    thinking = section_thinking(data)  # only when metrics.json records the thinking mode
+    return sections + ([thinking] if thinking else []) + sections_sets_and_compare(data)
 
 
 def run_summary(data: RunData, run: str) -> dict[str, Any]:

@@ -411,6 +411,7 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     an older report lacks show their value before they existed."""
     settings, drafter = report["settings"], report.get("drafter") or {}
     get = settings.get
+    slot_weights, inputs = drafted_slots(report)
     variant = [name for name in DRAFTER_VARIANTS if drafter.get(name)]
     architecture = "EAGLE-3 with " + ", ".join(variant) if variant else "EAGLE-3 (plain)"
     if report.get("family") in PARALLEL_FAMILIES:
@@ -420,7 +421,7 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     loss = (
         f"{get('loss', 'cross_entropy')}; target mass outside the draft vocab: "
         f"{get('target_outside_vocab', 'renormalise')}; "
-        f"TTT step i weighted {fmt(get('step_weight'))}^i; "
+        f"{slot_weights}; "
         f"on {get('loss_positions', 'completion')} positions"
     )
     betas = tuple(get("adam_betas", (0.9, 0.95)))
@@ -432,7 +433,6 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         f"{get('warmup_steps')} warm-up steps, cosine to {fmt(get('min_lr_ratio'))} x lr; "
         f"{get('epochs')} epochs, {get('max_batch_tokens')} tokens a batch"
     )
-    inputs = f"{get('ttt_steps')} / {get('ttt_inputs', 'data')} tokens"
     pool = get("shuffle_pool", 0)
     if get("packing", False):
         batches = "new each epoch, random samples packed several to a row"
@@ -443,7 +443,7 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     return [
         ("architecture", architecture),
         ("loss", loss),
-        ("TTT steps / their inputs", inputs),
+        ("drafted steps / their inputs", inputs),
         ("LM head", get("lm_head_init", "random")),
         ("initialisation", f"N(0, {fmt(get('init_std'))})" if get("init_std") else "PyTorch's"),
         ("aux noise", fmt(get("aux_noise", 0.0))),
@@ -451,6 +451,19 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         ("schedule", schedule),
         ("batches", batches),
     ]
+
+
+def drafted_slots(report: dict[str, Any]) -> tuple[str, str]:
+    """How a family's loss weighs its drafted slots, and how many it drafts from what: the
+    TTT keys are EAGLE-3's only (another family's settings leave them out)."""
+    settings, drafter, slots = report["settings"], report.get("drafter") or {}, report["ttt_steps"]
+    if report.get("family") == "p_eagle":
+        return "depth d weighted as speculators' COD sampling keeps it", f"{slots} / mask tokens"
+    if report.get("family") == "dflash":
+        weights = f"block slot j weighted exp(-(j - 1) / {fmt(drafter.get('gamma'))})"
+        return weights, f"{slots} / mask tokens"
+    weights = f"TTT step i weighted {fmt(settings.get('step_weight'))}^i"
+    return weights, f"{settings.get('ttt_steps')} / {settings.get('ttt_inputs', 'data')} tokens"
 
 
 def _at(values: list | None, i: int) -> Any:

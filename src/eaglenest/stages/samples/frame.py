@@ -46,6 +46,7 @@ def tokens_frame(rows: list[dict[str, Any]]) -> tuple[pl.DataFrame, np.ndarray, 
             "token_source": [r["token_source"] for r in rows],
             "truncated": [r["truncated"] for r in rows],
             "rebuild_agrees": pl.Series([r["rebuild_agrees"] for r in rows], dtype=pl.Boolean),
+            "thinking": pl.Series([r["thinking"] for r in rows], dtype=pl.Boolean),
         },
         schema=empty_tokens_frame().schema,
     )

@@ -2,7 +2,11 @@
 template with the request's kwargs, then `<think>` (unless the template opened the think block),
 the reasoning, `</think>`, the content and the end of turn, think and end-of-turn tokens inserted
 as ids. Each piece is tokenized on its own, which is what the model saw, since the tags around it
-are added tokens that BPE never merges across; one batched tokenizer call per chunk."""
+are added tokens that BPE never merges across; one batched tokenizer call per chunk.
+
+With thinking switched off, the template pre-fills a closed, empty think block at the end of the
+prompt (Qwen3 `<think>\n\n</think>\n\n`, Kimi-K2.5 `<think></think>`): the model writes the
+content and the end of turn only, and so does the rebuild."""
 
 from __future__ import annotations
 
@@ -74,6 +78,12 @@ def opens_think_block(prompt_ids: list[int], start_id: int, end_id: int) -> bool
     return last_start >= 0 and last_start > _last_index(prompt_ids, end_id)
 
 
+def closes_think_block(prompt: str, think_end: str) -> bool:
+    """True when the rendered prompt ends with a think block the template closed (the thinking
+    switch off: `</think>` and whitespace at its end), so the model's output is content only."""
+    return prompt.rstrip().endswith(think_end)
+
+
 def _last_index(ids: list[int], value: int) -> int:
     try:
         return len(ids) - 1 - ids[::-1].index(value)
@@ -87,6 +97,7 @@ class Rebuild:
     completion_ids: list[list[int]]
     decodes_back: list[bool]  # reasoning and content ids decode to exactly the sample's text
     prompt_opens_think: list[bool]
+    prompt_closes_think: list[bool]  # thinking off: the completion is content and end of turn
 
 
 def rebuild_token_ids(
@@ -104,16 +115,21 @@ def rebuild_token_ids(
     encoded = encode_batch(tokenizer, prompts + reasonings + contents)
     prompt_ids, reasoning_ids, content_ids = encoded[:n], encoded[n : 2 * n], encoded[2 * n :]
     decoded = decode_batch(tokenizer, reasoning_ids + content_ids)
-    rebuild = Rebuild([], [], [], [])
+    rebuild = Rebuild([], [], [], [], [])
     for k in range(n):
         opened = opens_think_block(prompt_ids[k], tokens.think_start_id, tokens.think_end_id)
-        completion = [] if opened else [tokens.think_start_id]
-        completion += reasoning_ids[k]
-        completion.append(tokens.think_end_id)
+        closed = not opened and closes_think_block(prompts[k], tokens.think_end)
+        completion = [] if opened or closed else [tokens.think_start_id]
+        if not closed:
+            completion += reasoning_ids[k]
+            completion.append(tokens.think_end_id)
         completion += content_ids[k]
         completion.append(tokens.end_of_turn_id)
         rebuild.prompt_ids.append(prompt_ids[k])
         rebuild.completion_ids.append(completion)
-        rebuild.decodes_back.append(decoded[k] == reasonings[k] and decoded[n + k] == contents[k])
+        # A closed block holds no reasoning: a sample with some does not decode back.
+        reasoning_back = reasonings[k] == ("" if closed else decoded[k])
+        rebuild.decodes_back.append(reasoning_back and decoded[n + k] == contents[k])
         rebuild.prompt_opens_think.append(opened)
+        rebuild.prompt_closes_think.append(closed)
     return rebuild

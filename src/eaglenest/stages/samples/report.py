@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eaglenest.common.thinking import mode_of_data, modes_of
 from eaglenest.formats.tokens import TOKEN_SOURCES
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.target_model.tokenizer import TokenizeError
@@ -32,6 +33,7 @@ _COUNTED = (
     "rebuilt_without_stripped_whitespace",
     "end_of_turn_appended",
     "prompt_opens_think_block",
+    "prompt_closes_think_block",
 )
 
 
@@ -85,8 +87,12 @@ class TokenizeReport:
     reasoning_parser: str | None
     end_of_turn_appended: int
     prompt_opens_think_block: int
+    # Rebuilt prompts ending in a closed think block (thinking off): completions are content only.
+    prompt_closes_think_block: int
     target_tokens: dict[str, Any]
     settings: dict[str, Any]
+    # The written samples' thinking mode (common/thinking.py): what a drafter trains in.
+    thinking: dict[str, Any]
 
     @classmethod
     def of(
@@ -131,6 +137,7 @@ class TokenizeReport:
             reasoning_parser=settings.target.reasoning_parser,
             target_tokens=tokens.describe(),
             settings=json.loads(settings.to_json()),  # the target: the fields tokenize reads
+            thinking=_thinking(frame["thinking"].to_list()),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -210,3 +217,8 @@ class TokenizeReport:
                 f"tokenize.min_agreement {min_agreement}); first mismatches: "
                 f"{agreement.first_mismatches}"
             )
+
+
+def _thinking(modes: list[bool | None]) -> dict[str, Any]:
+    counts = modes_of(modes)
+    return {"mode": mode_of_data(counts), "samples": counts}

@@ -59,6 +59,7 @@ def chunk_rows(
             "completion_token_ids",
         )
     )
+    thinking = chunk["thinking"].to_list()  # the sample's mode, carried to its tokens
     has_server = [
         p is not None and c is not None for p, c in zip(server_prompts, server_completions)
     ]
@@ -90,6 +91,7 @@ def chunk_rows(
         rebuilt = None if j is None else (rebuild.prompt_ids[j], rebuild.completion_ids[j])
         if j is not None:
             counts["prompt_opens_think_block"] += rebuild.prompt_opens_think[j]
+            counts["prompt_closes_think_block"] += rebuild.prompt_closes_think[j]
             counts["rebuild_decode_mismatch"] += not rebuild.decodes_back[j]
         agrees = None
         if has_server[k]:
@@ -113,7 +115,7 @@ def chunk_rows(
             continue
         row = _token_row(sample_id, prompt, completion, source, agrees, settings, counts)
         if row is not None:
-            rows.append(row)
+            rows.append({**row, "thinking": thinking[k]})
     return rows
 
 
@@ -143,7 +145,8 @@ def _check_server_text(
     tally: ShardTally,
 ) -> str | None:
     """The server's ids must decode to text holding its reasoning, `</think>` and content, or the
-    reasoning plus whitespace its parser stripped (counted, said once per shard by the report);
+    reasoning plus whitespace its parser stripped (counted, said once per shard by the report),
+    or (no reasoning: thinking off) the content alone;
     returns that whitespace ("" when none, None when the ids do not hold the text)."""
     counts = tally.counts
     whitespace = server_text_check(decoded, reasoning, tokens.think_end, content)
@@ -156,7 +159,7 @@ def _check_server_text(
     if counts["server_ids_text_mismatch"] <= settings.max_mismatches_logged:
         log.warning(
             "sample %s: the server's completion ids decode to %r, which does not hold its "
-            "reasoning, end-of-think tag and content",
+            "reasoning, end-of-think tag and content (or, without reasoning, its content)",
             sample_id,
             decoded[:300],
         )

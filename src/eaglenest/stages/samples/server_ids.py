@@ -24,9 +24,13 @@ def server_text_check(decoded: str, reasoning: str, think_end: str, content: str
     """How the server's decoded completion ids hold the sample's text: "" when they hold
     `reasoning + think_end + content` as they are, the whitespace W when they hold
     `reasoning + W + think_end + content` (W stripped from the reasoning by the server's reasoning
-    parser, e.g. vLLM's kimi_k2: the ids are what the model wrote), None when neither."""
+    parser, e.g. vLLM's kimi_k2: the ids are what the model wrote), None when neither. An answer
+    without reasoning (thinking switched off: the prompt closed the think block) holds `content`
+    and no `think_end`."""
     if reasoning + think_end + content in decoded:
         return ""
+    if not reasoning.strip():
+        return "" if content in decoded and think_end not in decoded else None
     pattern = re.escape(reasoning) + r"(\s+)" + re.escape(think_end + content)
     found = re.search(pattern, decoded)
     return found.group(1) if found else None

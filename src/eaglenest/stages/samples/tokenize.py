@@ -34,6 +34,7 @@ import polars as pl
 from tqdm import tqdm
 
 from eaglenest.common.io import atomic_path, read_json, write_json
+from eaglenest.formats.samples import with_thinking
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts
 from eaglenest.settings.samples import TokenizeSettings
 from eaglenest.stages.samples.frame import (
@@ -102,7 +103,8 @@ def tokenize_frame(
     tally = ShardTally()
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=samples.height, desc=f"tokenize {shard}", unit="sample", mininterval=1.0)
-    for chunk in samples.iter_slices(CHUNK_SAMPLES):
+    # A shard validated before the thinking mode was recorded gets it from its requests.
+    for chunk in with_thinking(samples).iter_slices(CHUNK_SAMPLES):
         rows += chunk_rows(chunk, tokenizer, tokens, settings, default_kwargs, tally)
         bar.update(chunk.height)
     bar.close()

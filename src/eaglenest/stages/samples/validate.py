@@ -3,7 +3,9 @@
 Empty reasoning is the hard stop: the original run fed 388 empty-reasoning samples onward because
 nothing looked. Every other problem drops the row and counts it; a shard fails when a share of
 drops is over its threshold. The message names the shard, the counts, the `reasoning_field`
-values seen and what the probe found, so the fix is obvious without opening a file.
+values seen and what the probe found, so the fix is obvious without opening a file. A request
+that switched thinking off (common/thinking.py) asked for an answer without reasoning: its empty
+reasoning is kept, and the hard stop counts only the rows asked with thinking on.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 import pandera.errors
 import polars as pl
 
+from eaglenest.common import thinking
 from eaglenest.common.io import atomic_path, read_json, write_json
 from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.formats.raw import TOKEN_ID_COLUMNS, RawSchema, bad_token_ids
-from eaglenest.formats.samples import SAMPLE_COLUMNS, samples_schema
+from eaglenest.formats.samples import SAMPLE_COLUMNS, samples_schema, with_thinking
 from eaglenest.settings.samples import ValidationSettings
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,8 @@ def drop_reasons(
     reason = (
         pl.when(pl.col("error_kind").is_not_null())
         .then(pl.lit("request_failed:") + pl.col("error_kind"))
-        .when(pl.col("reasoning").fill_null("").str.strip_chars() == "")
+        # A request that switched thinking off asked for an answer without reasoning.
+        .when((pl.col("reasoning").fill_null("").str.strip_chars() == "") & asked_on(raw))
         .then(pl.lit("empty_reasoning"))
         .when(pl.col("finish_reason") == "length")
         .then(pl.lit("truncated"))
@@ -60,6 +64,12 @@ def drop_reasons(
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     return raw.select(reason.alias("drop_reason")).to_series()
+
+
+def asked_on(raw: pl.DataFrame) -> pl.Series:
+    """Per raw row: whether its request asked for reasoning (its thinking switch is not false)."""
+    off = [thinking.request_switch(r) is False for r in raw["request"].to_list()]
+    return pl.Series("asked_on", [not o for o in off], dtype=pl.Boolean)
 
 
 def has_bad_token_ids(vocab_size: int | None) -> pl.Expr:
@@ -87,16 +97,26 @@ def first_bad_token_id(row: dict[str, Any], vocab_size: int | None) -> str:
 
 
 def _empty_reasoning_message(
-    shard: str, n_empty: int, n_answered: int, raw: pl.DataFrame, probe: dict, limit: float
+    shard: str, n_empty: int, n_asked_on: int, raw: pl.DataFrame, probe: dict, limit: float
 ) -> str:
-    fields = dict(Counter(raw.filter(pl.col("error_kind").is_null())["reasoning_field"].to_list()))
+    answered = raw.filter(pl.col("error_kind").is_null())
+    fields = dict(Counter(answered["reasoning_field"].to_list()))
+    switched_off = answered.height - n_asked_on
+    off = (
+        f" (of those asked with thinking on; {switched_off} more were asked with thinking off, "
+        f"{' or '.join(thinking.SWITCH_KEYS)} false in their chat_template_kwargs, and may "
+        "answer without reasoning)"
+        if switched_off
+        else ""
+    )
     return (
-        f"shard {shard}: {n_empty} of {n_answered} answered rows have empty reasoning "
-        f"(> validation.max_empty_reasoning_fraction {limit}); reasoning_field values seen: "
-        f"{fields}; the probe found reasoning in '{probe.get('reasoning_field')}'. The server "
-        "stopped returning reasoning for these prompts: check its reasoning parser "
-        "(vLLM/SGLang `--reasoning-parser`) and target.chat_template_kwargs (thinking on); "
-        "nothing after validation ran on this shard."
+        f"shard {shard}: {n_empty} of {n_asked_on} answered rows have empty reasoning{off} "
+        f"(> validation.max_empty_reasoning_fraction {limit}); "
+        f"reasoning_field values seen: {fields}; the probe found reasoning in "
+        f"'{probe.get('reasoning_field')}'. The server stopped returning reasoning for these "
+        "prompts: check its reasoning parser (vLLM/SGLang `--reasoning-parser`) and "
+        "target.chat_template_kwargs (to train for thinking off, set the switch false there: "
+        "docs/samples.md); nothing after validation ran on this shard."
     )
 
 
@@ -130,6 +150,8 @@ def validate_frame(
     ]
     counts = Counter(r for r in reasons.to_list() if r is not None)
     n_answered = raw.height - sum(v for k, v in counts.items() if k.startswith("request_failed"))
+    # Empty reasoning is measured against the answers asked with thinking on only.
+    n_asked_on = raw.filter(asked_on(raw) & pl.col("error_kind").is_null()).height
     report = {
         "shard": shard,
         "raw_rows": raw.height,
@@ -147,12 +169,13 @@ def validate_frame(
         "bad_token_ids": bad_ids,  # the first few rows dropped for them, and why
     }
     share = lambda n: n / n_answered if n_answered else 0.0
-    if n_answered and share(counts["empty_reasoning"]) > settings.max_empty_reasoning_fraction:
+    n_empty = counts["empty_reasoning"]
+    if n_asked_on and n_empty / n_asked_on > settings.max_empty_reasoning_fraction:
         raise ShardValidationError(
             _empty_reasoning_message(
                 shard,
-                counts["empty_reasoning"],
-                n_answered,
+                n_empty,
+                n_asked_on,
                 raw,
                 probe,
                 settings.max_empty_reasoning_fraction,
@@ -173,7 +196,9 @@ def validate_frame(
             "raw file's `response` column; check that the server returns integer ids of the "
             "model at target.path (same tokenizer and vocabulary)."
         )
-    kept = raw.with_columns(reasons).filter(pl.col("drop_reason").is_null())
+    kept = with_thinking(raw.with_columns(reasons).filter(pl.col("drop_reason").is_null()))
+    # The kept samples' thinking mode: the switch their requests sent, whether they reasoned.
+    report["thinking"] = thinking.summary(kept["thinking_switch"], kept["thinking"])
     samples = kept.join(prompts.select("id", "messages"), on="id", how="left").select(
         SAMPLE_COLUMNS
     )

@@ -161,6 +161,21 @@ def test_every_answer_without_reasoning_fails():
         probe_endpoint(Endpoint(url=url), MODEL, prompts=prompts)
 
 
+def test_a_run_asked_with_thinking_off_is_not_refused_for_answers_without_reasoning():
+    """Answers without reasoning are what a run with the switch off asks for (it trains a drafter
+    for serving with thinking off); with the switch on, the same answers still fail."""
+    prompts = [user("What is 2 + 2?"), user("Sort 3, 1, 2.")]
+    with running_server(model_name=MODEL, echo=True) as url:
+        off = {"enable_thinking": False}
+        result = probe_endpoint(Endpoint(url=url), MODEL, prompts=prompts, chat_template_kwargs=off)
+        no_think = [user("What is 2 + 2? /no_think")]
+        with pytest.raises(ProbeError, match="reasoning is empty in every field"):
+            on = {"enable_thinking": True}
+            probe_endpoint(Endpoint(url=url), MODEL, prompts=no_think, chat_template_kwargs=on)
+    assert result["reasoning_field"] == "none" and result["thinking_switch"] is False
+    assert result["answers_without_reasoning"] == 2 and result["content_preview"].strip()
+
+
 def test_probe_sends_the_runs_own_first_prompts(tmp_path):
     import polars as pl
 

@@ -161,6 +161,22 @@ def test_the_recipe_the_drafter_was_trained_with_is_shown(tmp_path: Path):
     assert missing_references(page) == []
 
 
+def test_a_parallel_familys_recipe_names_its_own_drafted_slots_not_the_ttt_keys():
+    """P-EAGLE's and DFlash's settings leave EAGLE-3's TTT keys out (TrainSettings.of_family):
+    their recipe says how their own slots are weighed and what they are drafted from."""
+    from eaglenest.stages.report.sections import recipe_rows
+
+    settings = {"loss": "hard_cross_entropy", "lr": 0.003, "epochs": 2}
+    for family, drafter, weights in (
+        ("p_eagle", {"depths": 3}, "COD sampling"),
+        ("dflash", {"gamma": 4.0, "block_size": 4}, "exp(-(j - 1) / 4)"),
+    ):
+        report = {"family": family, "ttt_steps": 3, "settings": settings, "drafter": drafter}
+        rows = dict(recipe_rows(report))
+        assert weights in rows["loss"] and "TTT" not in rows["loss"], rows["loss"]
+        assert rows["drafted steps / their inputs"] == "3 / mask tokens"
+
+
 def test_a_run_not_trained_yet_renders_notes(tmp_path: Path):
     run = write_run(tmp_path, finished=False)
     shutil.rmtree(run / "hidden")

@@ -274,7 +274,7 @@ def test_template_that_drops_reasoning_from_assistant_turns_keeps_it_in_the_sequ
 def test_request_chat_template_kwargs_win_over_the_config(qwen3_dir):
     tokenizer = load(qwen3_dir)
     rows = [
-        sample("What is 2 + 2?", "\nadd\n", "\n\n4", kwargs={"enable_thinking": False}),
+        sample("What is 2 + 2?", "", "4", kwargs={"enable_thinking": False}),
         sample("What is 2 + 3?", "\nadd\n", "\n\n5"),  # no kwargs in the request: the config's
     ]
     frame, _, _ = tokenize(samples_frame(rows), config_for(qwen3_dir))

@@ -219,6 +219,7 @@ def test_job_settings_of_eagle3_are_the_train_settings_alone():
     assert train_job_settings_json(train, config, "eagle3") == train
     for family in FAMILIES:
         settings, own = train_job_settings(train_job_settings_json(train, config, family))
-        assert settings == TrainSettings.from_config(config) and own.name == family
+        assert settings == TrainSettings.from_config(config).of_family(family)
+        assert own.name == family
     _, p_eagle = train_job_settings(train_job_settings_json(train, config, "p_eagle"))
     assert p_eagle.p_eagle.depths == config["train"]["ttt_steps"]

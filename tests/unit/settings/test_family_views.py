@@ -1,0 +1,105 @@
+"""A drafter family's train_drafter job tracks only the `train` keys its training reads
+(`TrainSettings.of_family`): EAGLE-3's training-time test (ttt_steps, step_weight, ttt_inputs) is
+not P-EAGLE's nor DFlash's, the EAGLE-3 variants and activation checkpointing are not DFlash's,
+so changing one of them changes no other family's job settings (and reruns none of its jobs:
+tests/workflow/test_families.py). A left-out key fails where read, naming it. Its
+evaluate_drafter job tracks the K it is measured at, not evaluate.ks. EAGLE-3's jobs keep the
+whole `train` and `evaluate` sections, as before families, so a finished run reruns nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from eaglenest.common.config import validate_config
+from eaglenest.settings.evaluate import EvaluateSettings, evaluate_job_settings_json
+from eaglenest.settings.train import (
+    NOT_READ,
+    DrafterSettings,
+    TrainSettings,
+    train_job_settings,
+    train_job_settings_json,
+)
+
+FAMILIES = ("eagle3", "p_eagle", "dflash")
+BASE = {"families": list(FAMILIES)}
+
+# key changed (merged into the train section) -> the families whose job settings it changes
+CHANGES = {
+    "lr": ({"lr": 0.01}, {"eagle3", "p_eagle", "dflash"}),
+    "step_weight": ({"step_weight": 0.5}, {"eagle3"}),
+    "ttt_inputs": ({"ttt_inputs": "drafter", "families": ["eagle3", "dflash"]}, {"eagle3"}),
+    # P-EAGLE's depths default to ttt_steps: it reads ttt_steps through them, only then.
+    "ttt_steps, depths defaulted": ({"ttt_steps": 5}, {"eagle3", "p_eagle"}),
+    "ttt_steps, depths set": ({"ttt_steps": 5, "p_eagle": {"depths": 7}}, {"eagle3"}),
+    "an EAGLE-3 variant": ({"drafter": {"norm_before_fc": False}}, {"eagle3", "p_eagle"}),
+    "activation_checkpointing": ({"activation_checkpointing": True}, {"eagle3", "p_eagle"}),
+    "a drafter size": ({"drafter": {"intermediate_size": 96}}, {"eagle3", "p_eagle", "dflash"}),
+    "DFlash's block": ({"dflash": {"block_size": 4}}, {"dflash"}),
+}
+
+
+def job_settings(train: dict) -> dict[str, str]:
+    """family -> its train_drafter job's settings param, for train.families' families."""
+    config = validate_config({"train": train})
+    whole = TrainSettings.from_config(config).to_json()
+    return {f: train_job_settings_json(whole, config, f) for f in config["train"]["families"]}
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=list(CHANGES))
+def test_a_key_changes_the_job_settings_of_the_families_that_read_it(change):
+    values, expected = CHANGES[change]
+    families = values.get("families", BASE["families"])
+    before = job_settings({**BASE, "families": families, "p_eagle": values.get("p_eagle", {})})
+    after = job_settings({**BASE, **values})
+    changed = {f for f in families if before[f] != after[f]}
+    assert changed == expected & set(families), change
+
+
+def test_a_family_job_reads_back_its_view_and_a_left_out_key_fails_naming_it():
+    config = validate_config({"train": BASE})
+    whole = TrainSettings.from_config(config)
+    for family in FAMILIES:
+        settings, own = train_job_settings(train_job_settings_json(whole.to_json(), config, family))
+        assert own.name == family
+        assert settings == whole.of_family(family)
+        assert settings.of_family(family) == settings  # a view of a view is itself
+        left_out = set(NOT_READ[family][0]) | {f"drafter.{n}" for n in NOT_READ[family][1]}
+        recorded = settings.recorded()
+        assert not left_out & (set(recorded) | {f"drafter.{n}" for n in recorded["drafter"]})
+    dflash = whole.of_family("dflash")
+    assert dflash.lr == whole.lr and dflash.drafter.head_dim == whole.drafter.head_dim
+    with pytest.raises(AttributeError, match=r"train\.ttt_steps is not among"):
+        range(dflash.ttt_steps)
+    with pytest.raises(AttributeError, match=r"train\.drafter\.fc_norm is not among"):
+        bool(dflash.drafter.fc_norm)
+    # The variants left out are not set over the target's config: DFlash's are its own.
+    assert "fc_norm" not in dflash.drafter.overrides()
+    assert whole.of_family("eagle3") == whole
+
+
+def test_what_a_family_leaves_out_are_fields_of_the_train_settings():
+    train = {f.name for f in dataclasses.fields(TrainSettings)}
+    drafter = {f.name for f in dataclasses.fields(DrafterSettings)}
+    for family in FAMILIES:
+        own, in_drafter = NOT_READ[family]
+        assert set(own) <= train and set(in_drafter) <= drafter, family
+    assert NOT_READ["eagle3"] == ((), ())
+
+
+def test_a_family_evaluation_tracks_the_ks_it_is_measured_at_not_evaluate_ks():
+    def evaluated(ks: list[int]) -> dict[str, EvaluateSettings]:
+        train = {**BASE, "p_eagle": {"depths": 3}, "dflash": {"block_size": 4}}
+        config = validate_config({"train": train, "evaluate": {"ks": ks}})
+        whole = EvaluateSettings.from_config(config).to_json()
+        jobs = {f: evaluate_job_settings_json(whole, config, f) for f in FAMILIES}
+        assert jobs["eagle3"] == whole  # EAGLE-3's param as before families
+        return {f: EvaluateSettings.from_json(text) for f, text in jobs.items()}
+
+    before, after = evaluated([1, 3]), evaluated([1, 3, 5])
+    assert [before[f].ks for f in FAMILIES] == [(1, 3), (1, 3), (3,)]
+    assert after["eagle3"].ks == (1, 3, 5)
+    assert after["p_eagle"] == before["p_eagle"] and after["dflash"] == before["dflash"]
+    assert evaluated([5])["p_eagle"].ks == (3,)  # none up to its depths: its depths
+    assert evaluated([2])["p_eagle"].ks == (2,)
