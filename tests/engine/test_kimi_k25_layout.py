@@ -92,8 +92,24 @@ def test_a_kimi_k25_layout_target_runs_through_vllm_and_every_stage(kimi_run):
         assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
         first = vllm["accepted_per_position"][0] - live["accepted_per_position"][0]
         assert abs(first) <= vllm["prompts"], (vllm["accepted_per_position"], live)
+        # Sampled at the run's temperature too (the CPU build's expand kernel fixed in the
+        # engine, vllm_engine/cpu_expand.py), with the spread over prompts against greedy.
+        sampled = engine["sampled"]["per_k"][k]
+        assert (engine["sampled"]["temperature"], sampled["temperature"]) == (0.7, 0.7)
+        assert sampled["prompts"] == vllm["prompts"] and sampled["acceptance_length"] >= 1.0
+        assert sampled["vs_greedy"]["ci95"][0] <= sampled["vs_greedy"]["difference"]
+        # Both thinking modes (Kimi's `thinking` switch): the held-out prompts with thinking
+        # off decoded alike by vLLM and our live loop on the MLA target.
+        thinking = metrics["thinking"]
+        assert (thinking["trained"]["mode"], thinking["heldout_mode"]) == ("on", "on")
+        assert thinking["switch"] == "thinking" and thinking["other_mode"] == "off"
+        off = thinking["modes"]["off"]
+        assert off["engine"][k]["tokens"] == off["live"][k]["tokens"] > 0
+        assert off["engine"][k]["acceptance_length"] >= 1.0 and k in off["sampled"]
     page = (run / "report" / "index.html").read_text()
     assert "vLLM against transformers" in page
+    assert "Thinking mode: trained in, and served in the other" in page
+    assert "Greedy and sampled, with the spread over prompts" in page
     print(f"timings: {kimi_run['timings']}")
 
 
