@@ -31,7 +31,8 @@ the CPU build cannot serve (cpu.py's CpuEngineError: a non-MLA drafter beside an
 answered with `refused` and its reason, and the next one starts. A plain request's `sets` (the
 standard sets' conversations) are decoded turn by turn after (conversations.py).
 
-Imports vLLM and eaglenest.vllm_engine.process only (and cpu_expand.py's fix of the CPU build).
+Imports vLLM and eaglenest.vllm_engine.process only (and the CPU build's fixes: cpu_expand.py,
+cpu_generators.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pathlib import Path
 from eaglenest.vllm_engine.conversations import decode_sets
 from eaglenest.vllm_engine.cpu import CpuEngineError
 from eaglenest.vllm_engine.cpu_expand import fix_cpu_expand_kernel
+from eaglenest.vllm_engine.cpu_generators import fix_cpu_generator_offsets
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 SPEC_COUNTERS = {
@@ -56,8 +58,10 @@ SPEC_COUNTERS = {
 
 
 def engine(request: dict):
-    # Sampled verification on vLLM's CPU build reads a temperature it never wrote (cpu_expand.py).
+    # Sampled verification on vLLM's CPU build reads a temperature it never wrote (cpu_expand.py),
+    # and a seeded request prefilled in chunks ends it (cpu_generators.py).
     fix_cpu_expand_kernel()
+    fix_cpu_generator_offsets()
     method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
         method["speculative_config"] = request.get("speculative_config") or {
@@ -198,5 +202,6 @@ def main(requests_path: str) -> None:
 
 if __name__ == "__mp_main__":  # this module re-imported by an engine core vLLM spawned
     fix_cpu_expand_kernel()
+    fix_cpu_generator_offsets()
 if __name__ == "__main__":  # LLM(...) starts its workers with spawn
     main(sys.argv[1])
