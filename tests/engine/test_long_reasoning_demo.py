@@ -5,7 +5,7 @@ stage runs at those lengths, and for each drafter family the config trains (EAGL
 DFlash, from the same shards in the one run) acceptance by depth is measured alike by our live
 decoding and by a real vLLM (prompts sent as token ids): per depth, rounds within one a prompt,
 both outputs equal to plain greedy decoding, the simulated acceptance per depth there too.
-Trained 3 steps here, the drafters draft nothing the target accepts (acceptance 1.0, as
+Trained one step here, the drafters draft nothing the target accepts (acceptance 1.0, as
 EAGLE-3's was before): what this checks is each family's decoding at depth, ours against vLLM's;
 trained families' rounds are compared on the small demo (test_drafter_families_in_vllm.py).
 The full-size run (24 prompts, depths to 8,192, K=3) and its figures: docs/demo-target.md,
@@ -30,7 +30,7 @@ FAMILIES = ("eagle3", "p_eagle", "dflash")  # the config's train.families, one r
 SMALL = {
     "demo_target": {"heldout_prompts": 1},  # the build's check: one walk of 600 states
     "prompts": {"max_samples": 4, "shard_size": 2},  # seed 10: walks of 618, 638 | 3157, 1201
-    "train": {"epochs": 3},
+    "train": {"epochs": 1},  # one step: what is checked is decoding at depth, not the drafts
     "evaluate": {
         "ks": [3],
         "live_prompts": 2,

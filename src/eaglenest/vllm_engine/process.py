@@ -135,19 +135,16 @@ def worker_in_engine_core() -> bool:
     )
 
 
-def engine_core_in_process(model: str) -> bool:
+def engine_core_in_process() -> bool:
     """In the child: whether a decoding engine's core runs in this process too (no process of
-    its own to spawn: one more import of vLLM and torch, ~11 s of CPU here, one a configuration
+    its own to spawn: one more import of vLLM and torch, ~8 s of CPU here, one a configuration
     for the evaluation's engines one after another). With the worker in the engine core
-    (`worker_in_engine_core`), for a dense text-only target: in-process, a multimodal target's
-    front end trips vLLM's scan for Triton kernels (llvmlite's modules, seen with the Kimi-K2.5
-    layout), and the offline capture hangs (seen with the DeepSeek-V3 demo and with the dense
-    small demo: its engine idle for 15 minutes), so capture keeps vLLM's layout. Never over the
-    user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
-    if not worker_in_engine_core():
-        return False
-    config = model_config(model)
-    return "text_config" not in config and not config_uses_mla(config)
+    (`worker_in_engine_core`), for every target: dense, MLA, and the Kimi-K2.5 layout, whose
+    model's processor loads a module vLLM's kernel scan trips over in our process
+    (cpu_kernel_scan.py, which decode.py applies). The offline capture keeps vLLM's layout: in
+    process it hung (seen with the DeepSeek-V3 demo and with the dense small demo: its engine
+    idle for 15 minutes). Never over the user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
+    return worker_in_engine_core()
 
 
 def one_shot_llm(args: dict[str, Any], core_in_process: bool = False) -> Any:
@@ -162,7 +159,7 @@ def one_shot_llm(args: dict[str, Any], core_in_process: bool = False) -> Any:
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         args = {**args, "distributed_executor_backend": UniProcExecutor}
-        if core_in_process and engine_core_in_process(args["model"]):
+        if core_in_process and engine_core_in_process():
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
     return LLM(**args)
 
