@@ -1,8 +1,9 @@
-"""The one retry policy of every request the pipeline sends to a server: the probe's
-(eaglenest.stages.probe), generation's (eaglenest.client.chat, eaglenest.stages.generate.generate) and the
-capture pool's (eaglenest.capture.pool). One set of HTTP statuses worth
-another attempt, one backoff: exponential from `backoff_base_s`, capped at `backoff_max_s`, with
-jitter, and never shorter than what the server asked for (`Retry-After`, up to a cap)."""
+"""The retry policy of the requests the pipeline sends to a generation server: the probe's
+(eaglenest.stages.probe) and generation's (eaglenest.client.chat,
+eaglenest.stages.generate.generate). One backoff: exponential from `backoff_base_s`, capped at
+`backoff_max_s`, with jitter, and never shorter than what the server asked for (`Retry-After`, up
+to a cap). `RETRYABLE_STATUS`, the HTTP statuses worth another attempt, is also what the capture
+pool moves a sample to another server on (eaglenest.capture.faults, which bounds its own waits)."""
 
 from __future__ import annotations
 

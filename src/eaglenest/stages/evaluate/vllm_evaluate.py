@@ -339,13 +339,24 @@ def file_figures(
     (evaluate_in_vllm's)."""
     for key, figures in figures_at_temperatures(answer, plain, k, max_new_tokens, sampling).items():
         at[key]["per_k"][str(k)] = figures
-        log.info("vLLM K=%d, temperature %s: %s", k, key, figures)
+        log.info("vLLM K=%d, temperature %s: %s", k, key, in_brief(figures))
     for depth in at["0"]["by_depth"]:
         group, plain_group = answer["groups"][depth], plain["groups"][depth]
         in_group = figures_at_temperatures(group, plain_group, k, max_new_tokens, sampling)
         for key, figures in in_group.items():
             at[key]["by_depth"][depth][str(k)] = figures
-            log.info("vLLM K=%d depth %s, temperature %s: %s", k, depth, key, figures)
+            log.info("vLLM K=%d depth %s, temperature %s: %s", k, depth, key, in_brief(figures))
+
+
+def in_brief(figures: dict[str, Any]) -> str:
+    """One K's figures as its log line says them (metrics.json holds them whole: the per-step
+    record and the spread make a line of kilobytes)."""
+    identical = figures.get("identical_to_plain")
+    same = "" if identical is None else f", {'equal to' if identical else 'NOT equal to'} plain"
+    return (
+        f"acceptance length {figures['acceptance_length']:.3f}, {figures['rounds']} rounds, "
+        f"{figures['tokens']} tokens over {figures['prompts']} prompts{same}"
+    )
 
 
 def sampled_section(at: dict[str, dict[str, Any]], sampling: Sampling) -> dict[str, Any]:

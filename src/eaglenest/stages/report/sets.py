@@ -36,17 +36,22 @@ def _cells(per_k: dict[str, Any], ks: list[str]) -> list[Any]:
 
 
 def set_table(name: str, by_drafter: dict[str, dict[str, Any]]) -> str:
-    """One set: a row per drafter over the whole set, then one per category."""
-    engines = {label: figures["engine"] for label, figures in by_drafter.items()}
-    ks = _ks([engine["per_k"] for engine in engines.values()])
-    header = ["drafter", "category"]
+    """One set: a row per drafter over the whole set, then one per category; greedy, then
+    sampled at each temperature the engines sampled at."""
+    tables = {}  # (drafter, temperature) -> its figures by K and by category
+    for label, figures in by_drafter.items():
+        tables[label, "greedy"] = figures["engine"]
+        for temperature, sampled in (figures.get("sampled") or {}).items():
+            tables[label, f"sampled at {fmt(float(temperature))}"] = sampled
+    ks = _ks([each["per_k"] for each in tables.values()])
+    header = ["drafter", "decoding", "category"]
     for k in ks:
         header += [f"K={k} acceptance length", f"K={k} tokens / round"]
     rows = []
-    for label, engine in engines.items():
-        rows.append([label, "all", *_cells(engine["per_k"], ks)])
-        for category, per_k in engine["by_category"].items():
-            rows.append([label, category, *_cells(per_k, ks)])
+    for (label, decoding), each in tables.items():
+        rows.append([label, decoding, "all", *_cells(each["per_k"], ks)])
+        for category, per_k in each["by_category"].items():
+            rows.append([label, decoding, category, *_cells(per_k, ks)])
     return f"<h3>{html.escape(name)}</h3>" + table(header, rows)
 
 
@@ -74,8 +79,10 @@ def section_sets(data: RunData) -> Section | None:
                         f"{name}, {label}, K={k}: the speculative answers differ from the plain "
                         "ones (identical_to_plain false)."
                     )
+    sampled = any(f.get("sampled") for each in by_set.values() for f in each.values())
     section.notes.append(
-        "Decoded in vLLM only, greedy: " + next(iter(next(iter(by_set.values())).values()))["live"]
+        f"Decoded in vLLM only, greedy{' and sampled (seeded per prompt)' if sampled else ''}: "
+        + next(iter(next(iter(by_set.values())).values()))["live"]
     )
     return section
 

@@ -17,7 +17,12 @@ from eaglenest.stages.evaluate.spread import (
     prompt_spread,
     record_figures,
 )
-from eaglenest.stages.evaluate.vllm_evaluate import Sampling, acceptance, figures_at_temperatures
+from eaglenest.stages.evaluate.vllm_evaluate import (
+    Sampling,
+    acceptance,
+    figures_at_temperatures,
+    in_brief,
+)
 from eaglenest.vllm_engine.decode import sampling_arguments
 
 # Four prompts' accepted drafts per step (K=3): easy, medium, hard, one step only.
@@ -120,6 +125,11 @@ def test_greedy_figures_stay_what_they_were_and_sampled_ones_say_their_temperatu
     assert timed["speedup"] == 2.0 and timed["identical_to_plain"] is None
     # No per-request record (plain decoding): no spread, nothing else changes.
     assert record_figures({"tokens": tokens}, 16, seed=11) == {}
+    # The log says each in one short line; metrics.json holds the record.
+    assert in_brief(at_zero) == (
+        "acceptance length 2.250, 16 rounds, 39 tokens over 4 prompts, equal to plain"
+    )
+    assert in_brief(at_07).endswith("39 tokens over 4 prompts")
 
 
 def test_the_engine_process_samples_each_prompt_with_its_own_seed():

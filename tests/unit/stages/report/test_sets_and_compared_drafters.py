@@ -32,9 +32,10 @@ def figures(acceptance: float, category: str | None) -> dict:
     }
 
 
-def set_metrics(acceptance: float) -> dict:
-    """eval/metrics.json `sets` of one set (as sets.py writes it), K=3 only."""
-    return {
+def set_metrics(acceptance: float, sampled: bool = False) -> dict:
+    """eval/metrics.json `sets` of one set (as sets.py writes it), K=3 only; `sampled`: with the
+    figures sampled at 0.7 too (0.25 lower)."""
+    metrics = {
         "mt_bench": {
             "set": "mt_bench",
             "prompts": 6,
@@ -53,6 +54,17 @@ def set_metrics(acceptance: float) -> dict:
             },
         }
     }
+    if sampled:
+        low = acceptance - 0.25
+        metrics["mt_bench"]["sampled"] = {
+            "0.7": {
+                "per_k": {"3": {**figures(low, None), "temperature": 0.7}},
+                "by_category": {
+                    "lists": {"3": {**figures(low - 0.5, "lists"), "temperature": 0.7}}
+                },
+            }
+        }
+    return metrics
 
 
 def engine(acceptance: float) -> dict:
@@ -70,7 +82,7 @@ def rows(text: str, section: str) -> list[list[str]]:
 def test_each_set_has_its_table_and_the_compared_drafters_stand_beside_the_run(tmp_path: Path):
     run = write_run(tmp_path)
     own = copy.deepcopy(EVAL_METRICS)
-    own.update(engine=engine(2.5), sets=set_metrics(2.5))
+    own.update(engine=engine(2.5), sets=set_metrics(2.5, sampled=True))
     write_family(run, "eagle3", own)
     compared = {
         "name": "published",
@@ -94,11 +106,15 @@ def test_each_set_has_its_table_and_the_compared_drafters_stand_beside_the_run(t
     text = page.read_text()
     assert "<h3>mt_bench</h3>" in text
     sets = rows(text, "sets")
-    assert ["EAGLE-3", "all", "2.5", "2.25"] in sets
-    assert ["EAGLE-3", "arithmetic", "3", "2.75"] in sets
-    assert ["published (compared)", "lists", "1.5", "1.25"] in sets
+    assert ["EAGLE-3", "greedy", "all", "2.5", "2.25"] in sets
+    assert ["EAGLE-3", "greedy", "arithmetic", "3", "2.75"] in sets
+    assert ["EAGLE-3", "sampled at 0.7", "all", "2.25", "2"] in sets
+    assert ["EAGLE-3", "sampled at 0.7", "lists", "1.75", "1.5"] in sets
+    assert ["published (compared)", "greedy", "lists", "1.5", "1.25"] in sets
+    assert ["published (compared)", "sampled at 0.7"] not in [row[:2] for row in sets]
     assert ["mla (compared)"] not in [row[:1] for row in sets]  # no sets decoded
     assert "6 prompts, 8 turns (2 prompts of several turns" in text
+    assert "Decoded in vLLM only, greedy and sampled (seeded per prompt)" in text
     compare = rows(text, "compare")
     assert ["EAGLE-3", "this run&#x27;s", "2.5", "2.25"] in compare
     assert ["published (compared)", "speculators eagle3", "2", "1.75"] in compare
