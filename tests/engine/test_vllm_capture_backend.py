@@ -35,10 +35,11 @@ def test_the_vllm_backend_writes_what_transformers_does(vllm_captured_run: dict,
     summary = json.loads((results / "hidden" / "00001.json").read_text())
     assert summary["backend"] == "vllm" and summary["dtype"] == "fp32"
     assert not list((results / "hidden").glob(".*vllm*")), "per-request files were left behind"
-    # The job's engine on CPU: its worker in the engine core's process, none spawned apart
-    # (eaglenest.vllm_engine.process.worker_in_engine_core).
+    # The job's engine on CPU: its engine core and worker in the job's engine process, none
+    # spawned apart (eaglenest.vllm_engine.process.engine_core_in_process).
     log = (workdir / "logs" / SMALL_RUN / "extract_hidden_states" / "00001.log").read_text()
-    assert "(EngineCore pid=" in log and "(Worker pid=" not in log, log[-3000:]
+    assert "(MainProcess pid=" in log, log[-3000:]
+    assert "(EngineCore pid=" not in log and "(Worker pid=" not in log, log[-3000:]
 
     reference = tmp_path / "transformers.safetensors"
     extract_hidden_states(

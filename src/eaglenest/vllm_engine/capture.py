@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from eaglenest.vllm_engine.cpu_kernel_scan import fix_cpu_kernel_scan
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 CONNECTOR_MODULE = "eaglenest.vllm_engine.connector"
@@ -58,9 +59,23 @@ def capture_arguments(request: dict, out_dir: Path) -> dict:
 def engine(request: dict, out_dir: Path):
     from vllm.config import KVTransferConfig
 
+    fix_cpu_kernel_scan()  # its engine core in this process (cpu_kernel_scan.py)
     args = capture_arguments(request, out_dir)
     args["kv_transfer_config"] = KVTransferConfig(**args["kv_transfer_config"])
     return one_shot_llm(args)
+
+
+def write_finished_states(llm) -> None:
+    """With the engine core in this process: steps it until its scheduler holds no finished
+    request. The hidden-states connector only records a finished request's save
+    (`request_finished`); the worker writes the file in the next step (`get_finished`). A spawned
+    engine core's loop keeps stepping while such requests wait; `LLM.generate` in this process
+    returns once the outputs are out, and without these steps the last requests' files were
+    never written (their locks held: the packer's StateFileHung after 120 s)."""
+    client = llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)  # vLLM's InprocClient only
+    while core is not None and core.scheduler.has_requests():
+        client.get_output()
 
 
 def main(request_path: str) -> None:
@@ -83,6 +98,7 @@ def main(request_path: str) -> None:
         prompts = [{"prompt_token_ids": ids[offsets[i] : offsets[i + 1]].tolist()} for i in indices]
         tick = time.perf_counter()
         outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        write_finished_states(llm)
         generate_s += time.perf_counter() - tick
         for i, output in zip(indices, outputs, strict=True):
             say({"index": i, "path": output.kv_transfer_params["hidden_states_path"]})

@@ -1,5 +1,6 @@
-"""A fix of vLLM 0.32's CPU build for an engine core in the decoding process, applied there before
-each engine starts (vllm_engine/decode.py, beside cpu_expand.py and cpu_generators.py).
+"""A fix of vLLM 0.32's CPU build for an engine core in our engine process, applied there before
+each engine starts (vllm_engine/decode.py, beside cpu_expand.py and cpu_generators.py, and
+vllm_engine/capture.py).
 
 Without Triton, the CPU platform registers its kernel stand-ins when the worker starts
 (platforms/cpu.py register_triton_kernel_overrides), and first points every other reference to

@@ -74,7 +74,7 @@ def engine(request: dict):
             "num_speculative_tokens": request["k"],
         }
         method["per_request_spec_decode_metrics"] = "detailed"
-    return one_shot_llm(llm_arguments(request, **method), core_in_process=True)
+    return one_shot_llm(llm_arguments(request, **method))
 
 
 def spec_counters(llm) -> dict:

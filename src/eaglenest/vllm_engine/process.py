@@ -136,30 +136,30 @@ def worker_in_engine_core() -> bool:
 
 
 def engine_core_in_process() -> bool:
-    """In the child: whether a decoding engine's core runs in this process too (no process of
+    """In the child: whether a one-shot engine's core runs in this process too (no process of
     its own to spawn: one more import of vLLM and torch, ~8 s of CPU here, one a configuration
-    for the evaluation's engines one after another). With the worker in the engine core
-    (`worker_in_engine_core`), for every target: dense, MLA, and the Kimi-K2.5 layout, whose
-    model's processor loads a module vLLM's kernel scan trips over in our process
-    (cpu_kernel_scan.py, which decode.py applies). The offline capture keeps vLLM's layout: in
-    process it hung (seen with the DeepSeek-V3 demo and with the dense small demo: its engine
-    idle for 15 minutes). Never over the user's own VLLM_ENABLE_V1_MULTIPROCESSING."""
+    for the evaluation's engines one after another, one a shard job for the offline capture).
+    With the worker in the engine core (`worker_in_engine_core`), for every target: dense, MLA,
+    and the Kimi-K2.5 layout, whose model's processor loads a module vLLM's kernel scan trips
+    over in our process (cpu_kernel_scan.py, applied by decode.py and capture.py; capture.py
+    also steps the engine until the last states are written). Never over the user's own
+    VLLM_ENABLE_V1_MULTIPROCESSING."""
     return worker_in_engine_core()
 
 
-def one_shot_llm(args: dict[str, Any], core_in_process: bool = False) -> Any:
+def one_shot_llm(args: dict[str, Any]) -> Any:
     """In the child: `vllm.LLM(**args)`, its worker in the engine core's process when
     `worker_in_engine_core` (vLLM's single-process executor named by class: its CPU platform
-    turns the name "uni" back into "mp"), and with `core_in_process` (decoding only) that
-    engine core in this process when `engine_core_in_process` (the small demo's plain, K=3 and
-    K=7 engines one after another: 94 -> 46 s of CPU, tokens and vLLM's counters identical)."""
+    turns the name "uni" back into "mp"), and that engine core in this process when
+    `engine_core_in_process` (the small demo's plain, K=3 and K=7 engines one after another:
+    94 -> 46 s of CPU, tokens and vLLM's counters identical)."""
     from vllm import LLM
 
     if worker_in_engine_core() and "distributed_executor_backend" not in args:
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         args = {**args, "distributed_executor_backend": UniProcExecutor}
-        if core_in_process and engine_core_in_process():
+        if engine_core_in_process():
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
     return LLM(**args)
 
