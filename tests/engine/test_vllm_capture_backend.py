@@ -36,7 +36,7 @@ def test_the_vllm_backend_writes_what_transformers_does(vllm_captured_run: dict,
     assert summary["backend"] == "vllm" and summary["dtype"] == "fp32"
     assert not list((results / "hidden").glob(".*vllm*")), "per-request files were left behind"
     # The job's engine on CPU: its engine core and worker in the job's engine process, none
-    # spawned apart (eaglenest.vllm_engine.process.engine_core_in_process).
+    # spawned apart (eaglenest.vllm_engine.process.one_shot_llm).
     log = (workdir / "logs" / SMALL_RUN / "extract_hidden_states" / "00001.log").read_text()
     assert "(MainProcess pid=" in log, log[-3000:]
     assert "(EngineCore pid=" not in log and "(Worker pid=" not in log, log[-3000:]

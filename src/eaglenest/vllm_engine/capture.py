@@ -24,11 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from eaglenest.vllm_engine.cpu_kernel_scan import fix_cpu_kernel_scan
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 CONNECTOR_MODULE = "eaglenest.vllm_engine.connector"
 CONNECTOR_CLASS = "HostHiddenStatesConnector"
+# How long the engine may take to write the states of requests it has answered: the reader's own
+# bound on a state file's lock (capture/state_file.py LOCK_WAIT_S): a stuck engine ends here, said.
+STATES_WRITTEN_S = 120.0
 
 
 def capture_arguments(request: dict, out_dir: Path) -> dict:
@@ -59,7 +61,6 @@ def capture_arguments(request: dict, out_dir: Path) -> dict:
 def engine(request: dict, out_dir: Path):
     from vllm.config import KVTransferConfig
 
-    fix_cpu_kernel_scan()  # its engine core in this process (cpu_kernel_scan.py)
     args = capture_arguments(request, out_dir)
     args["kv_transfer_config"] = KVTransferConfig(**args["kv_transfer_config"])
     return one_shot_llm(args)
@@ -71,10 +72,17 @@ def write_finished_states(llm) -> None:
     (`request_finished`); the worker writes the file in the next step (`get_finished`). A spawned
     engine core's loop keeps stepping while such requests wait; `LLM.generate` in this process
     returns once the outputs are out, and without these steps the last requests' files were
-    never written (their locks held: the packer's StateFileHung after 120 s)."""
+    never written (their locks held: the packer's StateFileHung after 120 s). Bounded: an
+    engine still holding finished requests after STATES_WRITTEN_S raises, naming how many."""
     client = llm.llm_engine.engine_core
     core = getattr(client, "engine_core", None)  # vLLM's InprocClient only
+    deadline = time.monotonic() + STATES_WRITTEN_S
     while core is not None and core.scheduler.has_requests():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"vLLM had not written the hidden states of {len(core.scheduler.requests)} "
+                f"answered requests {STATES_WRITTEN_S:.0f} s after answering them"
+            )
         client.get_output()
 
 

@@ -1,6 +1,5 @@
 """A fix of vLLM 0.32's CPU build for an engine core in our engine process, applied there before
-each engine starts (vllm_engine/decode.py, beside cpu_expand.py and cpu_generators.py, and
-vllm_engine/capture.py).
+each engine starts (process.py `one_shot_llm`, for the evaluation's and the offline capture's).
 
 Without Triton, the CPU platform registers its kernel stand-ins when the worker starts
 (platforms/cpu.py register_triton_kernel_overrides), and first points every other reference to
@@ -11,7 +10,7 @@ that has a `__dict__`. An object whose `__dict__` is no mapping ends the engine 
 numba) by vLLM's own Kimi-K2.5 processor, transformers_utils/processors/kimi_k25.py, with the
 model of the Kimi-K2.5 layout. With the engine core in a process of
 its own (vLLM's default) that module is not loaded where the scan runs; with the core in ours
-(process.engine_core_in_process, one import of vLLM and torch fewer per engine) it is.
+(process.one_shot_llm, one import of vLLM and torch fewer per engine) it is.
 `fix_cpu_kernel_scan` hides such attributes from the scan while it runs and puts them back: the
 scan finds no kernel in them (they hold none) and rebinds every other reference as before. Seen
 here: the Kimi-K2.5 demo run's plain, K=3 and K=7 engines in one process, every count and token

@@ -32,7 +32,7 @@ answered with `refused` and its reason, and the next one starts. A plain request
 standard sets' conversations) are decoded turn by turn after (conversations.py).
 
 Imports vLLM and eaglenest.vllm_engine.process only (and the CPU build's fixes: cpu_expand.py,
-cpu_generators.py, cpu_kernel_scan.py).
+cpu_generators.py; process.py applies cpu_kernel_scan.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from eaglenest.vllm_engine.conversations import decode_sets
 from eaglenest.vllm_engine.cpu import CpuEngineError
 from eaglenest.vllm_engine.cpu_expand import fix_cpu_expand_kernel
 from eaglenest.vllm_engine.cpu_generators import fix_cpu_generator_offsets
-from eaglenest.vllm_engine.cpu_kernel_scan import fix_cpu_kernel_scan
 from eaglenest.vllm_engine.process import llm_arguments, one_shot_llm, say, start_group_watchdog
 
 SPEC_COUNTERS = {
@@ -60,12 +59,9 @@ SPEC_COUNTERS = {
 
 def engine(request: dict):
     # Sampled verification on vLLM's CPU build reads a temperature it never wrote (cpu_expand.py),
-    # and a seeded request prefilled in chunks ends it (cpu_generators.py); its engine core in
-    # this process, the kernel scan trips over a module the Kimi-K2.5 layout loads
-    # (cpu_kernel_scan.py).
+    # and a seeded request prefilled in chunks ends it (cpu_generators.py).
     fix_cpu_expand_kernel()
     fix_cpu_generator_offsets()
-    fix_cpu_kernel_scan()
     method = {"disable_log_stats": False}  # the spec_decode counters are stats
     if request["k"] is not None:
         method["speculative_config"] = request.get("speculative_config") or {

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.vllm_engine.cpu import config_uses_mla, cpu_engine_args
+from eaglenest.vllm_engine.cpu_kernel_scan import fix_cpu_kernel_scan
 
 MARKER = "EAGLENEST "
 LOG_TAIL_LINES = 40
@@ -125,9 +126,8 @@ def worker_in_engine_core() -> bool:
     process spawned for it, which imports vLLM and torch once more (a one-shot decode here: a
     few seconds of 30). vLLM spawns the CPU worker only to pin its OpenMP threads to cores,
     which a job's engine does not do (engine_thread_env's `nobind`); so on CPU then, and never
-    over the user's own setting. (The engine core itself stays in a process of its own: in
-    ours, vLLM's scan for Triton kernels to replace trips over modules a multimodal target's
-    front end loads, such as llvmlite's, seen with the Kimi-K2.5 layout.)"""
+    over the user's own setting. A one-shot engine then keeps its engine core in this process
+    too (`one_shot_llm`); a server's stays apart (vLLM's AsyncLLM)."""
     return (
         os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind"
         and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") in (None, _SET_HERE.get("value"))
@@ -135,32 +135,23 @@ def worker_in_engine_core() -> bool:
     )
 
 
-def engine_core_in_process() -> bool:
-    """In the child: whether a one-shot engine's core runs in this process too (no process of
-    its own to spawn: one more import of vLLM and torch, ~8 s of CPU here, one a configuration
-    for the evaluation's engines one after another, one a shard job for the offline capture).
-    With the worker in the engine core (`worker_in_engine_core`), for every target: dense, MLA,
-    and the Kimi-K2.5 layout, whose model's processor loads a module vLLM's kernel scan trips
-    over in our process (cpu_kernel_scan.py, applied by decode.py and capture.py; capture.py
-    also steps the engine until the last states are written). Never over the user's own
-    VLLM_ENABLE_V1_MULTIPROCESSING."""
-    return worker_in_engine_core()
-
-
 def one_shot_llm(args: dict[str, Any]) -> Any:
-    """In the child: `vllm.LLM(**args)`, its worker in the engine core's process when
-    `worker_in_engine_core` (vLLM's single-process executor named by class: its CPU platform
-    turns the name "uni" back into "mp"), and that engine core in this process when
-    `engine_core_in_process` (the small demo's plain, K=3 and K=7 engines one after another:
-    94 -> 46 s of CPU, tokens and vLLM's counters identical)."""
+    """In the child: `vllm.LLM(**args)`; when `worker_in_engine_core`, its worker and its engine
+    core both in this process: vLLM's single-process executor named by class (its CPU platform
+    turns the name "uni" back into "mp") and VLLM_ENABLE_V1_MULTIPROCESSING=0, sparing one
+    import of vLLM and torch per engine (~8 s of CPU here; the small demo's plain, K=3 and K=7
+    engines one after another: 94 -> 46 s of CPU, tokens and vLLM's counters identical). For
+    every target: the Kimi-K2.5 layout's processor loads a module vLLM's kernel scan trips over
+    in our process (cpu_kernel_scan.py, applied here), and the offline capture steps the engine
+    until the last states are written (capture.py `write_finished_states`)."""
     from vllm import LLM
 
     if worker_in_engine_core() and "distributed_executor_backend" not in args:
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         args = {**args, "distributed_executor_backend": UniProcExecutor}
-        if engine_core_in_process():
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _SET_HERE["value"] = "0"
+        fix_cpu_kernel_scan()
     return LLM(**args)
 
 
