@@ -88,15 +88,17 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     from eaglenest.settings.eval_sets import check_eval_sets
     from eaglenest.settings.evaluate import check_compare
     from eaglenest.settings.hidden_states import check_store
+    from eaglenest.settings.prompts import check_shard_count
     from eaglenest.settings.train import check_families, drafter_window
     from eaglenest.settings.urls import check_config_urls
 
     try:
+        check_finite(config)
         check_config_urls(config)
         drafter_window((config.get("train") or {}).get("drafter") or {})
         check_families(config.get("train") or {})
         check_store(config)
-        check_finite(config)
+        check_shard_count(config)
         check_aux_layers(config)
         check_eval_sets(config)
         check_compare(config)
@@ -105,14 +107,18 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     return config
 
 
-def check_finite(config: dict[str, Any]) -> None:
-    """Numbers the schema cannot bound: JSON schema's minimum lets NaN through (every comparison
-    with it is false), and a wait of `.nan` or `.inf` never ends."""
-    wait_s = (config.get("vllm") or {}).get("capture_wait_s")
-    if isinstance(wait_s, float) and not math.isfinite(wait_s):
-        raise ValueError(
-            f"config key 'vllm.capture_wait_s' is {wait_s}: a finite number of seconds"
-        )
+def check_finite(config: Any, where: str = "") -> None:
+    """Every number of the config finite: JSON schema's `minimum` lets NaN through (every
+    comparison with it is false), so `.nan` or `.inf` would pass any key the schema bounds: a
+    wait that never ends, a cache of NaN GB read as no budget, a temperature sent to a server."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            check_finite(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            check_finite(value, f"{where}[{i}]")
+    elif isinstance(config, float) and not math.isfinite(config):
+        raise ValueError(f"config key '{where}' is {config}: give a finite number")
 
 
 def target_layers(config: dict[str, Any]) -> int | None:

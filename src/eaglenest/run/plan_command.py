@@ -20,7 +20,7 @@ def add_arguments(parser: Any) -> None:
         metavar="KEY=VALUE",
         help="override a config key, e.g. prompts.max_samples=500000 (repeatable)",
     )
-    parser.add_argument("--samples", type=int, help="prompts.max_samples")
+    parser.add_argument("--samples", type=whole_number, help="prompts.max_samples")
     parser.add_argument("--tokens-per-sample", type=float, help="default: generation.max_tokens/2")
     parser.add_argument("--hidden-size", type=int, help="default: the target's config")
     parser.add_argument("--cache-gb", type=float, help="hidden.cache_gb of the budget mode")
@@ -65,6 +65,16 @@ NUMBERS = (
     "capture_tokens_per_s",
     "train_tokens_per_s",
 )
+
+
+def whole_number(text: str) -> int | float:
+    """A count as users write it, 500000 or 5e5; a fraction or NaN is left for check_numbers and
+    the config check to refuse by name."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # argparse names the flag when this fails too
+        return int(value) if value.is_integer() else value
 
 
 def check_numbers(args: Any) -> None:

@@ -14,6 +14,10 @@ from eaglenest.settings import Settings
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 # The demo prompt sources and the task suite (eaglenest.demo.tasks) each draws from.
 DEMO_SOURCES = {"demo": "short", "demo-long": "long"}
+# Shards a run may have: Snakemake lists every shard's jobs while it parses (each cluster job
+# parses again), so 1e20 prompts exhausted a login node's memory before any message; five-digit
+# ids ("00000") name 100,000. prompts.max_samples' own maximum is the schema's (10^9).
+MAX_SHARDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,18 @@ def source_kind(source: str | Sequence[str]) -> str:
     if path.is_file() or glob.has_magic(source) or path.suffix.lower() in LOCAL_SUFFIXES:
         return "files"
     return "dataset"
+
+
+def check_shard_count(config: Mapping[str, Any]) -> None:
+    """At most MAX_SHARDS shards, refused naming both keys before anything lists them."""
+    prompts = config.get("prompts") or {}
+    samples, size = prompts.get("max_samples"), prompts.get("shard_size")
+    if not isinstance(samples, int | float) or not isinstance(size, int | float) or size < 1:
+        return  # the schema has named what is wrong
+    shards = -(-int(samples) // int(size))
+    if shards > MAX_SHARDS:
+        raise ValueError(
+            f"config keys 'prompts.max_samples' {int(samples):,} and 'prompts.shard_size' "
+            f"{int(size):,} make {shards:,} shards; a run has at most {MAX_SHARDS:,}: raise "
+            "shard_size or lower max_samples"
+        )

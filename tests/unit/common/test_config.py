@@ -94,12 +94,51 @@ def test_validation_does_not_mutate_defaults_between_calls():
     assert second["probe"]["prompt"] != "changed"
 
 
-@pytest.mark.parametrize("wait", [".nan", ".inf"])
-def test_a_capture_wait_that_never_ends_is_refused(wait):
-    """JSON schema's `minimum` lets NaN through (every comparison with it is false)."""
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("vllm", "capture_wait_s", ".nan"), ("vllm", "capture_wait_s", ".inf"),
+     ("generation", "temperature", ".nan"), ("generation", "temperature", ".inf"),
+     ("generation", "top_p", ".nan"), ("hidden", "cache_gb", ".nan"),
+     ("hidden", "cache_gb", ".inf")],
+)  # fmt: skip
+def test_every_number_that_is_not_finite_is_refused_by_key(section, key, value):
+    """JSON schema's `minimum` lets NaN through (every comparison with it is false): a wait that
+    never ends, a NaN budget read as none, a temperature sent to servers and to vLLM."""
     config = demo_config()
-    config["vllm"] = {"capture_wait_s": yaml.safe_load(wait)}
-    with pytest.raises(ConfigError, match=r"'vllm.capture_wait_s' is (nan|inf): a finite number"):
+    config[section] = {**config.get(section, {}), key: yaml.safe_load(value)}
+    match = rf"config key '{section}.{key}' is -?(nan|inf): give a finite number"
+    with pytest.raises(ConfigError, match=match):
+        validate_config(config)
+
+
+def test_a_number_in_a_list_is_checked_too():
+    config = demo_config()
+    config["train"] = {**config.get("train", {}), "adam_betas": [0.9, float("nan")]}
+    with pytest.raises(ConfigError, match=r"'train.adam_betas\[1\]' is nan"):
+        validate_config(config)
+
+
+TOO_MANY = "is greater than the maximum of 1000000000"
+TOO_MANY_SHARDS = "make 10,000,000 shards; a run has at most 100,000"
+
+
+@pytest.mark.parametrize(
+    ("samples", "size", "match"),
+    [
+        (10**20, 100, rf"'prompts.max_samples': 100000000000000000000 {TOO_MANY}"),
+        (1e20, 100, rf"'prompts.max_samples': 1e\+20 {TOO_MANY}"),
+        (
+            10**8,
+            10,
+            rf"'prompts.max_samples' 100,000,000 and 'prompts.shard_size' 10 {TOO_MANY_SHARDS}",
+        ),
+    ],
+)
+def test_sizes_past_their_maximum_are_refused_naming_keys_and_limit(samples, size, match):
+    """Snakemake lists every shard while it parses: 1e20 prompts exhausted memory first."""
+    config = demo_config()
+    config["prompts"] = {**config.get("prompts", {}), "max_samples": samples, "shard_size": size}
+    with pytest.raises(ConfigError, match=match):
         validate_config(config)
 
 

@@ -76,3 +76,33 @@ def test_stored_shards_already_written_are_measured_against_the_budget(
     assert split.stored_training == ("00000",)  # a fixed split: the files do not move it
     assert "the 1 stored shard(s) written so far take 0.002 GB measured against" in caplog.text
     assert "over hidden.cache_gb 0.0015: the split is fixed from the config" in caplog.text
+
+
+def _capped_4gb() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+TOO_MANY = "is greater than the maximum of 1000000000"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--samples", "1e21"], f"'prompts.max_samples': 1000000000000000000000 {TOO_MANY}"),
+        (["--set", "prompts.max_samples=100000000000000000000"], TOO_MANY),
+    ],
+)
+def test_absurd_sizes_are_refused_in_seconds_under_a_4gb_cap(args, said, tmp_path):
+    """A plan of 1e21 prompts listed every shard id: MemoryError under a 4-8 GB cap, past 23 GB
+    without one. Run as a user would, in a process of its own under a 4 GB address-space cap."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "eaglenest.cli", "plan", "--configfile", DEMO, *args]
+    done = subprocess.run(
+        command, check=False, capture_output=True, text=True, timeout=60, preexec_fn=_capped_4gb
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert said in done.stdout
