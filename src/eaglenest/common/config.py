@@ -193,7 +193,7 @@ def merged_config(paths: list[str]) -> dict[str, Any]:
     (`serve-capture`, `plan`)."""
     config: dict[str, Any] = {}
     for path in paths:
-        update = yaml.safe_load(Path(path).read_text()) or {}
+        update = read_config_file(path)
         for key, value in update.items():
             if isinstance(value, dict) and isinstance(config.get(key), dict):
                 config[key] = _updated(config[key], value)
@@ -203,6 +203,23 @@ def merged_config(paths: list[str]) -> dict[str, Any]:
     if config["demo_target"]["enabled"] and not config["target"]["path"]:
         config["target"]["path"] = f"results/{config['run']}/target"
     return config
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """One `--configfile`: a YAML mapping of sections (empty: none), or a ConfigError naming the
+    file and what it holds instead."""
+    try:
+        values = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"config file {path}: cannot be read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path}: not valid YAML: {err}") from None
+    if values is not None and not isinstance(values, dict):
+        raise ConfigError(
+            f"config file {path}: holds a {type(values).__name__}, not a mapping of config "
+            "sections (run:, prompts:, ...)"
+        )
+    return values or {}
 
 
 def _updated(base: dict, update: dict) -> dict:

@@ -97,12 +97,15 @@ def run(args: Any) -> int:
         config = overridden(yaml.safe_load(yaml.safe_dump(config)), list(args.set) + samples)
         validate_config(config)
         hidden_size = args.hidden_size or target_hidden_size(config)
+        tokens_per_sample = args.tokens_per_sample or config["generation"]["max_tokens"] / 2
+        cache_gb = args.cache_gb or config["hidden"].get("cache_gb") or DEFAULT_CACHE_GB
+        rates = Rates(
+            args.generate_tokens_per_s, args.capture_tokens_per_s, args.train_tokens_per_s
+        )
+        # the split refuses a config that holds out every shard, naming train.eval_shards
+        plan = plan_run(config, Assumptions(tokens_per_sample, hidden_size, rates, cache_gb))
     except (ConfigError, ValueError) as err:
         print(f"eaglenest plan: {err}")
         return 2
-    tokens_per_sample = args.tokens_per_sample or config["generation"]["max_tokens"] / 2
-    cache_gb = args.cache_gb or config["hidden"].get("cache_gb") or DEFAULT_CACHE_GB
-    rates = Rates(args.generate_tokens_per_s, args.capture_tokens_per_s, args.train_tokens_per_s)
-    plan = plan_run(config, Assumptions(tokens_per_sample, hidden_size, rates, cache_gb))
     print(format_plan(plan))
     return 0

@@ -106,3 +106,27 @@ def test_absurd_sizes_are_refused_in_seconds_under_a_4gb_cap(args, said, tmp_pat
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert said in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("- a\n- b\n", "holds a list, not a mapping of config sections"),
+        ("a: [\n", "not valid YAML"),
+        (None, "cannot be read (No such file or directory)"),
+    ],
+)
+def test_a_config_file_that_is_no_mapping_is_named_not_a_traceback(text, said, tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert main(["plan", "--configfile", str(path)]) == 2
+    assert capsys.readouterr().out.startswith(f"eaglenest plan: config file {path}: {said}")
+
+
+def test_a_plan_that_holds_out_every_shard_is_refused_by_key(tmp_path, capsys):
+    every = tmp_path / "every.yaml"
+    every.write_text("train:\n  eval_shards: 4\n")
+    assert main(["plan", "--configfile", DEMO, str(every)]) == 2
+    out = capsys.readouterr().out
+    assert "'train.eval_shards' holds out every shard (4)" in out
