@@ -5,6 +5,7 @@ unique, the file present, a known suffix), naming the key and the entry."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,11 +68,17 @@ def check_eval_sets(config: Mapping[str, Any], workdir: str | Path = ".") -> Non
             )
         seen[entry["name"]] = index
         path = Path(workdir) / entry["path"]
+        if path.is_symlink() and not path.exists():
+            # resolve() of a link loop raises RuntimeError itself: name the link instead
+            raise ValueError(
+                f"{key}: {entry['path']} is a symbolic link to nothing readable (a loop, or its "
+                f"target is gone: {os.readlink(path)})"
+            )
         if not path.is_file():
             raise ValueError(
-                f"{key}: file not found: {entry['path']} (resolved from the working directory: "
-                f"{path.resolve()}); sets are read from local files, never downloaded at run time "
-                "(docs/evaluate.md says how to fetch each one once)"
+                f"{key}: file not found: {entry['path']} (from the working directory: "
+                f"{os.path.abspath(path)}); sets are read from local files, never downloaded at "
+                "run time (docs/evaluate.md says how to fetch each one once)"
             )
         if not entry["path"].lower().endswith(EVAL_SET_SUFFIXES):
             raise ValueError(

@@ -85,3 +85,22 @@ def test_the_missing_file_message_says_where_it_looked(in_tmp):
         config_with([{"name": "gone", "path": "sets/none.jsonl"}])
     assert str(in_tmp.resolve() / "sets" / "none.jsonl") in str(err.value)
     assert "never downloaded at run time" in str(err.value)
+
+
+def test_an_eval_set_path_that_loops_is_named_not_a_traceback(tmp_path):
+    from eaglenest.settings.eval_sets import check_eval_sets
+
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    config = {"evaluate": {"sets": [{"name": "loop", "path": "a.jsonl"}]}}
+    with pytest.raises(ValueError, match=r"'evaluate.sets\[0\]' \(set 'loop'\): a.jsonl is a sym"):
+        check_eval_sets(config, tmp_path)
+
+
+def test_a_set_or_compared_name_past_64_characters_is_refused_by_key(in_tmp):
+    """A 281-character set name was "File name too long" inside Snakemake (it names a file)."""
+    (in_tmp / "s.jsonl").write_text('{"prompt": "p"}\n')
+    with pytest.raises(ConfigError, match=r"evaluate.sets.0.name': '(x){281}' is too long"):
+        config_with([{"name": "x" * 281, "path": "s.jsonl"}])
+    with pytest.raises(ConfigError, match=r"evaluate.compare': '(y){281}' is too long"):
+        validate_config({"evaluate": {"compare": {"y" * 281: str(in_tmp)}}})

@@ -101,3 +101,33 @@ def test_many_refusals_are_counted_not_all_listed(tmp_path):
     message = refusal(tmp_path, source)
     assert "14 of 14 rows refused" in message and "... and 4 more" in message
     assert "line 11:" not in message
+
+
+def test_a_line_nested_past_the_parsers_limit_is_named_not_a_traceback(tmp_path):
+    source = tmp_path / "deep.jsonl"
+    source.write_text('{"prompt": "fine"}\n{"prompt": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+    assert f"{source}: line 2: nested too deeply" in refusal(tmp_path, source)
+
+
+def test_a_lone_surrogate_is_refused_naming_the_line_before_the_parquet_write(tmp_path):
+    source = tmp_path / "surrogate.jsonl"
+    source.write_text('{"prompt": "fine"}\n{"prompt": "half \\ud800 a pair"}\n')
+    message = refusal(tmp_path, source)
+    assert f"{source}: line 2: holds text that is not valid Unicode" in message
+
+
+def test_a_line_past_the_bound_is_refused_unread(tmp_path, monkeypatch):
+    from eaglenest.stages.eval_sets import files
+
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 64)
+    source = tmp_path / "long.jsonl"
+    source.write_text('{"prompt": "fine"}\n{"prompt": "' + "x" * 100 + '"}\n')
+    assert f"{source}: line 2: longer than 64 bytes" in refusal(tmp_path, source)
+
+
+def test_more_rows_than_a_set_may_hold_are_refused(tmp_path, monkeypatch):
+    from eaglenest.stages.eval_sets import files
+
+    monkeypatch.setattr(files, "MAX_ROWS", 2)
+    source = write_jsonl(tmp_path / "many.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
+    assert "more than 2 rows, the most a set may hold" in refusal(tmp_path, source)
