@@ -272,6 +272,7 @@ def bench_path(relative):
 
 # Standard evaluation sets (evaluate.sets, rules/eval_sets.smk).
 from eaglenest.settings.eval_sets import (
+    EvalSetLimits,
     SetDecodeSettings,
     eval_set_names,
     eval_set_settings,

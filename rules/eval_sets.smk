@@ -4,6 +4,8 @@
 rule prepare_eval_set:
     input:
         source=get_eval_set_file,
+        # its turns are checked against the target's positions, with its chat template
+        target=get_target_dir(),
     output:
         prompts=run_path("eval_sets/{set}.parquet"),
         report=run_path("eval_sets/{set}.report.json"),
@@ -16,6 +18,7 @@ rule prepare_eval_set:
     threads: 1
     params:
         settings=get_eval_set_settings,
+        limits=settings_json(EvalSetLimits),
         code_version=code_version("prepare_eval_set"),
     script:
         "../scripts/prepare_eval_set.py"

@@ -5,7 +5,7 @@ from eaglenest.common.threads import use_threads
 use_threads(snakemake.threads)
 
 from eaglenest.common.logs import log_to
-from eaglenest.settings.eval_sets import EvalSetSettings
+from eaglenest.settings.eval_sets import EvalSetLimits, EvalSetSettings
 from eaglenest.stages.eval_sets.eval_sets import prepare_eval_set
 
 with log_to(snakemake.log[0]):
@@ -13,4 +13,5 @@ with log_to(snakemake.log[0]):
         EvalSetSettings.from_json(snakemake.params.settings),
         out=snakemake.output.prompts,
         report=snakemake.output.report,
+        limits=EvalSetLimits.from_json(snakemake.params.limits),
     )

@@ -105,3 +105,25 @@ class SetDecodeSettings(Settings):
                 config, "path", "tokenizer", "trust_remote_code", "chat_template_kwargs"
             ),
         )
+
+
+@dataclass(frozen=True)
+class EvalSetLimits(Settings):
+    """What every turn of a set must fit, checked when the set is prepared, before any training
+    (the param `limits` of prepare_eval_set): its prompt as the target's chat template renders
+    it, after the earlier turns' answers, plus the tokens the evaluation generates, within the
+    target's positions, or vllm.max_model_len where the user fixed it."""
+
+    max_new_tokens: int  # evaluate.live_max_new_tokens: what the engine generates per turn
+    max_model_len: int | None  # vllm.max_model_len (None: the target's positions bound it)
+    target: TargetSettings  # path, tokenizer, trust_remote_code, chat_template_kwargs
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EvalSetLimits:
+        return cls(
+            max_new_tokens=config["evaluate"]["live_max_new_tokens"],
+            max_model_len=config["vllm"]["max_model_len"],
+            target=TargetSettings.view(
+                config, "path", "tokenizer", "trust_remote_code", "chat_template_kwargs"
+            ),
+        )

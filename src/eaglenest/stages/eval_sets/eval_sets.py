@@ -12,9 +12,10 @@ from pathlib import Path
 
 from eaglenest.common.io import atomic_path, sha256_file, write_json
 from eaglenest.formats.eval_sets import eval_set_frame
-from eaglenest.settings.eval_sets import EvalSetSettings
+from eaglenest.settings.eval_sets import EvalSetLimits, EvalSetSettings
 from eaglenest.stages.eval_sets.files import EvalSetError, Record, read_records
 from eaglenest.stages.eval_sets.formats import READERS, RowRefused, check_columns, detect
+from eaglenest.stages.eval_sets.lengths import check_lengths
 
 log = logging.getLogger(__name__)
 # How many refused rows one error lists (the count says how many more).
@@ -83,10 +84,18 @@ def _duplicate_ids(rows: list[dict]) -> list[str]:
     return refusals
 
 
-def prepare_eval_set(settings: EvalSetSettings, out: str | Path, report: str | Path) -> None:
+def prepare_eval_set(
+    settings: EvalSetSettings,
+    out: str | Path,
+    report: str | Path,
+    limits: EvalSetLimits | None = None,
+) -> None:
     """Read, check and write one set: `out` the validated parquet, `report` what it holds (rows,
-    turns, categories, the format read, the source file's sha256)."""
+    turns, categories, the format read, the source file's sha256). With `limits`, every row's
+    turns are checked against the target's positions first (stages/eval_sets/lengths.py)."""
     rows, format_name = read_eval_set(settings)
+    if limits is not None:
+        check_lengths(settings, rows, limits)
     frame = eval_set_frame([{k: v for k, v in row.items() if k != "where"} for row in rows])
     with atomic_path(out) as tmp:
         frame.write_parquet(tmp)

@@ -22,14 +22,11 @@ from typing import Any
 
 from eaglenest.formats.eval_sets import read_eval_set
 from eaglenest.settings.eval_sets import SetDecodeSettings
-from eaglenest.target_model.encoding import encode_batch
+from eaglenest.target_model.set_turns import rendered_turns
 from eaglenest.target_model.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-# Room for one earlier answer rendered back into a later turn's prompt, beyond its tokens: the
-# template's wrapping and a re-tokenized text that may take a few ids more than were generated.
-ANSWER_SLACK = 32
 GREEDY = 0.0
 # Why the sets have no figures from the project's own live loop (metrics.json says it).
 NO_LIVE = (
@@ -62,24 +59,6 @@ class EvalSetPrompts:
         }
 
 
-def _chat(row: dict[str, Any], turns: int) -> list[dict[str, str]]:
-    """The first `turns` user turns of a row, with empty answers between them (for the size)."""
-    messages = [{"role": "system", "content": row["system"]}] if row["system"] else []
-    for index, turn in enumerate(row["turns"][:turns]):
-        if index:
-            messages.append({"role": "assistant", "content": ""})
-        messages.append({"role": "user", "content": turn})
-    return messages
-
-
-def _render(tokenizer: Any, chats: list[list[dict]], kwargs: dict[str, Any]) -> list[list[int]]:
-    texts = [
-        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **kwargs)
-        for chat in chats
-    ]
-    return encode_batch(tokenizer, texts)
-
-
 def load_sets(
     paths: Iterable[str | Path], settings: SetDecodeSettings, max_new_tokens: int
 ) -> list[EvalSetPrompts]:
@@ -90,15 +69,12 @@ def load_sets(
     by_name = {}
     for path in paths:
         rows = read_eval_set(str(path)).to_dicts()
-        firsts = _render(tokenizer, [_chat(row, 1) for row in rows], kwargs)
-        wholes = _render(tokenizer, [_chat(row, len(row["turns"])) for row in rows], kwargs)
         longest = 0
-        for row, first, whole in zip(rows, firsts, wholes, strict=True):
+        for row, (first, row_longest) in zip(
+            rows, rendered_turns(tokenizer, rows, kwargs, max_new_tokens), strict=True
+        ):
             row["first_prompt"] = first
-            earlier = len(row["turns"]) - 1
-            longest = max(
-                longest, len(first), len(whole) + earlier * (max_new_tokens + ANSWER_SLACK)
-            )
+            longest = max(longest, row_longest)
         name = rows[0]["set"]
         by_name[name] = EvalSetPrompts(name, rows, longest)
         log.info("set %s: %d prompts, prompts up to %d tokens", name, len(rows), longest)
