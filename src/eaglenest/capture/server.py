@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.capture.request import engine_request, served_name
 from eaglenest.capture.key import capture_key
+from eaglenest.capture.request import capture_engine_request, served_name
 from eaglenest.capture.supervisor import SupervisedServer, child_env, port_taken
 from eaglenest.common.command import COMMAND_STOP_WAIT_S, start_command
 from eaglenest.common.config import ConfigError, merged_config
@@ -111,7 +111,7 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
         raise EngineError(f"serve-capture: {err}{hint}") from err
     model_config = load_text_config(target.path, target.trust_remote_code)
     layer_ids = [*checked_aux_layer_ids(model_config, settings), model_config.num_hidden_layers]
-    request = engine_request(
+    request = capture_engine_request(
         target_dir=target_dir.resolve(),
         layer_ids=layer_ids,
         settings=settings,

@@ -61,7 +61,8 @@ def test_a_refused_key_is_an_authentication_error_naming_the_server(
 
 
 @pytest.mark.parametrize(
-    ("value", "state"), [(None, "not set"), ("", "empty"), ("  ", "blank")],
+    ("value", "state"),
+    [(None, "not set"), ("", "empty"), ("  ", "blank")],
     ids=["unset", "empty", "blank"],
 )
 def test_a_capture_key_env_without_a_key_fails_before_anything_is_sent(

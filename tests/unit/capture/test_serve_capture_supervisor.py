@@ -11,8 +11,8 @@ from aiohttp import web
 from support.capture_servers import MODEL, CaptureServer
 from support.servers import free_port
 
-from eaglenest.capture.server import capture_server, checked_key, is_loopback, merged_config
 from eaglenest.capture.key import CaptureKeyError, capture_key
+from eaglenest.capture.server import capture_server, checked_key, is_loopback, merged_config
 from eaglenest.capture.supervisor import child_env, error_lines, port_taken, probe
 from eaglenest.common.config import REPO_ROOT, ConfigError
 from eaglenest.settings.vllm import VllmRuntime

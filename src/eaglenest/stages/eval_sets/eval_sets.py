@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 LISTED_REFUSALS = 10
 
 
-def read_eval_set(settings: EvalSetSettings) -> tuple[list[dict], str]:
+def load_eval_set_rows(settings: EvalSetSettings) -> tuple[list[dict], str]:
     """The rows of a set (dicts of the eval_sets columns) and the format they were read as;
     raises EvalSetError listing every refused row."""
     path = Path(settings.path)
@@ -86,7 +86,7 @@ def _duplicate_ids(rows: list[dict]) -> list[str]:
 def prepare_eval_set(settings: EvalSetSettings, out: str | Path, report: str | Path) -> None:
     """Read, check and write one set: `out` the validated parquet, `report` what it holds (rows,
     turns, categories, the format read, the source file's sha256)."""
-    rows, format_name = read_eval_set(settings)
+    rows, format_name = load_eval_set_rows(settings)
     frame = eval_set_frame([{k: v for k, v in row.items() if k != "where"} for row in rows])
     with atomic_path(out) as tmp:
         frame.write_parquet(tmp)
