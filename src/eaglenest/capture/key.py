@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 
 from eaglenest.capture.faults import CaptureServerError
-from eaglenest.common.config import ConfigError
 
 
-class CaptureKeyError(CaptureServerError, ConfigError):
-    """`vllm.capture_key_env` names a variable that holds no key; the message names it. A
-    CaptureServerError for the pool's callers, a ConfigError for serve-capture's."""
+class CaptureKeyError(CaptureServerError):
+    """`vllm.capture_key_env` names a variable that holds no key; the message names it (the
+    pool's callers report it as any capture failure; serve-capture as its own errors)."""
 
 
 def capture_key(key_env: str | None, where: str = "the job's environment") -> str | None:

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.capture.key import capture_key
+from eaglenest.capture.key import CaptureKeyError, capture_key
 from eaglenest.capture.request import capture_engine_request, served_name
 from eaglenest.capture.supervisor import SupervisedServer, child_env, port_taken
 from eaglenest.common.command import COMMAND_STOP_WAIT_S, start_command
@@ -237,7 +237,7 @@ def add_arguments(parser: Any) -> None:
 def run(args: Any) -> int:
     try:
         return serve(args)
-    except (EngineError, ConfigError) as err:
+    except (EngineError, ConfigError, CaptureKeyError) as err:
         log.error("%s", err)
         return 2
 
