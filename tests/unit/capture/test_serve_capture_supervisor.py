@@ -120,6 +120,31 @@ def test_serve_capture_refuses_a_key_variable_without_a_key_as_the_pool_does(
     assert checked_key(keyed, "127.0.0.1") == " s3cret "  # a key is used exactly as set
 
 
+def test_serve_capture_exits_2_naming_a_blank_key_variable(tmp_path, monkeypatch, caplog):
+    """The command itself: the refused key is logged and serve-capture exits 2, nothing
+    started (as for its other errors)."""
+    import argparse
+    import signal
+
+    from eaglenest.capture.server import add_arguments, run
+
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("vllm:\n  capture_key_env: EAGLENEST_TEST_KEY\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    demo = str(REPO_ROOT / "config" / "config.yaml")
+    args = parser.parse_args(["--configfile", demo, str(keyed), "--storage-dir", str(tmp_path)])
+    monkeypatch.setenv("EAGLENEST_TEST_KEY", "   ")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        assert run(args) == 2
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert "capture_key_env names the environment variable EAGLENEST_TEST_KEY" in caplog.text
+    assert "which is blank in serve-capture's environment" in caplog.text
+    assert not (tmp_path / "server-request.json").exists()
+
+
 def test_a_dead_servers_log_says_why_by_its_error_lines():
     log = "\n".join(
         [f"INFO loading shard {i}" for i in range(50)]
