@@ -34,6 +34,7 @@ import yaml
 from safetensors.torch import load_file
 
 from eaglenest.common.config import validate_config
+from eaglenest.run.split import split_shards
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.train import TrainSettings
 from eaglenest.stages.evaluate.evaluate import evaluate_drafter
@@ -51,13 +52,11 @@ def run_config(configfiles: list[Path]) -> dict[str, Any]:
     return validate_config(config)
 
 
-def shards(run_dir: Path, eval_shards: int) -> tuple[list[str], list[str]]:
-    ids = sorted(p.stem for p in (run_dir / "hidden").glob("[0-9]*.safetensors"))
-    return ids[: len(ids) - eval_shards], ids[len(ids) - eval_shards :]
-
-
 def measure(run_dir: Path, config: dict[str, Any], attention: str, work: Path) -> dict[str, Any]:
-    train_ids, heldout_ids = shards(run_dir, config["train"]["eval_shards"])
+    # The run's own split (run/split.py, as the rules divide it); the bench reads every
+    # shard's states from hidden/ (hidden.store files, the default).
+    split = split_shards(config, store="files", warn=False)
+    train_ids, heldout_ids = split.training, split.heldout
     shared = {
         "target_head": run_dir / "hidden" / "target_head.safetensors",
         "draft_vocab": run_dir / "vocab" / "draft_vocab.safetensors",

@@ -129,7 +129,10 @@ def vllm_backend(args, tmp: Path, target: Path, base: dict, results: dict, stage
     }
 
 
-def split_shards(tmp: Path, frame: pl.DataFrame, k: int) -> list[Path]:
+def cut_into_shard_files(tmp: Path, frame: pl.DataFrame, k: int) -> list[Path]:
+    """The bench's tokens cut into `k` files of near-equal rows (`--shards K`): not a run's shards
+    (run/shards.py cuts by prompts.shard_size, run/split.py divides them), K of them whatever
+    the row count."""
     paths = []
     for i, part in enumerate(np.array_split(np.arange(len(frame)), k)):
         path = tmp / f"shard-{i:05d}.parquet"
@@ -152,7 +155,7 @@ def whole_run_capture(args, tmp: Path, target: Path, base: dict, frame: pl.DataF
     """K shards by an engine per shard job, then by one capture server; every start included."""
     from eaglenest.capture.server import capture_server
 
-    shards, n_tokens = split_shards(tmp, frame, args.shards), int(frame["n_tokens"].sum())
+    shards, n_tokens = cut_into_shard_files(tmp, frame, args.shards), int(frame["n_tokens"].sum())
     runs = {}
     for way in ("per_shard", "server"):
         url = f"http://127.0.0.1:{free_port()}" if way == "server" else None

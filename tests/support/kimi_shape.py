@@ -3,15 +3,18 @@ nested as `text_config` beside a vision tower, its tensors under `language_model
 safetensors checkpoint. transformers 5 reads the config itself (model_type kimi_k25, its text
 model `kimi_k2` = deepseek_v3), so no remote code is needed for the config.
 
-`write_kimi_config` writes config.json alone (enough for the stages that read only the config,
-at Kimi-K2.5's real sizes); `build_kimi_shaped_target` adds a tiny random DeepSeek-V3 with the
-given tokenizer, in that layout."""
+Both wrap with the demo's own code (demo/kimi_layout.py), so the tests meet the layout the demo
+target (`demo_target.layout: kimi_k25`) and the engine tests serve: `write_kimi_config` writes
+config.json alone (enough for the stages that read only the config, at Kimi-K2.5's real sizes);
+`build_kimi_shaped_target` wraps a tiny random DeepSeek-V3 with the given tokenizer."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+
+from eaglenest.demo.kimi_layout import kimi_config, wrap_kimi_k25
 
 # Kimi-K2.5's language model, as its config.json's text_config gives it.
 KIMI_K25_TEXT = {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163_840}
@@ -42,54 +45,35 @@ TINY_DEEPSEEK_V3 = {
 
 
 def write_kimi_config(out_dir: Path, text: dict) -> Path:
-    """config.json with Kimi-K2.5's nesting: the language model's sizes only under text_config
-    (the top level says tie_word_embeddings true by default; the text model does not tie)."""
+    """config.json alone, as the demo's wrap writes it (demo/kimi_layout.kimi_config) around a
+    DeepSeek-V3 text model of these sizes: the language model's sizes only under text_config."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "model_type": "kimi_k25",
-        "text_config": {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "kimi_k2",
-            "tie_word_embeddings": False,
-            **text,
-        },
-        "vision_config": {"model_type": "kimi_k25_vision", "hidden_size": 32},
+    text_config = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "tie_word_embeddings": False,
+        **text,
     }
-    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
+    (out_dir / "config.json").write_text(json.dumps(kimi_config(text_config), indent=2) + "\n")
     return out_dir
 
 
 def build_kimi_shaped_target(out_dir: Path, tokenizer_dir: Path) -> dict:
-    """A tiny random DeepSeek-V3 in Kimi-K2.5's layout at `out_dir`, with the tokenizer files
-    of `tokenizer_dir`; returns its language model's state dict (names without the prefix)."""
+    """A tiny random DeepSeek-V3 with the tokenizer files of `tokenizer_dir`, wrapped in
+    Kimi-K2.5's layout at `out_dir` by the demo's own wrap (demo/kimi_layout.wrap_kimi_k25:
+    the language model under `language_model.` in one shard, a vision tower and projector in a
+    second); returns the language model's state dict (names without the prefix)."""
     import torch
-    from safetensors.torch import save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**TINY_DEEPSEEK_V3, tie_word_embeddings=False))
     state = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
-    write_kimi_config(out_dir, TINY_DEEPSEEK_V3)
+    model.save_pretrained(out_dir)
     for path in tokenizer_dir.iterdir():
         if path.is_file():
             shutil.copy(path, out_dir / path.name)
-    # Two shards as the real checkpoint's: the language model, and the vision tower and
-    # projector, whose norms end like the language model's.
-    language = {f"language_model.{name}": t for name, t in state.items()}
-    vision = {
-        "vision_tower.encoder.final_layernorm.weight": torch.ones(32),
-        "vision_tower.model.norm.weight": torch.ones(32),
-        "mm_projector.proj.0.weight": torch.zeros(64, 32),
-    }
-    shards = {"model-00001-of-00002.safetensors": language}
-    shards["model-00002-of-00002.safetensors"] = vision
-    weight_map = {}
-    for file_name, tensors in shards.items():
-        save_file(tensors, str(out_dir / file_name))
-        weight_map |= dict.fromkeys(tensors, file_name)
-    index = {"metadata": {}, "weight_map": weight_map}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    wrap_kimi_k25(out_dir, out_dir)  # in place: the text model's files become the wrapper's
     return state
 
 

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from eaglenest.capture.faults import (
     served_models,
     status_fault,
 )
+from eaglenest.capture.key import capture_key
 from eaglenest.capture.state_file import remove_state_file
 from eaglenest.client.credentials import auth_headers, redact
 from eaglenest.client.slots import POLL_S, EndpointSlots
@@ -62,7 +62,7 @@ from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["CapturePool", "CaptureServerError", "capture_key"]
+__all__ = ["CapturePool", "CaptureServerError"]
 
 REQUEST_TIMEOUT_S = 600  # one prompt's forward pass; a 32K-token sample takes seconds on a GPU
 PROBE_TIMEOUT_S = 10.0  # a /v1/models answer; a server busy with a batch answers within it
@@ -73,22 +73,6 @@ MOVES_MAX = 10
 # A server gone: no connection, no answer in time, an answer cut short (killed while it sent it:
 # "Response payload is not completed") or not HTTP: its request goes to another server.
 GONE = (aiohttp.ClientError, asyncio.TimeoutError)
-
-
-def capture_key(key_env: str | None) -> str | None:
-    """The capture servers' key, from the environment variable `vllm.capture_key_env` names;
-    None when it names none. A named variable that is unset or empty is an error naming the
-    variable (a request without the key would only be refused by every server)."""
-    if not key_env:
-        return None
-    key = os.environ.get(key_env, "")
-    if not key:
-        state = "empty" if key_env in os.environ else "not set"
-        raise CaptureServerError(
-            f"vllm.capture_key_env names the environment variable {key_env}, which is {state}: "
-            "export the capture servers' key in it (the key serve-capture was started with)"
-        )
-    return key
 
 
 def described(err: BaseException) -> str:

@@ -44,7 +44,7 @@ import torch
 
 from eaglenest.capture.answer import ExpectedStates, check_states, request_rows
 from eaglenest.capture.final_signal import FinalSignal
-from eaglenest.capture.request import engine_request, served_name
+from eaglenest.capture.request import capture_engine_request, served_name
 from eaglenest.capture.state_file import (
     job_key,
     job_state_files,
@@ -191,7 +191,7 @@ class PooledStates:
         n_layers = self.model_config.num_hidden_layers
         self.layer_ids = tuple(settings.aux_layer_ids or default_aux_layer_ids(n_layers))
         self.signal = FinalSignal(target_dir, self.model_config, settings)
-        request = engine_request(
+        request = capture_engine_request(
             target_dir=target_dir,
             layer_ids=[*self.layer_ids, n_layers],
             settings=settings,

@@ -20,7 +20,7 @@ class VllmCaptureError(EngineError):
     """vLLM failed, or returned states that are not those of the tokens sent."""
 
 
-def engine_request(
+def capture_engine_request(
     *,
     target_dir: Path,
     layer_ids: list[int],

@@ -42,15 +42,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.capture.request import engine_request, served_name
-from eaglenest.capture.supervisor import (
-    SupervisedServer,
-    capture_key,
-    child_env,
-    port_taken,
-)
-from eaglenest.common.command import STOP_WAIT_S as COMMAND_STOP_WAIT_S
-from eaglenest.common.command import start_command
+from eaglenest.capture.key import CaptureKeyError, capture_key
+from eaglenest.capture.request import capture_engine_request, served_name
+from eaglenest.capture.supervisor import SupervisedServer, child_env, port_taken
+from eaglenest.common.command import COMMAND_STOP_WAIT_S, start_command
 from eaglenest.common.config import ConfigError, merged_config
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
@@ -116,7 +111,7 @@ def server_request(config: dict[str, Any], storage: Path, host: str, port: int) 
         raise EngineError(f"serve-capture: {err}{hint}") from err
     model_config = load_text_config(target.path, target.trust_remote_code)
     layer_ids = [*checked_aux_layer_ids(model_config, settings), model_config.num_hidden_layers]
-    request = engine_request(
+    request = capture_engine_request(
         target_dir=target_dir.resolve(),
         layer_ids=layer_ids,
         settings=settings,
@@ -142,9 +137,10 @@ def is_loopback(host: str) -> bool:
 
 
 def checked_key(runtime: VllmRuntime, host: str) -> str | None:
-    """The capture key (vllm.capture_key_env's variable), refused when unset; and no bind beyond
-    loopback without one: anything that reaches the port could fill the storage with states."""
-    key = capture_key(runtime.capture_key_env)
+    """The capture key (vllm.capture_key_env's variable), refused when unset or blank
+    (capture/key.py); and no bind beyond loopback without one: anything that reaches the port
+    could fill the storage with states."""
+    key = capture_key(runtime.capture_key_env, where="serve-capture's environment")
     if key is None and not is_loopback(host):
         raise EngineError(
             f"serve-capture: host {host} is reachable beyond this machine and the servers take "
@@ -241,7 +237,7 @@ def add_arguments(parser: Any) -> None:
 def run(args: Any) -> int:
     try:
         return serve(args)
-    except (EngineError, ConfigError) as err:
+    except (EngineError, ConfigError, CaptureKeyError) as err:
         log.error("%s", err)
         return 2
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import socket
 import subprocess
 import time
@@ -34,11 +33,11 @@ from eaglenest.vllm_engine.process import EngineError, die_with_parent, stop_pro
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 5
+WATCH_PROBE_TIMEOUT_S = 5  # its own probes of the server it watches: /v1/models and /health
 READY_POLL_S = 1.0
 HEALTH_DEAD = 503  # vLLM's /health once its engine core is dead (EngineDeadError)
 TAIL_LINES = 15
-STOP_WAIT_S = 30
+SERVER_STOP_WAIT_S = 30  # after SIGTERM, before SIGKILL: vLLM's server and engine core
 
 
 class ServerDied(EngineError):
@@ -71,7 +70,7 @@ def probe(url: str, served_name: str, key: str | None) -> str | None:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     request = urllib.request.Request(f"{url}/v1/models", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=WATCH_PROBE_TIMEOUT_S) as response:
             body = response.read()
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
@@ -96,7 +95,7 @@ def engine_dead(url: str) -> bool:
     """Whether vLLM says its engine is dead (/health 503; /health needs no key). Any other answer,
     or none, is not a death: a busy server may answer late, and a gone one shows in its exit."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_S):
+        with urllib.request.urlopen(f"{url}/health", timeout=WATCH_PROBE_TIMEOUT_S):
             return False
     except urllib.error.HTTPError as err:
         return err.code == HEALTH_DEAD
@@ -215,7 +214,7 @@ class SupervisedServer:
 
     def stop(self) -> None:
         if self.process is not None:
-            stop_process_group(self.process, STOP_WAIT_S)
+            stop_process_group(self.process, SERVER_STOP_WAIT_S)
 
 
 def child_env(base: dict[str, str], key: str | None) -> dict[str, str]:
@@ -227,17 +226,3 @@ def child_env(base: dict[str, str], key: str | None) -> dict[str, str]:
     if key:
         env["VLLM_API_KEY"] = key
     return env
-
-
-def capture_key(name: str | None) -> str | None:
-    """The key held by the variable `vllm.capture_key_env` names; None when it names none."""
-    if name is None:
-        return None
-    key = os.environ.get(name, "")
-    if not key.strip():
-        raise EngineError(
-            f"vllm.capture_key_env names {name}, which is "
-            f"{'empty' if name in os.environ else 'not set'} in serve-capture's environment: "
-            "export the capture servers' key there"
-        )
-    return key

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from eaglenest.vllm_engine.process import die_with_parent, stop_process_group
 
-STOP_WAIT_S = 60  # Snakemake's cancel waits for its jobs and cancels cluster jobs
+COMMAND_STOP_WAIT_S = 60  # Snakemake's cancel waits for its jobs and cancels cluster jobs
 
 
 def start_command(argv: Sequence[str]) -> subprocess.Popen:
@@ -33,7 +33,7 @@ def start_command(argv: Sequence[str]) -> subprocess.Popen:
     )
 
 
-def run_command(argv: Sequence[str], stop_wait_s: float = STOP_WAIT_S) -> int:
+def run_command(argv: Sequence[str], stop_wait_s: float = COMMAND_STOP_WAIT_S) -> int:
     """Run `argv` to its end; SIGTERM or Ctrl-C to this process stops it as Ctrl-C would (SIGINT
     to its group, SIGKILL after `stop_wait_s`: vllm_engine.process.stop_process_group) and
     returns 130. The caller's SIGTERM handler is restored afterwards."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-REASONING_FIELDS = ("reasoning", "reasoning_content")
+from eaglenest.common.reasoning import REASONING_FIELDS
 
 
 def _spans(total: int, parts: int) -> list[tuple[int, int]]:

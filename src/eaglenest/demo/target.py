@@ -51,7 +51,7 @@ from eaglenest.settings.demo_target import DemoTargetSettings
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "demo_metrics.json"
+DEMO_METRICS_FILE = "demo_metrics.json"
 
 
 def _save(model: Any, tokenizer: Any, directory: Path, max_new_tokens: int) -> None:
@@ -278,7 +278,7 @@ def build_demo_target(
             wrap_kimi_k25(tmp_dir, tmp_dir)
             say("saved in Kimi-K2.5's layout (KimiK25ForConditionalGeneration)")
         metrics["total_seconds"] = time.perf_counter() - started
-        write_json(tmp_dir / METRICS_FILE, metrics)
+        write_json(tmp_dir / DEMO_METRICS_FILE, metrics)
     say(f"demo target written to {out_dir} in {metrics['total_seconds']:.0f} s")
     return metrics
 

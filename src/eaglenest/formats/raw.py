@@ -16,9 +16,9 @@ import pandera.polars as pa
 import polars as pl
 from pandera.api.polars.types import PolarsData
 
-from eaglenest.client.responses import TokenIds, token_ids_problem
 from eaglenest.common.io import atomic_path
 from eaglenest.formats.prompts import PROMPT_ID_PATTERN
+from eaglenest.formats.response_ids import TokenIds, token_ids_problem
 from eaglenest.formats.tokens import IDS_DTYPE
 
 log = logging.getLogger(__name__)

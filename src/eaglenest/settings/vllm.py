@@ -37,7 +37,7 @@ class VllmRuntime(Settings):
     # The capture servers (`eaglenest serve-capture`, one a node) shard jobs send their samples
     # to: `vllm.capture_urls` and the single `vllm.capture_url`, in that order, each once; empty:
     # each job starts an engine of its own. Where the engines run, not what they compute: each
-    # server's served name says what it computes (engine_request.served_name).
+    # server's served name says what it computes (capture/request.served_name).
     capture_urls: tuple[str, ...]
     # How long a shard job waits for a capture server to answer again when none does.
     capture_wait_s: float

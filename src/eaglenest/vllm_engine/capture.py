@@ -58,7 +58,7 @@ def capture_arguments(request: dict, out_dir: Path) -> dict:
     )
 
 
-def engine(request: dict, out_dir: Path):
+def capture_engine(request: dict, out_dir: Path):
     from vllm.config import KVTransferConfig
 
     args = capture_arguments(request, out_dir)
@@ -96,7 +96,7 @@ def main(request_path: str) -> None:
     ids = np.load(out_dir / "ids.npy")
     offsets = np.load(out_dir / "offsets.npy")
     started = time.perf_counter()
-    llm = engine(request, out_dir)
+    llm = capture_engine(request, out_dir)
     say({"engine_ready_s": round(time.perf_counter() - started, 3)})
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
     per_batch = request["requests_per_batch"]

@@ -57,7 +57,7 @@ SPEC_COUNTERS = {
 }
 
 
-def engine(request: dict):
+def decode_engine(request: dict):
     # Sampled verification on vLLM's CPU build reads a temperature it never wrote (cpu_expand.py),
     # and a seeded request prefilled in chunks ends it (cpu_generators.py).
     fix_cpu_expand_kernel()
@@ -175,7 +175,7 @@ def decode_request(request: dict) -> dict:
     """One engine, one configuration: its answer message."""
     started = time.perf_counter()
     try:
-        llm = engine(request)
+        llm = decode_engine(request)
     except CpuEngineError as error:
         return {"done": True, "k": request["k"], "refused": str(error)}
     from vllm import SamplingParams

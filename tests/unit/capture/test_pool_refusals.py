@@ -3,7 +3,7 @@ that refuses the key (401/403: "authentication", never "another target"), a 4xx 
 would answer (naming server, sample and status), a server started for another target, and an
 answer that names a state file that is not its request's (never read, never deleted). With
 `vllm.capture_key_env`, the key goes with every probe and request, and never into a message;
-a named variable unset or empty fails before anything is sent, naming the variable. Stand-in
+a named variable unset, empty or blank fails before anything is sent, naming the variable. Stand-in
 servers on 127.0.0.1 (tests/support/capture_servers.py)."""
 
 from __future__ import annotations
@@ -60,16 +60,19 @@ def test_a_refused_key_is_an_authentication_error_naming_the_server(
     assert len(server.headers) == (1 if where == "probe" else 2)  # nothing sent again
 
 
-@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+@pytest.mark.parametrize(
+    ("value", "state"),
+    [(None, "not set"), ("", "empty"), ("  ", "blank")],
+    ids=["unset", "empty", "blank"],
+)
 def test_a_capture_key_env_without_a_key_fails_before_anything_is_sent(
-    tmp_path, monkeypatch, value
+    tmp_path, monkeypatch, value, state
 ):
     monkeypatch.delenv("CAPTURE_KEY", raising=False)
     if value is not None:
         monkeypatch.setenv("CAPTURE_KEY", value)
     with CaptureServer(tmp_path) as server, pytest.raises(CaptureServerError) as failure:
         capture_with([server.url], tmp_path, key_env="CAPTURE_KEY")
-    state = "not set" if value is None else "empty"
     assert str(failure.value).startswith(
         f"vllm.capture_key_env names the environment variable CAPTURE_KEY, which is {state}"
     )

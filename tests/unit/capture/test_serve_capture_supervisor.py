@@ -11,8 +11,9 @@ from aiohttp import web
 from support.capture_servers import MODEL, CaptureServer
 from support.servers import free_port
 
+from eaglenest.capture.key import CaptureKeyError, capture_key
 from eaglenest.capture.server import capture_server, checked_key, is_loopback, merged_config
-from eaglenest.capture.supervisor import capture_key, child_env, error_lines, port_taken, probe
+from eaglenest.capture.supervisor import child_env, error_lines, port_taken, probe
 from eaglenest.common.config import REPO_ROOT
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.vllm_engine.process import EngineError
@@ -66,10 +67,10 @@ def test_an_authentication_failure_fails_the_start_at_once(tmp_path):
 
 def test_the_key_comes_from_the_variable_the_config_names_and_only_goes_to_vllm(monkeypatch):
     monkeypatch.delenv("EAGLENEST_TEST_KEY", raising=False)
-    with pytest.raises(EngineError, match="names EAGLENEST_TEST_KEY, which is not set"):
+    with pytest.raises(CaptureKeyError, match="variable EAGLENEST_TEST_KEY, which is not set"):
         capture_key("EAGLENEST_TEST_KEY")
     monkeypatch.setenv("EAGLENEST_TEST_KEY", " ")
-    with pytest.raises(EngineError, match="names EAGLENEST_TEST_KEY, which is empty"):
+    with pytest.raises(CaptureKeyError, match="variable EAGLENEST_TEST_KEY, which is blank"):
         capture_key("EAGLENEST_TEST_KEY")
     monkeypatch.setenv("EAGLENEST_TEST_KEY", "s3cret")
     assert capture_key("EAGLENEST_TEST_KEY") == "s3cret"
@@ -91,6 +92,57 @@ def test_no_bind_beyond_loopback_without_a_key(monkeypatch):
     monkeypatch.setenv("EAGLENEST_TEST_KEY", "s3cret")
     keyed = VllmRuntime(**{**runtime.__dict__, "capture_key_env": "EAGLENEST_TEST_KEY"})
     assert checked_key(keyed, "0.0.0.0") == "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("value", "state"),
+    [(None, "not set"), ("", "empty"), (" \t", "blank")],
+    ids=["unset", "empty", "blank"],
+)
+def test_serve_capture_refuses_a_key_variable_without_a_key_as_the_pool_does(
+    monkeypatch, value, state
+):
+    """The one reader (capture/key.py) in serve-capture: a named variable unset, empty or blank
+    is refused naming it, on loopback too (the pool's jobs refuse it the same way:
+    tests/unit/capture/test_pool_refusals.py)."""
+    runtime = VllmRuntime.from_config(merged_config([str(REPO_ROOT / "config" / "config.yaml")]))
+    keyed = VllmRuntime(**{**runtime.__dict__, "capture_key_env": "EAGLENEST_TEST_KEY"})
+    monkeypatch.delenv("EAGLENEST_TEST_KEY", raising=False)
+    if value is not None:
+        monkeypatch.setenv("EAGLENEST_TEST_KEY", value)
+    with pytest.raises(CaptureKeyError) as refused:
+        checked_key(keyed, "127.0.0.1")
+    assert str(refused.value).startswith(
+        f"vllm.capture_key_env names the environment variable EAGLENEST_TEST_KEY, which is {state} "
+        "in serve-capture's environment"
+    )
+    monkeypatch.setenv("EAGLENEST_TEST_KEY", " s3cret ")
+    assert checked_key(keyed, "127.0.0.1") == " s3cret "  # a key is used exactly as set
+
+
+def test_serve_capture_exits_2_naming_a_blank_key_variable(tmp_path, monkeypatch, caplog):
+    """The command itself: the refused key is logged and serve-capture exits 2, nothing
+    started (as for its other errors)."""
+    import argparse
+    import signal
+
+    from eaglenest.capture.server import add_arguments, run
+
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("vllm:\n  capture_key_env: EAGLENEST_TEST_KEY\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    demo = str(REPO_ROOT / "config" / "config.yaml")
+    args = parser.parse_args(["--configfile", demo, str(keyed), "--storage-dir", str(tmp_path)])
+    monkeypatch.setenv("EAGLENEST_TEST_KEY", "   ")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        assert run(args) == 2
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert "capture_key_env names the environment variable EAGLENEST_TEST_KEY" in caplog.text
+    assert "which is blank in serve-capture's environment" in caplog.text
+    assert not (tmp_path / "server-request.json").exists()
 
 
 def test_a_dead_servers_log_says_why_by_its_error_lines():

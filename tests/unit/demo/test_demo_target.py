@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.demo.target import METRICS_FILE, build_demo_target
+from eaglenest.demo.target import DEMO_METRICS_FILE, build_demo_target
 from eaglenest.demo.target_tokenizer import build_demo_tokenizer
 from eaglenest.demo.tasks import (
     TASK_FAMILIES,
@@ -194,9 +194,9 @@ def test_quick_build_through_the_cli_loads_with_auto_classes(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's private 0700
-    assert (out / METRICS_FILE).stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (out / DEMO_METRICS_FILE).stat().st_mode & 0o777 == 0o666 & ~umask
 
-    metrics = json.loads((out / METRICS_FILE).read_text())
+    metrics = json.loads((out / DEMO_METRICS_FILE).read_text())
     assert metrics["train_steps"] == 30 and metrics["heldout_prompts"] == 5
     assert 0 <= metrics["well_formed_share"] <= 1 and metrics["n_params"] > 0
     assert set(metrics["correct_share_per_family"]) == set(TASK_FAMILIES)
@@ -254,6 +254,6 @@ def test_a_demo_target_that_does_not_reason_fails_its_build(tmp_path):
 
 @pytest.mark.slow
 def test_demo_target_fixture_emits_think_blocks(demo_target_dir: Path):
-    metrics = json.loads((demo_target_dir / METRICS_FILE).read_text())
+    metrics = json.loads((demo_target_dir / DEMO_METRICS_FILE).read_text())
     assert metrics["well_formed_share"] >= 0.8, metrics["sample_completions"]
     assert metrics["reasoning_share"] >= 0.9, metrics["sample_completions"]

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 LISTED_REFUSALS = 10
 
 
-def read_eval_set(settings: EvalSetSettings) -> tuple[list[dict], str]:
+def load_eval_set_rows(settings: EvalSetSettings) -> tuple[list[dict], str]:
     """The rows of a set (dicts of the eval_sets columns) and the format they were read as;
     raises EvalSetError listing every refused row."""
     path = Path(settings.path)
@@ -93,7 +93,7 @@ def prepare_eval_set(
     """Read, check and write one set: `out` the validated parquet, `report` what it holds (rows,
     turns, categories, the format read, the source file's sha256). With `limits`, every row's
     turns are checked against the target's positions first (stages/eval_sets/lengths.py)."""
-    rows, format_name = read_eval_set(settings)
+    rows, format_name = load_eval_set_rows(settings)
     if limits is not None:
         check_lengths(settings, rows, limits)
     frame = eval_set_frame([{k: v for k, v in row.items() if k != "where"} for row in rows])

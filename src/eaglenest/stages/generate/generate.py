@@ -62,7 +62,9 @@ class GenerationError(RuntimeError):
 
 
 @dataclass
-class Progress:
+class ShardProgress:
+    """The shard's progress bar and its counts of retries, errors and requests in flight."""
+
     bar: tqdm
     retries: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
@@ -115,7 +117,7 @@ async def request_with_retries(
     session: aiohttp.ClientSession,
     headers_by_url: dict[str, dict],
     settings: GenerationSettings,
-    progress: Progress,
+    progress: ShardProgress,
 ) -> dict[str, Any]:
     """One prompt's answer or terminal failure; a slot is held only while a request is in flight
     (not while backing off), so waiting retries leave the endpoint to other requests. The row's
@@ -188,7 +190,7 @@ def _log_plan(
     )
 
 
-def _progress(shard: str, total: int, already_done: int) -> Progress:
+def _progress(shard: str, total: int, already_done: int) -> ShardProgress:
     bar = tqdm(
         total=total,
         initial=already_done,
@@ -197,7 +199,7 @@ def _progress(shard: str, total: int, already_done: int) -> Progress:
         mininterval=1.0,
         smoothing=0.1,
     )
-    return Progress(bar)
+    return ShardProgress(bar)
 
 
 @dataclass
@@ -210,7 +212,7 @@ class ShardRequests:
     pool: EndpointPool
     headers_by_url: dict[str, dict]
     secrets: list[str | None]
-    progress: Progress
+    progress: ShardProgress
     done: dict[str, dict[str, Any]]
 
 
@@ -306,7 +308,7 @@ async def generate_records(
     return job.done
 
 
-def _log_activity(shard: str, summary: dict[str, Any], progress: Progress) -> None:
+def _log_activity(shard: str, summary: dict[str, Any], progress: ShardProgress) -> None:
     log.info(
         "shard %s: retries by kind %s, terminal errors by kind %s",
         shard,

@@ -9,10 +9,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from eaglenest.client.responses import extract_token_ids
 from eaglenest.client.retry import RetryPolicy
 from eaglenest.common.reasoning import extract_reasoning
 from eaglenest.formats.raw import RAW_SCHEMA, checked_token_ids
+from eaglenest.formats.response_ids import extract_token_ids
 from eaglenest.settings.generate import GenerationClientSettings, RequestSettings
 
 # The probe's token-id layouts (probe.json) of servers that send the ids in a stream too: vLLM's,

@@ -23,17 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from eaglenest.capture.answer import sample_rows
 from eaglenest.common.batching import pack_batches
-from eaglenest.formats.hidden_shard import ShardWriter
+from eaglenest.formats.hidden_shard import TOPK_CHUNK_ROWS, ShardWriter
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.stages.hidden_states.plan import (
-    TOPK_CHUNK_ROWS,
     ShardOutput,
     ShardPlan,
     finish_shard,
     open_shard,
     plan_hidden_shard,
-    sample_rows,
 )
 from eaglenest.target_model.loading import decoder_layers, load_target
 

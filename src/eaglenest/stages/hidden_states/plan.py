@@ -29,11 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from eaglenest.capture.answer import sample_rows  # noqa: F401 (the backends' import)
 from eaglenest.common.io import library_versions, sha256_file, write_json
-from eaglenest.formats.hidden_shard import (  # TOPK_CHUNK_ROWS: the backends' import
+from eaglenest.formats.hidden_shard import (
     FORMAT,
-    TOPK_CHUNK_ROWS,  # noqa: F401
     ShardWriter,
     bytes_per_token,
     create_hidden_shard,
@@ -67,7 +65,7 @@ class ShardPlan:
 def plan_hidden_shard(tokens: str | Path, model_config, settings: HiddenSettings) -> ShardPlan:
     """The shard's layout from the target's text config (Kimi-K2.5 nests it as `text_config`):
     aux layer ids, hidden size, tensor specs; logs the size it will take on disk."""
-    from eaglenest.formats.tokens import read_tokens  # polars: see sample_rows
+    from eaglenest.formats.tokens import read_tokens  # polars: see capture/answer.sample_rows
 
     config = text_config(model_config)
     frame = read_tokens(tokens)

@@ -53,7 +53,7 @@ def layer_agreement(engine, reference) -> dict[str, dict[str, float]]:
 
 
 def _first_samples(tokens: Path, n: int, out: Path) -> int:
-    from eaglenest.formats.tokens import read_tokens  # polars: see plan.sample_rows
+    from eaglenest.formats.tokens import read_tokens  # polars: see capture/answer.sample_rows
 
     frame = read_tokens(tokens).head(n)
     frame.write_parquet(out)

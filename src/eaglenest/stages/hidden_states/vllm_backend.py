@@ -30,7 +30,7 @@ import numpy as np
 
 from eaglenest.capture.answer import ExpectedStates, StateFileError, check_states, request_rows
 from eaglenest.capture.final_signal import FinalSignal
-from eaglenest.capture.request import VllmCaptureError, engine_request
+from eaglenest.capture.request import VllmCaptureError, capture_engine_request
 from eaglenest.capture.state_file import read_request_file
 from eaglenest.formats.hidden_shard import ShardWriter
 from eaglenest.settings.hidden_states import HiddenSettings
@@ -192,7 +192,7 @@ def capture_hidden_states_vllm(
     plan = plan_hidden_shard(tokens, model_config, settings)
     output = ShardOutput(out, summary_out, "vllm", target.path, target.model)
     signal = FinalSignal(target_dir, model_config, settings)
-    request = engine_request(
+    request = capture_engine_request(
         target_dir=target_dir,
         layer_ids=[*plan.layer_ids, model_config.num_hidden_layers],
         settings=settings,

@@ -25,6 +25,7 @@ import torch
 
 from eaglenest.common.io import atomic_path
 from eaglenest.settings.train import TrainSettings
+from eaglenest.stages.train.distributed import Processes
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +101,7 @@ def fingerprint(
     return digest.hexdigest()
 
 
-class Processes(Protocol):
-    rank: int
-    world_size: int
-    device: str
-
-    @property
-    def is_main(self) -> bool: ...
-
-
-class Training(Protocol):
+class JournaledTraining(Protocol):
     """What the journal saves and restores; `train.Training` has it (described here by shape, so
     that the journal does not import the loop that uses it)."""
 
@@ -156,7 +148,7 @@ def _step_of(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def save_checkpoint(training: Training, step: int) -> None:
+def save_checkpoint(training: JournaledTraining, step: int) -> None:
     """Write the training state after `step` to the journal. Every rank takes part (the random
     states of all of them are saved); rank 0 writes."""
     processes = training.processes
@@ -180,7 +172,7 @@ def save_checkpoint(training: Training, step: int) -> None:
         torch.save(state, tmp)
 
 
-def resume(training: Training) -> int:
+def resume(training: JournaledTraining) -> int:
     """Load the journal's state into `training` when it was written for the same fingerprint and
     return its step; 0 (start over) when there is none or it is for something else."""
     state_path = training.state_path
