@@ -95,11 +95,17 @@ class HiddenStoreSettings(Settings):
 
 def check_store(config: Mapping[str, Any]) -> None:
     """`hidden.store` none and budget need what they ask the states of: the vllm backend and at
-    least one capture server; budget needs `hidden.cache_gb`. Raises a ValueError naming the key."""
+    least one capture server; budget needs `hidden.cache_gb`, which no other store reads (it was
+    silently ignored). Raises a ValueError naming the key."""
     from eaglenest.settings.vllm import capture_urls
 
     hidden = config.get("hidden") or {}
     store = hidden.get("store", "files")
+    if store != "budget" and hidden.get("cache_gb") is not None:
+        raise ValueError(
+            f"hidden.cache_gb {hidden['cache_gb']} is read by hidden.store budget only, and this "
+            f"run's store is {store}: set hidden.store budget, or remove hidden.cache_gb"
+        )
     if store == "files":
         return
     if hidden.get("backend", "transformers") != "vllm":

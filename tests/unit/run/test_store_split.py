@@ -35,6 +35,13 @@ def test_files_is_the_default_and_none_and_budget_need_the_capture_servers():
         config({"store": "budget", **POOL}, URL)
     with pytest.raises(ConfigError, match="hidden.store"):
         config({"store": "somewhere"})
+    for store in ("files", "none"):  # read by budget only: it was silently ignored
+        with pytest.raises(
+            ConfigError,
+            match=f"cache_gb 2 is read by hidden.store budget only, "
+            f"and this run's store is {store}",
+        ):
+            config({"store": store, "cache_gb": 2, **POOL}, URL)
     store = HiddenStoreSettings.from_config(config({"store": "budget", "cache_gb": 2, **POOL}, URL))
     assert (store.store, store.cache_gb, store.from_pool) == ("budget", 2, True)
     both = config({"store": "none", **POOL}, {"capture_urls": ["http://a:1", "http://b:1"]})

@@ -80,9 +80,14 @@ def _jsonl_records(path: Path) -> list[Record]:
 
 def _json_line(path: Path, number: int, raw: bytes) -> Any:
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise EvalSetError(f"{path}: line {number}: not a JSON object: {err}") from None
+        return json.loads(raw.decode("utf-8").rstrip("\r\n"))
+    except UnicodeDecodeError as err:
+        raise EvalSetError(f"{path}: line {number}: not UTF-8 ({err.reason})") from None
+    except json.JSONDecodeError as err:
+        # err's own text says "line 1 column 5" of the one line parsed: the file's line alone
+        raise EvalSetError(
+            f"{path}: line {number}: not a JSON object: {err.msg} (column {err.colno})"
+        ) from None
     except RecursionError:
         raise EvalSetError(
             f"{path}: line {number}: nested too deeply to be a set's row (lists or objects "

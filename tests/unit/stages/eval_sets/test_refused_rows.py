@@ -86,8 +86,12 @@ def test_a_line_that_is_not_json_is_refused_with_its_number(tmp_path):
     source = tmp_path / "q.jsonl"
     source.write_text('{"prompt": "a"}\n\n{"prompt": \n')
     out = tmp_path / "o.parquet"
-    with pytest.raises(EvalSetError, match=r"q\.jsonl: line 3: not a JSON object"):
+    with pytest.raises(EvalSetError) as err:
         prepare_eval_set(EvalSetSettings("b", str(source), "auto"), out, tmp_path / "r.json")
+    # one line number, the file's (json's own "line 1 column 12" was of the line alone)
+    assert str(err.value).endswith(
+        "q.jsonl: line 3: not a JSON object: Expecting value (column 12)"
+    )
 
 
 def test_a_file_lacking_its_formats_column_is_refused_naming_both(tmp_path):
