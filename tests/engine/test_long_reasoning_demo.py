@@ -34,7 +34,10 @@ SMALL = {
     "evaluate": {
         "ks": [3],
         "live_prompts": 2,
-        "live_max_new_tokens": 32,
+        # 16 tokens a prompt and depth, decoded alike by our live loop and vLLM (plain, K=3,
+        # greedy and sampled): what is compared is the same at 16 as at 32 (the untrained
+        # drafters' rounds are one token each), at half the decoding of each family's evaluation.
+        "live_max_new_tokens": 16,
         "depths": DEPTHS,
         "engine": "vllm",
     },

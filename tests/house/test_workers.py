@@ -104,3 +104,28 @@ def test_the_longest_chains_are_handed_out_first_in_their_order(request: pytest.
     position = {item.nodeid: index for index, item in enumerate(ordered)}
     ran = [position[item.nodeid] for item in request.session.items]
     assert ran == sorted(ran)
+
+
+def test_a_worker_gets_its_next_module_when_its_last_test_is_all_it_has_left():
+    """Not while a test before its last may still build a run for minutes (the Kimi-K2.5 run's
+    test is its module's second of three): the next module would wait behind it."""
+    from collections import OrderedDict
+
+    class Node:  # what _reschedule reads of xdist's WorkerController
+        shutting_down = False
+
+    scheduler = ModuleScheduling.__new__(ModuleScheduling)
+    node = Node()
+    scheduler.workqueue = OrderedDict(
+        {"engine/test_next.py": {"tests/engine/test_next.py::t": False}}
+    )
+    given: list[object] = []
+    scheduler._assign_work_unit = given.append
+    module = {"tests/engine/test_kimi.py::a": True, "tests/engine/test_kimi.py::b": False,
+              "tests/engine/test_kimi.py::c": False}  # fmt: skip
+    scheduler.assigned_work = {node: {"engine/test_kimi.py": module}}
+    scheduler._reschedule(node)
+    assert given == []  # b (the run) and c left: c, and the next module, wait behind b
+    module["tests/engine/test_kimi.py::b"] = True
+    scheduler._reschedule(node)
+    assert given == [node]

@@ -16,7 +16,8 @@ between them.
   .cache/tests/, keyed by its settings and the code that builds it): `make check` after an edit
   elsewhere skips its build; a clean clone (CI) builds it.
 - Scopes: a module's tests go to one worker (`ModuleScheduling`), so a module-scoped fixture (a
-  capture server, a run of the module's own) is built once.
+  capture server, a run of the module's own) is built once; a worker gets its next module when
+  its last test is all it has left, not queued behind a long build while others idle.
 - Order: the modules at the end of the longest chains of builds first (`LONGEST_FIRST`, from the
   suite's CPU profile: tests/support/cpu_log.py), then the other engine tests, the workflow
   tests, the rest, so that no worker starts a long one as the others run out of work
@@ -96,6 +97,20 @@ class ModuleScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         return module_of(nodeid)
+
+    def _reschedule(self, node) -> None:
+        """The next module once the worker's last test is all it has left (xdist's own waits
+        for two: a module whose second-to-last test builds a run for minutes, as the Kimi-K2.5
+        run's, held the next module behind it while other workers ran out of work). A worker
+        runs a test only once it knows the next (pytest's `nextitem`), so one must be left."""
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) > 1:
+            return
+        self._assign_work_unit(node)
 
 
 def use_worker_cores() -> None:
