@@ -70,7 +70,7 @@ from eaglenest.drafter import attention as drafter_attention
 from eaglenest.drafter.attention import causal_logsumexp
 from eaglenest.drafter.batches import Batch, BatchPlan, TargetSignal, build_batch
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.stages.train.distributed import Processes, autocast
 from eaglenest.stages.train.loss import ttt_loss
 

@@ -18,11 +18,12 @@ import torch
 from support.drafter_sizes import CONFIG
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter
-from eaglenest.drafter.dflash_export import export_dflash
-from eaglenest.drafter.export import ExportError
+from eaglenest.drafter.dflash.export import export_dflash
+from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
 from eaglenest.drafter.layers import DecodeCache
-from eaglenest.drafter.p_eagle import PEagleDrafter, export_p_eagle
+from eaglenest.drafter.p_eagle.export import export_p_eagle
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
+from eaglenest.drafter.vocab_head import ExportError
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate import simulated
 from eaglenest.stages.evaluate.families import load_family

@@ -121,16 +121,16 @@ def heldout_losses(out: Path) -> list[float]:
 
 def load_export(family: str, drafter_dir: Path, embed: torch.Tensor) -> torch.nn.Module:
     if family == "eagle3":
-        from eaglenest.drafter.export import load_drafter
+        from eaglenest.drafter.eagle3.export import load_drafter
 
         return load_drafter(drafter_dir, embed)
     if family == "p_eagle":
-        from eaglenest.drafter.p_eagle import load_p_eagle
+        from eaglenest.drafter.p_eagle.export import load_p_eagle
 
         model, depths = load_p_eagle(drafter_dir, embed)
         assert depths == TRAIN["p_eagle"]["depths"]
         return model
-    from eaglenest.drafter.dflash_export import load_dflash
+    from eaglenest.drafter.dflash.export import load_dflash
 
     return load_dflash(drafter_dir, embed)
 
