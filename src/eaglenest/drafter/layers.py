@@ -1,4 +1,4 @@
-"""The drafter's building blocks, used by eaglenest.drafter.model: RMSNorm, rotary embeddings,
+"""The drafter's building blocks, used by every family's model (eaglenest.drafter.<family>.model): RMSNorm, rotary embeddings,
 what attention keeps across steps (the training-time-test stack of every step's keys and values,
 and the decoding cache), attention (Llama's, then DeepSeek-V3's MLA) and the MLP."""
 

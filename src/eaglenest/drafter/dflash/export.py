@@ -48,7 +48,7 @@ from eaglenest.drafter.vocab_head import (
     read_tensors,
     write_export,
 )
-from eaglenest.settings.families import block_served_k
+from eaglenest.settings.families import FAMILY_SPECS, block_served_k
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[st
     """vLLM's `speculative_config` serving the export: K = block_size - 1 drafted tokens (the
     bonus token takes the block's first slot)."""
     return {
-        "method": "dflash",
+        "method": FAMILY_SPECS["dflash"].vllm_method,
         "model": str(drafter_dir),
         "num_speculative_tokens": block_served_k(config.block_size),
     }

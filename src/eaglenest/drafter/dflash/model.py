@@ -1,6 +1,7 @@
 """DFlash: a block of tokens drafted in one forward (arXiv 2602.06036), readable top to bottom:
 the layer ids it is conditioned on, its config, the model, the training objective. Its export
-(the checkpoint vLLM 0.32 loads as `DFlashDraftModel`) is eaglenest.drafter.dflash_export.
+(the checkpoint vLLM 0.32 loads as `DFlashDraftModel`) is eaglenest.drafter.dflash.export;
+its training objective eaglenest.drafter.dflash.loss.
 
 The model, as vLLM's DFlashQwen3ForCausalLM computes it (model_executor/models/qwen3_dflash.py):
 
@@ -40,15 +41,14 @@ is conditioned on the same layers, named its own way (`dflash_target_layer_ids`)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.config import ConfigDict, DrafterConfig
 from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 from eaglenest.drafter.vocab_head import VocabHead
 from eaglenest.settings.families import DRAFTER_VARIANTS
@@ -99,7 +99,7 @@ def aux_layer_ids_from_dflash(target_layer_ids: Sequence[int]) -> tuple[int, ...
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(ConfigDict):
     hidden_size: int
     target_hidden_size: int
     intermediate_size: int
@@ -127,17 +127,6 @@ class DFlashConfig:
         if self.num_hidden_layers < 1:
             raise ValueError(f"DFlash num_hidden_layers {self.num_hidden_layers}: at least 1")
         dflash_target_layer_ids(self.aux_layer_ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["aux_layer_ids"] = list(self.aux_layer_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DFlashConfig:
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in values.items() if k in names}
-        return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
 
     @classmethod
     def from_drafter(

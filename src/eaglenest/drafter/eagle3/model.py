@@ -27,7 +27,7 @@ attention (Llama, then DeepSeek-V3's MLA) and the MLP are eaglenest.drafter.laye
 
 Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
 (`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
-post_attention_layernorm}, norm, lm_head; see eaglenest.drafter.export. The token
+post_attention_layernorm}, norm, lm_head; see eaglenest.drafter.eagle3.export. The token
 embedding is the target's, frozen, and is never written to training checkpoints (it is reloaded
 from the target head).
 """

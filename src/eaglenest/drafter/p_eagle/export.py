@@ -31,7 +31,7 @@ from eaglenest.drafter.vocab_head import (
     load_export_state,
     read_tensors,
 )
-from eaglenest.settings.families import MASK_TOKEN_KEYS
+from eaglenest.settings.families import FAMILY_SPECS, MASK_TOKEN_KEYS
 
 FORMAT = "p_eagle/1"
 
@@ -148,7 +148,7 @@ def speculative_config(drafter_dir: str | Path, k: int, depths: int) -> dict[str
     if not 1 <= k <= depths:
         raise ValueError(f"P-EAGLE trained {depths} depths: it drafts 1..{depths} tokens, not {k}")
     return {
-        "method": "eagle3",
+        "method": FAMILY_SPECS["p_eagle"].vllm_method,
         "model": str(drafter_dir),
         "num_speculative_tokens": k,
         "parallel_drafting": True,

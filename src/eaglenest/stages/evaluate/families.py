@@ -24,7 +24,7 @@ from eaglenest.drafter.dflash.export import speculative_config as dflash_specula
 from eaglenest.drafter.eagle3.export import load_drafter
 from eaglenest.drafter.p_eagle.export import load_p_eagle
 from eaglenest.drafter.p_eagle.export import speculative_config as p_eagle_speculative_config
-from eaglenest.settings.families import FamilySpec, block_served_k, family_spec
+from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, block_served_k, family_spec
 from eaglenest.stages.evaluate.parallel_proposers import DFlashProposer, PEagleProposer
 from eaglenest.stages.evaluate.speculative import EagleProposer, Proposer
 
@@ -68,7 +68,8 @@ class FamilyDrafter:
 
 
 def eagle3_speculative_config(drafter_dir: str | Path, k: int) -> dict[str, Any]:
-    return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": k}
+    method = FAMILY_SPECS["eagle3"].vllm_method
+    return {"method": method, "model": str(drafter_dir), "num_speculative_tokens": k}
 
 
 def load_eagle3_family(

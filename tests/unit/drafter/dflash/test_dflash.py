@@ -1,4 +1,4 @@
-"""DFlash (eaglenest.drafter.dflash, dflash_export) on small random sizes: what goes wrong
+"""DFlash (eaglenest.drafter.dflash: model, loss, export) on small random sizes: what goes wrong
 quietly. The block attention (non-causal inside the block, the context strictly before the anchor,
 no later real token, no other block, no other sample) against a plain per-anchor forward written
 as vLLM computes it; anchors; the layer-id translation; the loss's alignment and weights; a tiny
