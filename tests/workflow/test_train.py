@@ -27,7 +27,7 @@ from eaglenest.drafter.batches import (
 )
 from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
 from eaglenest.drafter.eagle3.model import ttt_forward
-from eaglenest.drafter.vocab_head import ExportError
+from eaglenest.drafter.export_files import ExportError
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings

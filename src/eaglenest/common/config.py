@@ -87,9 +87,8 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         raise ConfigError(f"invalid config ({schema_path}):\n  {lines}")
     from eaglenest.settings.eval_sets import check_eval_sets
     from eaglenest.settings.evaluate import check_compare
-    from eaglenest.settings.families import check_families
     from eaglenest.settings.hidden_states import check_store
-    from eaglenest.settings.train import drafter_window
+    from eaglenest.settings.train import check_families, drafter_window
     from eaglenest.settings.urls import check_config_urls
 
     try:

@@ -6,7 +6,7 @@ A family is a `FamilySpec`: its name and paths, how the report titles it, its ow
 what of a config it refuses. The stages keep a table keyed by family of what they do with each
 (stages/train/families.py RECIPES, stages/evaluate/families.py LOADERS and PROPOSERS,
 stages/evaluate/simulated.py UNTRAINED and PREDICTIONS, stages/report/sections.py
-DRAFTED_SLOTS); tests/unit/settings/test_families.py names a family one of them lacks.
+DRAFTED_SLOTS); tests/house/test_families.py names a family one of them lacks.
 docs/adding-a-family.md says how to add one.
 
 The ground floor (settings/): imported by the rules while Snakemake plans, so only the standard
@@ -98,14 +98,11 @@ def block_ks(configured: tuple[int, ...], block_size: int | None) -> tuple[int, 
     return (block_served_k(block_size),)
 
 
-# ---- what a family refuses of the train section (check_families) ------------------------------
+# ---- what a family refuses of the train section (settings.train.check_families) ----------------
 
 
-def _no_window(train: Mapping[str, Any]) -> None:
-    # Lazily: settings.train imports this table (FamilySettings, the family views).
-    from eaglenest.settings.train import drafter_window
-
-    if drafter_window(train.get("drafter") or {}) is not None:
+def _no_window(train: Mapping[str, Any], window: int | None) -> None:
+    if window is not None:
         raise ValueError(
             "train.families dflash with train.drafter.sliding_window: the DFlash drafter attends "
             "the whole context (vLLM's CPU build serves no mixed sliding/full DFlash); set "
@@ -113,7 +110,7 @@ def _no_window(train: Mapping[str, Any]) -> None:
         )
 
 
-def _data_ttt_inputs(train: Mapping[str, Any]) -> None:
+def _data_ttt_inputs(train: Mapping[str, Any], window: int | None) -> None:
     if train.get("ttt_inputs") == "drafter":
         raise ValueError(
             "train.families p_eagle with train.ttt_inputs drafter: P-EAGLE's depths take the "
@@ -139,7 +136,8 @@ class FamilySpec:
     served_ks: Callable[[tuple[int, ...], int | None], tuple[int, ...]]
     vllm_method: str  # speculative_config's `method`
     parallel: bool  # drafts its K tokens in one forward (from mask tokens)
-    checks: tuple[Callable[[Mapping[str, Any]], None], ...]  # of the train section
+    # of the train section and its drafter's window (settings.train.drafter_window)
+    checks: tuple[Callable[[Mapping[str, Any], int | None], None], ...]
 
 
 FAMILY_SPECS: dict[str, FamilySpec] = {
@@ -210,18 +208,3 @@ def family_of_suffix(suffix: str) -> str:
         if spec.suffix == suffix:
             return spec.name
     raise ValueError(f"{suffix!r} is no drafter family's suffix")
-
-
-def check_families(train: Mapping[str, Any]) -> None:
-    """What train.families cannot train as vLLM serves it, refused with the keys named."""
-    families, drafter = train.get("families") or [], train.get("drafter") or {}
-    parallel = [f for f in families if f in FAMILY_SPECS and FAMILY_SPECS[f].parallel]
-    if parallel and drafter.get("attention", "llama") == "mla":
-        raise ValueError(
-            f"train.families {parallel} with train.drafter.attention mla: vLLM 0.32 drafts in "
-            "parallel only with llama attention (its MLA drafter has no mask_hidden, DFlash is "
-            "Qwen3 attention); set attention: llama or train only eagle3"
-        )
-    for spec in FAMILY_SPECS.values():
-        for check in spec.checks if spec.name in families else ():
-            check(train)

@@ -211,3 +211,19 @@ def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:
     if "family" not in values:
         return TrainSettings.from_dict(values), FamilySettings.eagle3()
     return TrainSettings.from_dict(values["train"]), FamilySettings.from_dict(values["family"])
+
+
+def check_families(train: Mapping[str, Any]) -> None:
+    """What train.families cannot train as vLLM serves it, refused with the keys named: what no
+    parallel family takes, then each family's own checks (settings/families.py)."""
+    families, drafter = train.get("families") or [], train.get("drafter") or {}
+    parallel = [f for f in families if f in FAMILY_SPECS and FAMILY_SPECS[f].parallel]
+    if parallel and drafter.get("attention", "llama") == "mla":
+        raise ValueError(
+            f"train.families {parallel} with train.drafter.attention mla: vLLM 0.32 drafts in "
+            "parallel only with llama attention (its MLA drafter has no mask_hidden, DFlash is "
+            "Qwen3 attention); set attention: llama or train only eagle3"
+        )
+    for spec in FAMILY_SPECS.values():
+        for check in spec.checks if spec.name in families else ():
+            check(train, drafter_window(drafter))

@@ -38,16 +38,15 @@ from eaglenest.drafter.dflash.model import (
     aux_layer_ids_from_dflash,
     dflash_target_layer_ids,
 )
-from eaglenest.drafter.vocab_head import (
-    INTEGER_TENSORS,
+from eaglenest.drafter.export_files import (
     ExportError,
     check_captured_layers,
     export_tensors,
-    is_full_vocab,
     load_export_state,
     read_tensors,
     write_export,
 )
+from eaglenest.drafter.vocab_head import INTEGER_TENSORS, is_full_vocab
 from eaglenest.settings.families import FAMILY_SPECS, block_served_k
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ import torch
 
 from eaglenest.drafter.config import MLA_SIZES, DrafterConfig
 from eaglenest.drafter.eagle3.model import Eagle3Drafter
-from eaglenest.drafter.vocab_head import (
+from eaglenest.drafter.export_files import (
     ExportError,
     check_captured_layers,
     export_tensors,

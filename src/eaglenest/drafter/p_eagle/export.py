@@ -24,13 +24,13 @@ from eaglenest.drafter.eagle3.export import (
     export_config,
     export_drafter,
 )
-from eaglenest.drafter.p_eagle.model import PEagleDrafter
-from eaglenest.drafter.vocab_head import (
+from eaglenest.drafter.export_files import (
     ExportError,
     check_captured_layers,
     load_export_state,
     read_tensors,
 )
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.settings.families import FAMILY_SPECS, MASK_TOKEN_KEYS
 
 FORMAT = "p_eagle/1"

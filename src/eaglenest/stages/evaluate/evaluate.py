@@ -62,8 +62,8 @@ def evaluate_drafter(
     thinking: ThinkingEvaluation | None = None,
 ) -> dict[str, Any]:
     """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures of
-    the `family` drafter (a spec, or its name) in `drafter_dir`, at the K its spec serves
-    (families.py); `sets`: standard sets (sets.py) decoded in vLLM; `thinking`: also the other thinking mode (thinking.py)'s prompts.
+    the `family` drafter (its spec or name) in `drafter_dir`, at the K its spec serves; `sets`:
+    standard sets (sets.py) decoded in vLLM; `thinking`: also the other thinking mode's prompts.
     With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     family = family_spec(family)
@@ -90,14 +90,7 @@ def evaluate_drafter(
     simulated_by_depth = simulated.pop("by_depth", {})
     continuation = settings.live_max_new_tokens
     cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
-    for cut in cuts:
-        log.info("depth %d: %s", cut.depth, cut.counts())
-    for name, per_k in simulated.items():
-        log.info(
-            "simulated %s: %s",
-            name,
-            {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
-        )
+    log_cuts_and_simulated(cuts, simulated)
     metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated, family.name)
     metrics.update(loaded.describe())
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
@@ -108,9 +101,9 @@ def evaluate_drafter(
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
         live_args = (*live_args, head.aux_layer_ids, cuts, family.name, groups)
         metrics.update(live_metrics(loaded.proposer, prompts, *live_args))
+        own = simulated[family.name]  # the drafter's simulated figures
         metrics["live_vs_simulated"] = {
-            k: metrics["live"][k]["acceptance_length"]
-            / simulated[family.name][k]["acceptance_length"]
+            k: metrics["live"][k]["acceptance_length"] / own[k]["acceptance_length"]
             for k in metrics["live"]
         }
     else:
@@ -128,6 +121,18 @@ def evaluate_drafter(
     metrics["wall_s"] = time.perf_counter() - started
     write_json(out, metrics)
     return metrics
+
+
+def log_cuts_and_simulated(cuts: list, simulated: dict[str, Any]) -> None:
+    """The depth cuts' counts, and each simulated proposer's acceptance per K."""
+    for cut in cuts:
+        log.info("depth %d: %s", cut.depth, cut.counts())
+    for name, per_k in simulated.items():
+        log.info(
+            "simulated %s: %s",
+            name,
+            {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
+        )
 
 
 def engine_figures(

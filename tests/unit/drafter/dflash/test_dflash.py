@@ -38,7 +38,7 @@ from eaglenest.drafter.dflash.model import (
     block_attention_mask,
     dflash_target_layer_ids,
 )
-from eaglenest.drafter.vocab_head import ExportError
+from eaglenest.drafter.export_files import ExportError
 
 MASK = 49
 DCONFIG = DFlashConfig.from_drafter(CONFIG, num_hidden_layers=2, block_size=4, mask_token_id=MASK)

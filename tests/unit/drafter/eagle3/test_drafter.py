@@ -572,7 +572,7 @@ def test_the_mla_drafter_is_exported_as_vllms_deepseek_eagle3_loads_it(tmp_path)
     from safetensors import safe_open
 
     from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
-    from eaglenest.drafter.vocab_head import ExportError
+    from eaglenest.drafter.export_files import ExportError
 
     model = make_model(MLA_CONFIG).float()
     export_drafter(model, tmp_path, dtype="float32")

@@ -17,6 +17,7 @@ from support.drafter_sizes import CONFIG
 
 from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.eagle3.export import export_config
+from eaglenest.drafter.export_files import ExportError
 from eaglenest.drafter.layers import DecodeCache, shift_left
 from eaglenest.drafter.p_eagle.export import (
     check_p_eagle_exportable,
@@ -28,7 +29,6 @@ from eaglenest.drafter.p_eagle.export import (
 )
 from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
-from eaglenest.drafter.vocab_head import ExportError
 from eaglenest.stages.train.loss import ttt_loss
 
 MASK = 49
