@@ -14,7 +14,7 @@ import pytest
 
 from eaglenest.common.config import validate_config
 from eaglenest.settings.evaluate import EvaluateSettings, evaluate_job_settings_json
-from eaglenest.settings.families import FAMILY_SPECS
+from eaglenest.settings.families import FAMILIES, FAMILY_SPECS
 from eaglenest.settings.train import (
     DrafterSettings,
     TrainSettings,
@@ -22,7 +22,6 @@ from eaglenest.settings.train import (
     train_job_settings_json,
 )
 
-FAMILIES = ("eagle3", "p_eagle", "dflash")
 BASE = {"families": list(FAMILIES)}
 
 # key changed (merged into the train section) -> the families whose job settings it changes

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from support.synthetic_run import write_synthetic_run
 
 from eaglenest.common.config import validate_config
+from eaglenest.settings.families import FAMILIES
 from eaglenest.settings.train import FamilySettings, TrainSettings
 
 SIZE = {
@@ -50,7 +51,6 @@ TRAIN = {
     "dflash": {"block_size": 4, "max_anchors": 24},
     "mask_token_id": SIZE["vocab_size"] - 1,  # the synthetic target has no tokenizer
 }
-FAMILIES = ("eagle3", "p_eagle", "dflash")
 
 
 def make_learnable(run: Path) -> None:
