@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.synthetic_run import DEMO_SIZE, write_synthetic_run
 
-FAMILIES = ("eagle3", "p_eagle", "dflash")
+from eaglenest.settings.families import FAMILIES
+
 SIZE = DEMO_SIZE
 
 

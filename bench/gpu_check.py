@@ -8,8 +8,8 @@ after a failure:
   one and refuse it to a second claim;
 - ttt: loss and gradients of 7 TTT steps (`drafter.Eagle3Drafter`, `train.ttt_loss`) on the device
   in float32 and under bf16 autocast (`train.autocast`), the causal log-sum-exp in one chunk and
-  in many, against the CPU float32 run (the oracle of tests/unit/drafter/test_drafter.py, which checks it
-  against the [T, T] attention); the log-sum-exp stays float32 under autocast;
+  in many, against the CPU float32 run (the oracle of tests/unit/drafter/eagle3/test_drafter.py,
+  which checks it against the [T, T] attention); the log-sum-exp stays float32 under autocast;
 - long_context: one 7-step TTT training step (bench/train.py `long_context_step`) at T = 2K, 8K,
   16K, 32K at Llama-3-8B drafter sizes (H 4096, 32 heads, 8 kv heads, MLP 14336, vocabulary
   128,256, draft vocabulary 32,000; bf16 autocast, one sample): `max_memory_allocated` and
@@ -70,7 +70,7 @@ from eaglenest.drafter import attention as drafter_attention
 from eaglenest.drafter.attention import causal_logsumexp
 from eaglenest.drafter.batches import Batch, BatchPlan, TargetSignal, build_batch
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.stages.train.distributed import Processes, autocast
 from eaglenest.stages.train.loss import ttt_loss
 

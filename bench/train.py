@@ -52,7 +52,7 @@ from eaglenest.drafter.batches import (
     open_shards,
 )
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings

@@ -33,10 +33,10 @@ import polars as pl
 import yaml
 from run_data import REPO, copy_workflow, deep_update, run_config, snakemake_command
 
+from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.report.choice import choose_family, depth_figures
 from eaglenest.stages.report.inputs import read_token_lengths
 
-FAMILIES = ("eagle3", "p_eagle", "dflash")
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 

@@ -46,12 +46,8 @@ from eaglenest.settings.hidden_states import (
 from eaglenest.settings.probe import ProbeClientSettings, ProbeSettings
 from eaglenest.settings.prompts import PromptOptions
 from eaglenest.settings.samples import SamplesSettings
-from eaglenest.settings.train import (
-    TrainSettings,
-    family_of_suffix,
-    family_suffix,
-    train_job_settings_json,
-)
+from eaglenest.settings.families import family_of_suffix, family_suffix
+from eaglenest.settings.train import TrainSettings, train_job_settings_json
 from eaglenest.settings.vocab import VocabSettings
 from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
@@ -70,7 +66,7 @@ PROMPT_OPTIONS = PromptOptions.from_config(config)
 
 
 # What a drafter family's paths add to EAGLE-3's: "" for EAGLE-3 (drafter/, eval/, the paths it
-# always had), _p_eagle, _dflash (eaglenest.settings.train.family_suffix). Only the families
+# always had), _p_eagle, _dflash (eaglenest.settings.families.family_suffix). Only the families
 # listed: no rule makes an unlisted family's files, so one taken out is never retrained (the
 # report still reads what it left, rules/report.smk).
 FAMILY_SUFFIXES = "|".join(

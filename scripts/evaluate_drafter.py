@@ -8,6 +8,7 @@ from eaglenest.common.gpus import claim_gpus
 from eaglenest.common.logs import log_to
 from eaglenest.settings.eval_sets import SetDecodeSettings
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.families import family_spec
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -33,7 +34,7 @@ with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)
         runtime=VllmRuntime.from_json(snakemake.params.runtime),
         hidden=hidden,
         # The family of train.families this job evaluates (its paths': eval/ is eagle3's).
-        family=snakemake.params.family,
+        family=family_spec(snakemake.params.family),
         sets=engine_sets(snakemake.input.sets, sets, settings.live_max_new_tokens),
         # evaluate.thinking_modes: the held-out prompts in the other thinking mode too
         thinking=ThinkingEvaluation(

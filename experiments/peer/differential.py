@@ -24,7 +24,7 @@ from eaglenest.drafter.batches import (
     open_shards,
 )
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.train.loss import Objective, ttt_loss

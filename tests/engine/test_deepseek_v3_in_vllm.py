@@ -77,10 +77,11 @@ def parallel_exports(target_dir: Path, out: Path) -> dict[str, Path]:
     from transformers import AutoConfig
 
     from eaglenest.drafter.config import DrafterConfig
-    from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter
-    from eaglenest.drafter.dflash_export import export_dflash
-    from eaglenest.drafter.p_eagle import PEagleDrafter, export_p_eagle
-    from eaglenest.settings.train import DRAFTER_VARIANTS
+    from eaglenest.drafter.dflash.export import export_dflash
+    from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
+    from eaglenest.drafter.p_eagle.export import export_p_eagle
+    from eaglenest.drafter.p_eagle.model import PEagleDrafter
+    from eaglenest.settings.families import DRAFTER_VARIANTS
 
     target = AutoConfig.from_pretrained(target_dir)
     aux = tuple(DEEPSEEK["hidden"]["aux_layer_ids"])

@@ -13,7 +13,7 @@ import pytest
 from support.drafters import evaluate_on_heldout, run_files
 from support.workflow import SMALL_RUN
 
-from eaglenest.settings.train import DRAFTER_VARIANTS
+from eaglenest.settings.families import DRAFTER_VARIANTS
 
 
 def train_and_decode_live(option: str, results: Path, out: Path) -> dict:

@@ -24,7 +24,7 @@ from safetensors import safe_open
 from support.vllm import EAGER, VLLM_PYTHON, require_vllm_venv
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter.export import export_drafter, load_drafter
+from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead, save_target_head
 from eaglenest.formats.token_counts import TokenCounts, write_token_counts

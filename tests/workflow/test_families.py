@@ -129,9 +129,9 @@ def eagle3_outputs(dry_run: str) -> list[str]:
 
 
 def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_run_copy: Path):
-    from eaglenest.drafter.dflash import dflash_target_layer_ids
-    from eaglenest.drafter.dflash_export import load_dflash
-    from eaglenest.drafter.p_eagle import load_p_eagle
+    from eaglenest.drafter.dflash.export import load_dflash
+    from eaglenest.drafter.dflash.model import dflash_target_layer_ids
+    from eaglenest.drafter.p_eagle.export import load_p_eagle
     from eaglenest.formats.target_head import TargetHead
 
     results = finished_run_copy / "results" / SMALL_RUN

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.workflow import SMALL_RUN
 
-from eaglenest.drafter.export import load_drafter
+from eaglenest.drafter.eagle3.export import load_drafter
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.stages.evaluate.live import heldout_prompts
 from eaglenest.stages.evaluate.simulated import untrained_like

@@ -25,8 +25,9 @@ from eaglenest.drafter.batches import (
     build_packed_batch,
     open_shards,
 )
-from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
-from eaglenest.drafter.model import ttt_forward
+from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
+from eaglenest.drafter.eagle3.model import ttt_forward
+from eaglenest.drafter.export_files import ExportError
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.train import TrainSettings

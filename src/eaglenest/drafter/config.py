@@ -1,14 +1,33 @@
 """The drafter's configuration: its sizes, EAGLE-3 variant and attention (exported as
-config.json, eaglenest.drafter.export), made from the target's config and train.drafter."""
+config.json, eaglenest.drafter.eagle3.export), made from the target's config and train.drafter."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only (typing.Self is Python 3.11)
+    from typing_extensions import Self
+
+
+class ConfigDict:
+    """A drafter config as the dict a checkpoint and a report record (every family's config:
+    aux_layer_ids a list there, a tuple here; keys of another config ignored on reading)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["aux_layer_ids"] = list(self.aux_layer_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in names}
+        return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DrafterConfig(ConfigDict):
     hidden_size: int
     target_hidden_size: int
     intermediate_size: int
@@ -48,18 +67,6 @@ class DrafterConfig:
     @property
     def rope_dim(self) -> int:
         return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["aux_layer_ids"] = list(self.aux_layer_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DrafterConfig:
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in values.items() if k in names}
-        values["aux_layer_ids"] = tuple(values["aux_layer_ids"])
-        return cls(**values)
 
     @classmethod
     def from_target(

@@ -1,4 +1,4 @@
-"""The drafter's building blocks, used by eaglenest.drafter.model: RMSNorm, rotary embeddings,
+"""The drafter's building blocks, used by every family's model (eaglenest.drafter.<family>.model): RMSNorm, rotary embeddings,
 what attention keeps across steps (the training-time-test stack of every step's keys and values,
 and the decoding cache), attention (Llama's, then DeepSeek-V3's MLA) and the MLP."""
 
@@ -205,3 +205,13 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def shift_left(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:
+    """x[:, t] <- x[:, t + by] along dim 1, the vacated tail filled."""
+    if by == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if by < x.shape[1]:
+        out[:, : x.shape[1] - by] = x[:, by:]
+    return out

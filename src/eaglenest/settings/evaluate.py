@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.families import family_spec
 from eaglenest.settings.target import TargetSettings
-from eaglenest.settings.train import DFlashSettings, PEagleSettings
 from eaglenest.settings.vllm import VllmEngine
 
 
@@ -111,17 +111,12 @@ def check_compare(config: Mapping[str, Any], workdir: str | Path = ".") -> None:
 def evaluate_job_settings_json(evaluate: str, config: Mapping[str, Any], family: str) -> str:
     """The evaluate rule's `settings` param for one family's job, from EvaluateSettings' JSON
     (`evaluate`): that for EAGLE-3 (every evaluate.ks), else with the ks the family is measured
-    at (stages/evaluate/families.py), so a change of evaluate.ks that leaves them as they were
-    reruns none of its evaluation: P-EAGLE's up to its trained depths (else its depths), DFlash's
-    block_size - 1 alone. Its metrics' `configured_ks` are these."""
-    if family == "eagle3":
+    at (its spec's `served_ks`, settings/families.py), so a change of evaluate.ks that leaves
+    them as they were reruns none of its evaluation: P-EAGLE's up to its trained depths (else
+    its depths), DFlash's block_size - 1 alone. Its metrics' `configured_ks` are these."""
+    spec = family_spec(family)
+    if spec.settings is None:  # EAGLE-3's: the evaluate section whole, as always
         return evaluate
     settings = EvaluateSettings.from_json(evaluate)
-    if family == "p_eagle":
-        depths = PEagleSettings.from_config(config).depths
-        ks = tuple(k for k in settings.ks if k <= depths) or (depths,)
-    elif family == "dflash":
-        ks = (DFlashSettings.from_config(config).block_size - 1,)
-    else:
-        raise ValueError(f"train.families: {family!r} is no drafter family")
-    return replace(settings, ks=ks).to_json()
+    trained = spec.settings.from_config(config).trained_size()
+    return replace(settings, ks=spec.served_ks(settings.ks, trained)).to_json()

@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglenest.settings import NotTracked, Settings
+from eaglenest.settings.families import (
+    FAMILIES,
+    FAMILY_SPECS,
+    DFlashSettings,
+    PEagleSettings,
+    family_spec,
+)
 from eaglenest.settings.target import TargetSettings
-
-# The EAGLE-3 variants (booleans of train.drafter and of the exported config.json), as vLLM's
-# model_executor/models/llama_eagle3.py reads them.
-DRAFTER_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,10 @@ class TrainSettings(Settings):
         return recorded | {"drafter": self.drafter.overrides()}
 
     def of_family(self, family: str) -> TrainSettings:
-        """The view of these settings a family's training reads: the fields of NOT_READ[family]
-        NotTracked (left out of its job's params, an error where read)."""
-        own, drafter = NOT_READ[family]
+        """The view of these settings a family's training reads: the fields its spec does not
+        read (settings/families.py `not_read`) NotTracked (left out of its job's params, an
+        error where read)."""
+        own, drafter = family_spec(family).not_read
         left_out = {name: self.not_tracked(name) for name in own}
         view = {name: self.drafter.not_tracked(name) for name in drafter}
         return dataclasses.replace(
@@ -154,68 +158,7 @@ def drafter_window(drafter: Mapping[str, Any]) -> int | None:
     return value
 
 
-# ---- drafter families (train.families) --------------------------------------------------------
-
-# What a run can train from the same token and hidden-state shards (eaglenest.stages.train.families).
-FAMILIES = ("eagle3", "p_eagle", "dflash")
-
-# The training-time test: EAGLE-3's alone. P-EAGLE drafts train.p_eagle.depths (PEagleSettings
-# resolves its default, ttt_steps) from mask tokens, never drafted ones (ttt_inputs drafter is
-# refused with it: check_families).
-TTT_FIELDS = ("ttt_steps", "step_weight", "ttt_inputs")
-# train.drafter's MLA sizes: P-EAGLE and DFlash have llama attention only (check_families).
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-# family -> (TrainSettings fields, DrafterSettings fields) its training never reads, so a change
-# of one reruns none of its jobs (stages/train/families.py, build_recipe). DFlash's Qwen3 layers
-# take none of the EAGLE-3 variants, and its blocks are always recomputed in backward.
-NOT_READ: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "eagle3": ((), ()),
-    "p_eagle": (TTT_FIELDS, MLA_FIELDS),
-    "dflash": ((*TTT_FIELDS, "activation_checkpointing"), (*DRAFTER_VARIANTS, *MLA_FIELDS)),
-}
-
-
-def family_suffix(family: str) -> str:
-    """What a family's paths add to EAGLE-3's: "" for eagle3 (results/{run}/drafter/, eval/,
-    logs/{run}/train_drafter.log: today's runs keep their outputs), `_<family>` for the others
-    (drafter_p_eagle/, eval_p_eagle/, ...). The rules' `{family_suffix}` wildcard."""
-    if family not in FAMILIES:
-        raise ValueError(f"train.families: {family!r} is not one of {', '.join(FAMILIES)}")
-    return "" if family == "eagle3" else f"_{family}"
-
-
-def family_of_suffix(suffix: str) -> str:
-    """The inverse of `family_suffix`."""
-    family = suffix.removeprefix("_") or "eagle3"
-    if family_suffix(family) != suffix:
-        raise ValueError(f"{suffix!r} is no drafter family's suffix")
-    return family
-
-
-@dataclass(frozen=True)
-class PEagleSettings(Settings):
-    """`train.p_eagle`."""
-
-    depths: int  # tokens drafted in one forward (train.p_eagle.depths, else train.ttt_steps)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> PEagleSettings:
-        train = config["train"]
-        return cls(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
-
-
-@dataclass(frozen=True)
-class DFlashSettings(Settings):
-    """`train.dflash`."""
-
-    block_size: int  # the anchor and block_size - 1 drafted tokens
-    num_hidden_layers: int
-    max_anchors: int  # blocks per row and step, drawn among the answer's positions
-    gamma: float  # slot j's loss weight exp(-(j - 1) / gamma)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> DFlashSettings:
-        return cls(**config["train"]["dflash"])
+# ---- the family a job trains (train.families; the table is settings/families.py) --------
 
 
 @dataclass(frozen=True)
@@ -236,18 +179,14 @@ class FamilySettings(Settings):
 
     @classmethod
     def of(cls, config: Mapping[str, Any], name: str) -> FamilySettings:
-        if name == "eagle3":
-            return cls.eagle3()
-        train = config["train"]
-        p_eagle = dflash = None
-        if name == "p_eagle":
-            p_eagle = PEagleSettings.from_config(config)
-        elif name == "dflash":
-            dflash = DFlashSettings.from_config(config)
-        else:
-            raise ValueError(f"train.families: {name!r} is not one of {', '.join(FAMILIES)}")
+        spec = family_spec(name)
+        if spec.settings is None:
+            return cls(name=name, mask_token_id=None, p_eagle=None, dflash=None, target=None)
+        # A family with settings of its own has a field of that name here (None for the others).
+        own = {other: None for other in FAMILIES if FAMILY_SPECS[other].settings is not None}
+        own[name] = spec.settings.from_config(config)
         target = TargetSettings.view(config, "path", "tokenizer", "trust_remote_code")
-        return cls(name, train["mask_token_id"], p_eagle, dflash, target)
+        return cls(name=name, mask_token_id=config["train"]["mask_token_id"], target=target, **own)
 
     @classmethod
     def eagle3(cls) -> FamilySettings:
@@ -259,7 +198,7 @@ def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) 
     (`train`): that alone for eagle3 (what the rule tracked before families, so a finished run
     reruns nothing), else the view the family reads (`TrainSettings.of_family`) with the
     family's own settings beside it."""
-    if family == "eagle3":
+    if family_spec(family).settings is None:  # EAGLE-3's: the train section whole, as always
         return train
     view = json.loads(TrainSettings.from_json(train).of_family(family).to_json())
     own = json.loads(FamilySettings.of(config, family).to_json())
@@ -275,23 +214,16 @@ def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:
 
 
 def check_families(train: Mapping[str, Any]) -> None:
-    """What train.families cannot train as vLLM serves it, refused with the keys named."""
+    """What train.families cannot train as vLLM serves it, refused with the keys named: what no
+    parallel family takes, then each family's own checks (settings/families.py)."""
     families, drafter = train.get("families") or [], train.get("drafter") or {}
-    parallel = [f for f in families if f in ("p_eagle", "dflash")]
+    parallel = [f for f in families if f in FAMILY_SPECS and FAMILY_SPECS[f].parallel]
     if parallel and drafter.get("attention", "llama") == "mla":
         raise ValueError(
             f"train.families {parallel} with train.drafter.attention mla: vLLM 0.32 drafts in "
             "parallel only with llama attention (its MLA drafter has no mask_hidden, DFlash is "
             "Qwen3 attention); set attention: llama or train only eagle3"
         )
-    if "dflash" in families and drafter_window(drafter) is not None:
-        raise ValueError(
-            "train.families dflash with train.drafter.sliding_window: the DFlash drafter attends "
-            "the whole context (vLLM's CPU build serves no mixed sliding/full DFlash); set "
-            "sliding_window: null or leave dflash out"
-        )
-    if "p_eagle" in families and train.get("ttt_inputs") == "drafter":
-        raise ValueError(
-            "train.families p_eagle with train.ttt_inputs drafter: P-EAGLE's depths take the "
-            "mask token, never a drafted one; set ttt_inputs: data"
-        )
+    for spec in FAMILY_SPECS.values():
+        for check in spec.checks if spec.name in families else ():
+            check(train, drafter_window(drafter))

@@ -14,15 +14,14 @@ import pytest
 
 from eaglenest.common.config import validate_config
 from eaglenest.settings.evaluate import EvaluateSettings, evaluate_job_settings_json
+from eaglenest.settings.families import FAMILIES, FAMILY_SPECS
 from eaglenest.settings.train import (
-    NOT_READ,
     DrafterSettings,
     TrainSettings,
     train_job_settings,
     train_job_settings_json,
 )
 
-FAMILIES = ("eagle3", "p_eagle", "dflash")
 BASE = {"families": list(FAMILIES)}
 
 # key changed (merged into the train section) -> the families whose job settings it changes
@@ -65,7 +64,9 @@ def test_a_family_job_reads_back_its_view_and_a_left_out_key_fails_naming_it():
         assert own.name == family
         assert settings == whole.of_family(family)
         assert settings.of_family(family) == settings  # a view of a view is itself
-        left_out = set(NOT_READ[family][0]) | {f"drafter.{n}" for n in NOT_READ[family][1]}
+        left_out = set(FAMILY_SPECS[family].not_read[0]) | {
+            f"drafter.{n}" for n in FAMILY_SPECS[family].not_read[1]
+        }
         recorded = settings.recorded()
         assert not left_out & (set(recorded) | {f"drafter.{n}" for n in recorded["drafter"]})
     dflash = whole.of_family("dflash")
@@ -83,9 +84,9 @@ def test_what_a_family_leaves_out_are_fields_of_the_train_settings():
     train = {f.name for f in dataclasses.fields(TrainSettings)}
     drafter = {f.name for f in dataclasses.fields(DrafterSettings)}
     for family in FAMILIES:
-        own, in_drafter = NOT_READ[family]
+        own, in_drafter = FAMILY_SPECS[family].not_read
         assert set(own) <= train and set(in_drafter) <= drafter, family
-    assert NOT_READ["eagle3"] == ((), ())
+    assert FAMILY_SPECS["eagle3"].not_read == ((), ())
 
 
 def test_a_family_evaluation_tracks_the_ks_it_is_measured_at_not_evaluate_ks():

@@ -9,8 +9,8 @@ vLLM's speculative method is read from the drafter's config.json, as vLLM would 
 - the Hugging Face layouts: a DFlash drafter (`dflash_config` or a DFlash architecture), an
   EAGLE-3 one (an architecture naming Eagle3; P-EAGLE when it carries a mask token and
   `parallel_drafting`), an EAGLE one.
-A DFlash drafter drafts block_size - 1 tokens whatever evaluate.ks says (families.py); the
-others every K of evaluate.ks. A drafter vLLM's CPU build does not serve beside the target is a
+A DFlash drafter drafts block_size - 1 tokens whatever evaluate.ks says (settings/families.py
+`block_served_k`); the others every K of evaluate.ks. A drafter vLLM's CPU build does not serve beside the target is a
 reason in `engine.not_served`, as for the run's own families.
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.settings.evaluate import CompareSettings
+from eaglenest.settings.families import MASK_TOKEN_KEYS, block_served_k
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.depths import cut_at_depths
 from eaglenest.stages.evaluate.live import heldout_prompts
@@ -42,8 +43,18 @@ SPECULATORS_METHODS: dict[str, dict[str, Any]] = {
     "dflash": {"method": "dflash"},
     "eagle": {"method": "eagle"},
 }
-# Where vLLM 0.32 looks for a parallel drafter's mask token (drafter/p_eagle.py MASK_TOKEN_KEYS)
-MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+# What a Hugging Face layout's architectures name (first found first) -> the method vLLM serves
+# it with; a config with `dflash_config` is a DFlash drafter whatever they name
+ARCHITECTURE_METHODS: dict[str, dict[str, Any]] = {
+    "dflash": {"method": "dflash"},
+    "eagle3": {"method": "eagle3"},
+    "eagle": {"method": "eagle"},
+}
+# vLLM methods whose drafter drafts one block, at K = block_size - 1 only
+BLOCK_METHODS = {"dflash"}
+# vLLM methods that draft in parallel (P-EAGLE) where the config carries a mask token and
+# parallel_drafting
+PARALLEL_METHODS = {"eagle3"}
 
 
 class CompareError(ValueError):
@@ -70,7 +81,7 @@ def _dflash_ks(config: dict[str, Any], where: str) -> tuple[int, ...]:
     block = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
     if not isinstance(block, int) or block < 2:
         raise CompareError(f"{where}: a DFlash drafter without a block_size of 2 or more")
-    return (block - 1,)
+    return (block_served_k(block),)
 
 
 def compared_drafter(directory: str | Path, key: str = "evaluate.compare") -> ComparedDrafter:
@@ -88,21 +99,21 @@ def compared_drafter(directory: str | Path, key: str = "evaluate.compare") -> Co
                 f"{where}: speculators_model_type {kind!r} is not one of "
                 f"{', '.join(SPECULATORS_METHODS)}"
             )
-        block = _dflash_ks(config, where) if kind == "dflash" else None
-        return ComparedDrafter(
-            str(directory), SPECULATORS_METHODS[kind], block, f"speculators {kind}"
-        )
+        method = SPECULATORS_METHODS[kind]
+        block = _dflash_ks(config, where) if method["method"] in BLOCK_METHODS else None
+        return ComparedDrafter(str(directory), method, block, f"speculators {kind}")
     names = " ".join(config.get("architectures") or [])
-    if "dflash_config" in config or "dflash" in names.lower():
-        return ComparedDrafter(
-            str(directory), {"method": "dflash"}, _dflash_ks(config, where), names
-        )
-    if "eagle3" in names.lower():
+    found = [marker for marker in ARCHITECTURE_METHODS if marker in names.lower()]
+    marker = "dflash" if "dflash_config" in config else next(iter(found), None)
+    if marker in BLOCK_METHODS:
+        block = _dflash_ks(config, where)
+        return ComparedDrafter(str(directory), ARCHITECTURE_METHODS[marker], block, names)
+    if marker is not None:
         parallel = config.get("parallel_drafting") and any(k in config for k in MASK_TOKEN_KEYS)
-        method = {"method": "eagle3", **({"parallel_drafting": True} if parallel else {})}
-        return ComparedDrafter(str(directory), method, None, names)
-    if "eagle" in names.lower():
-        return ComparedDrafter(str(directory), {"method": "eagle"}, None, names)
+        extra = {"parallel_drafting": True} if parallel and marker in PARALLEL_METHODS else {}
+        return ComparedDrafter(
+            str(directory), {**ARCHITECTURE_METHODS[marker], **extra}, None, names
+        )
     raise CompareError(
         f"{where}: cannot tell vLLM's speculative method from it (architectures {names or 'none'}, "
         "no speculators_model_type): expected the speculators format, an EAGLE-3, P-EAGLE, "

@@ -5,8 +5,8 @@ vLLM (vllm_evaluate.py), overall and by context depth (depths.py).
 Acceptance length = 1 + accepted draft tokens per verification round: the definition vLLM and
 SGLang report (the target's own "bonus" token counts as the 1).
 
-Every drafter family (`family`: eagle3, p_eagle, dflash; families.py) is measured the same three
-ways at the K it serves, into the same metrics.json, which names the family and the K. vLLM's
+Every drafter family (`family`: its spec, settings/families.py; families.py) is measured the
+same three ways at the K it serves, into the same metrics.json, which names the family and the K. vLLM's
 CPU build serves no P-EAGLE or DFlash drafter beside an MLA target (vllm_engine/cpu.py): there
 the engine figures are absent and `engine.not_served` says why; the live loop measures them.
 """
@@ -26,6 +26,7 @@ from eaglenest.drafter.batches import TargetSignal, open_shards
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, family_spec
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.depths import cut_at_depths, depth_table
@@ -56,15 +57,16 @@ def evaluate_drafter(
     settings: EvaluateSettings,
     runtime: VllmRuntime | None = None,
     hidden: HiddenSettings | None = None,
-    family: str = "eagle3",
+    family: FamilySpec | str = FAMILY_SPECS["eagle3"],
     sets: EngineSets | None = None,
     thinking: ThinkingEvaluation | None = None,
 ) -> dict[str, Any]:
     """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures of
-    the `family` drafter in `drafter_dir`, at the K it serves (families.py); `sets`: standard sets
-    (sets.py) decoded in vLLM; `thinking`: also the other thinking mode (thinking.py)'s prompts.
+    the `family` drafter (its spec or name) in `drafter_dir`, at the K its spec serves; `sets`:
+    standard sets (sets.py) decoded in vLLM; `thinking`: also the other thinking mode's prompts.
     With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
+    family = family_spec(family)
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
     device = resolve_device(settings.device)
     started = time.perf_counter()
@@ -81,22 +83,15 @@ def evaluate_drafter(
     try:
         shards += open_pooled_shards(states, pooled, head, vocab)
         signal = TargetSignal(head, vocab, device)
-        simulated = simulate_all(drafter, shards, signal, settings, device, family)
+        simulated = simulate_all(drafter, shards, signal, settings, device, family.name)
     finally:
         if states is not None:
             states.close()
     simulated_by_depth = simulated.pop("by_depth", {})
     continuation = settings.live_max_new_tokens
     cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
-    for cut in cuts:
-        log.info("depth %d: %s", cut.depth, cut.counts())
-    for name, per_k in simulated.items():
-        log.info(
-            "simulated %s: %s",
-            name,
-            {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
-        )
-    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated, family)
+    log_cuts_and_simulated(cuts, simulated)
+    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated, family.name)
     metrics.update(loaded.describe())
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
@@ -104,10 +99,11 @@ def evaluate_drafter(
     groups = thinking.groups(prompts) if thinking else {}  # the other thinking mode's prompts
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
-        live_args = (*live_args, head.aux_layer_ids, cuts, family, groups)
+        live_args = (*live_args, head.aux_layer_ids, cuts, family.name, groups)
         metrics.update(live_metrics(loaded.proposer, prompts, *live_args))
+        own = simulated[family.name]  # the drafter's simulated figures
         metrics["live_vs_simulated"] = {
-            k: metrics["live"][k]["acceptance_length"] / simulated[family][k]["acceptance_length"]
+            k: metrics["live"][k]["acceptance_length"] / own[k]["acceptance_length"]
             for k in metrics["live"]
         }
     else:
@@ -127,6 +123,18 @@ def evaluate_drafter(
     return metrics
 
 
+def log_cuts_and_simulated(cuts: list, simulated: dict[str, Any]) -> None:
+    """The depth cuts' counts, and each simulated proposer's acceptance per K."""
+    for cut in cuts:
+        log.info("depth %d: %s", cut.depth, cut.counts())
+    for name, per_k in simulated.items():
+        log.info(
+            "simulated %s: %s",
+            name,
+            {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
+        )
+
+
 def engine_figures(
     drafter_dir: str | Path,
     prompts: list[list[int]],
@@ -136,15 +144,15 @@ def engine_figures(
     runtime: VllmRuntime | None,
     model_dtype: str,
     loaded: FamilyDrafter,
-    family: str,
+    family: FamilySpec,
     sets: EngineSets | None,
     groups: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """metrics.json's `engine` (vLLM's figures), `live_vs_engine` beside the `live` figures, and
     `sets` (the standard sets' figures, taken out of the engine's) when there are sets; `groups`
     (the other thinking mode's prompts) decoded by the same engines, under `by_depth`."""
-    # A refusal is a reason for another family: EAGLE-3 has an MLA drafter for MLA targets.
-    engine_args = (runtime, model_dtype, loaded.speculative_config, family != "eagle3", sets)
+    # A refusal is a reason for a parallel family: EAGLE-3 has an MLA drafter for MLA targets.
+    engine_args = (runtime, model_dtype, loaded.speculative_config, family.parallel, sets)
     engine_args = (*engine_args, groups)
     figures = {"engine": engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)}
     if live:

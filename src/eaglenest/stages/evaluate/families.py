@@ -1,5 +1,6 @@
-"""The drafter families the evaluate stage measures (`family`: eagle3, p_eagle, dflash): each
-one's loader, the K it serves at, its live proposer and vLLM's `speculative_config` for it.
+"""The drafter families the evaluate stage measures (settings/families.py's specs): each one's
+loader (LOADERS), the K it serves at (its spec's `served_ks`), its live proposer (PROPOSERS) and
+vLLM's `speculative_config` for it.
 
 - eagle3: every `evaluate.ks`, drafted in K forwards.
 - p_eagle: the `evaluate.ks` up to the depths it was trained for (one forward a round; vLLM
@@ -18,15 +19,24 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eaglenest.drafter import dflash_export, p_eagle
-from eaglenest.drafter.export import load_drafter
+from eaglenest.drafter.dflash.export import load_dflash
+from eaglenest.drafter.dflash.export import speculative_config as dflash_speculative_config
+from eaglenest.drafter.eagle3.export import load_drafter
+from eaglenest.drafter.p_eagle.export import load_p_eagle
+from eaglenest.drafter.p_eagle.export import speculative_config as p_eagle_speculative_config
+from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, block_served_k, family_spec
 from eaglenest.stages.evaluate.parallel_proposers import DFlashProposer, PEagleProposer
 from eaglenest.stages.evaluate.speculative import EagleProposer, Proposer
 
 if TYPE_CHECKING:
     from eaglenest.stages.evaluate.simulated import Drafter
 
-FAMILIES = ("eagle3", "p_eagle", "dflash")
+# family -> its live proposer of a loaded drafter (a fresh one a set of runs)
+PROPOSERS: dict[str, Callable[[Any], Proposer]] = {
+    "eagle3": EagleProposer,
+    "p_eagle": PEagleProposer,
+    "dflash": DFlashProposer,
+}
 
 
 @dataclass
@@ -42,11 +52,7 @@ class FamilyDrafter:
 
     def proposer(self) -> Proposer:
         """A fresh live proposer (one a set of runs: it keeps the drafter's cache)."""
-        if self.family == "p_eagle":
-            return PEagleProposer(self.model)
-        if self.family == "dflash":
-            return DFlashProposer(self.model)
-        return EagleProposer(self.model)
+        return PROPOSERS[self.family](self.model)
 
     def to(self, device: str) -> FamilyDrafter:
         self.model = self.model.to(device).eval()
@@ -62,40 +68,77 @@ class FamilyDrafter:
 
 
 def eagle3_speculative_config(drafter_dir: str | Path, k: int) -> dict[str, Any]:
-    return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": k}
+    method = FAMILY_SPECS["eagle3"].vllm_method
+    return {"method": method, "model": str(drafter_dir), "num_speculative_tokens": k}
+
+
+def load_eagle3_family(
+    spec: FamilySpec,
+    drafter_dir: str | Path,
+    embed: torch.Tensor,
+    expect: list[int] | None,
+    ks: tuple[int, ...],
+) -> FamilyDrafter:
+    model = load_drafter(drafter_dir, embed, expect_layer_ids=expect)
+    why = "evaluate.ks: EAGLE-3 drafts any K, one forward a token"
+    return FamilyDrafter(
+        spec.name, model, spec.served_ks(ks, None), ks, why, eagle3_speculative_config
+    )
+
+
+def load_p_eagle_family(
+    spec: FamilySpec,
+    drafter_dir: str | Path,
+    embed: torch.Tensor,
+    expect: list[int] | None,
+    ks: tuple[int, ...],
+) -> FamilyDrafter:
+    model, depths = load_p_eagle(drafter_dir, embed, expect)
+    why = f"evaluate.ks up to the {depths} depths P-EAGLE was trained for, in one forward"
+
+    def config_of(path: str | Path, k: int) -> dict[str, Any]:
+        return p_eagle_speculative_config(path, k, depths)
+
+    return FamilyDrafter(spec.name, model, spec.served_ks(ks, depths), ks, why, config_of)
+
+
+def load_dflash_family(
+    spec: FamilySpec,
+    drafter_dir: str | Path,
+    embed: torch.Tensor,
+    expect: list[int] | None,
+    ks: tuple[int, ...],
+) -> FamilyDrafter:
+    model = load_dflash(drafter_dir, embed, expect)
+    k = block_served_k(model.config.block_size)
+    why = f"block_size - 1 = {k} only: vLLM serves DFlash at that K, one forward a block"
+
+    def block_config_of(path: str | Path, served_k: int) -> dict[str, Any]:
+        if served_k != k:
+            raise ValueError(f"a DFlash drafter of block_size {k + 1} serves K = {k} only")
+        return dflash_speculative_config(path, model.config)
+
+    served = spec.served_ks(ks, model.config.block_size)
+    return FamilyDrafter(spec.name, model, served, ks, why, block_config_of)
+
+
+# family -> the loader of its export (each refuses a config vLLM would read as another drafter
+# than the one trained, and aux layers other than captured)
+LOADERS: dict[str, Callable[..., FamilyDrafter]] = {
+    "eagle3": load_eagle3_family,
+    "p_eagle": load_p_eagle_family,
+    "dflash": load_dflash_family,
+}
 
 
 def load_family(
-    family: str,
+    family: FamilySpec | str,
     drafter_dir: str | Path,
     embed: torch.Tensor,
     expect_layer_ids: list[int] | None,
     ks: tuple[int, ...],
 ) -> FamilyDrafter:
-    """The export in `drafter_dir` read with its family's loader (each refuses a config vLLM
-    would read as another drafter than the one trained, and aux layers other than captured)."""
-    if family == "eagle3":
-        model = load_drafter(drafter_dir, embed, expect_layer_ids=expect_layer_ids)
-        why = "evaluate.ks: EAGLE-3 drafts any K, one forward a token"
-        return FamilyDrafter(family, model, ks, ks, why, eagle3_speculative_config)
-    if family == "p_eagle":
-        model, depths = p_eagle.load_p_eagle(drafter_dir, embed, expect_layer_ids)
-        served = tuple(k for k in ks if k <= depths) or (depths,)
-        why = f"evaluate.ks up to the {depths} depths P-EAGLE was trained for, in one forward"
-
-        def config_of(path: str | Path, k: int) -> dict[str, Any]:
-            return p_eagle.speculative_config(path, k, depths)
-
-        return FamilyDrafter(family, model, served, ks, why, config_of)
-    if family == "dflash":
-        model = dflash_export.load_dflash(drafter_dir, embed, expect_layer_ids)
-        k = model.config.block_size - 1
-        why = f"block_size - 1 = {k} only: vLLM serves DFlash at that K, one forward a block"
-
-        def block_config_of(path: str | Path, served_k: int) -> dict[str, Any]:
-            if served_k != k:
-                raise ValueError(f"a DFlash drafter of block_size {k + 1} serves K = {k} only")
-            return dflash_export.speculative_config(path, model.config)
-
-        return FamilyDrafter(family, model, (k,), ks, why, block_config_of)
-    raise ValueError(f"drafter family {family!r}: one of {', '.join(FAMILIES)}")
+    """The export in `drafter_dir` read with its family's loader (LOADERS), at the K its spec
+    serves of `ks` (`family`: a spec, or its name)."""
+    spec = family_spec(family)
+    return LOADERS[spec.name](spec, drafter_dir, embed, expect_layer_ids, ks)

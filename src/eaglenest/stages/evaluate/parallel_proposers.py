@@ -13,7 +13,7 @@ proposer computes, fed the target's aux states of every verified position as vLL
   forward.
 - `DFlashProposer` (DFlash). vLLM keeps the context's keys and values of every verified position
   and queries [bonus, mask x (block_size - 1)] once (v1/spec_decode/dflash.py;
-  eaglenest.drafter.dflash_decode). It drafts exactly block_size - 1 tokens: vLLM serves it at
+  eaglenest.drafter.dflash.decode). It drafts exactly block_size - 1 tokens: vLLM serves it at
   num_speculative_tokens = block_size - 1 only.
 """
 
@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eaglenest.drafter.dflash_decode import DFlashContext, draft_block, extend_context
+from eaglenest.drafter.dflash.decode import DFlashContext, draft_block, extend_context
 from eaglenest.drafter.layers import DecodeCache
+from eaglenest.settings.families import block_served_k
 
 if TYPE_CHECKING:  # the models are only read here (the import graph stays low)
-    from eaglenest.drafter.dflash import DFlashDrafter
-    from eaglenest.drafter.p_eagle import PEagleDrafter
+    from eaglenest.drafter.dflash.model import DFlashDrafter
+    from eaglenest.drafter.p_eagle.model import PEagleDrafter
 
 
 class PEagleProposer:
@@ -82,7 +83,7 @@ class DFlashProposer:
 
     def __init__(self, drafter: DFlashDrafter):
         self.drafter = drafter
-        self.k = drafter.config.block_size - 1
+        self.k = block_served_k(drafter.config.block_size)
 
     def start(self, prompt: list[int], aux: torch.Tensor, first_token: int) -> None:
         self.context = DFlashContext()

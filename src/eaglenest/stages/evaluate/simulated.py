@@ -20,6 +20,7 @@ prompt lookup (n-gram drafting from the context)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import isqrt
 from pathlib import Path
@@ -30,11 +31,12 @@ import torch
 
 from eaglenest.capture.reader import ask_ahead
 from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch
-from eaglenest.drafter.dflash import DFlashDrafter
-from eaglenest.drafter.dflash_decode import DFlashContext, draft_blocks, extend_context
-from eaglenest.drafter.model import Eagle3Drafter
-from eaglenest.drafter.p_eagle import PEagleDrafter
+from eaglenest.drafter.dflash.decode import DFlashContext, draft_blocks, extend_context
+from eaglenest.drafter.dflash.model import DFlashDrafter
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.families import block_served_k
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +132,10 @@ def simulate(
                 predicted = lookup_predictions(
                     batch.input_ids, lengths, batch.loss_mask, kmax, proposer
                 )
-            elif isinstance(proposer, DFlashDrafter):
-                start = chain_positions(batch.loss_mask, lengths, min(ks))
-                predicted = block_predictions(proposer, on_device, start, kmax)
             else:
                 start = chain_positions(batch.loss_mask, lengths, min(ks))
-                predicted = chain_predictions(
-                    proposer, on_device, start, greedy_next, data_next, kmax
-                )
+                predict = PREDICTIONS[proposer.family]
+                predicted = predict(proposer, on_device, start, greedy_next, data_next, kmax)
             for k in ks:
                 where = chain_positions(batch.loss_mask, lengths, k)
                 chains = (predicted[..., :k], greedy_next[..., :k])
@@ -189,8 +187,10 @@ def block_predictions(drafter: DFlashDrafter, batch, start: torch.Tensor, k: int
     context keys are computed once, its blocks drafted BLOCK_ATTENTION_CELLS at a time."""
     b, t = start.shape
     size = drafter.config.block_size
-    if k != size - 1:
-        raise ValueError(f"a DFlash drafter of block_size {size} drafts K = {size - 1}, not {k}")
+    if k != block_served_k(size):
+        raise ValueError(
+            f"a DFlash drafter of block_size {size} drafts K = {block_served_k(size)}, not {k}"
+        )
     predicted = torch.full((b, t, k), -3, dtype=torch.long)
     # n blocks: n·size queries over t + n·size keys, at most BLOCK_ATTENTION_CELLS pairs.
     chunk = max(
@@ -208,6 +208,23 @@ def block_predictions(drafter: DFlashDrafter, batch, start: torch.Tensor, k: int
             drafts = drafter.draft_to_target(logits[:, 1:].argmax(-1))
             predicted[row, at] = drafts.cpu()
     return predicted
+
+
+def block_predictions_of_chains(
+    drafter: DFlashDrafter, batch, start: torch.Tensor, greedy_next, data_next, k: int
+) -> torch.Tensor:
+    """`block_predictions` in `chain_predictions`' signature (a block depends on no earlier
+    draft: the greedy and data tokens are not read)."""
+    return block_predictions(drafter, batch, start, k)
+
+
+# family -> its drafts at every position whose chain starts there (the module doc says how each
+# family's drafting is simulated)
+PREDICTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "eagle3": chain_predictions,
+    "p_eagle": chain_predictions,
+    "dflash": block_predictions_of_chains,
+}
 
 
 def lookup_predictions(
@@ -240,16 +257,19 @@ def lookup_predictions(
     return out
 
 
+# family -> a drafter of the same architecture as a trained one, freshly initialised
+UNTRAINED: dict[str, Callable[[Any], Drafter]] = {
+    "eagle3": lambda model: Eagle3Drafter(model.config),
+    "p_eagle": lambda model: PEagleDrafter(model.config, model.mask_token_id),
+    "dflash": lambda model: DFlashDrafter(model.config),
+}
+
+
 def untrained_like(model: Drafter, seed: int) -> Drafter:
     """The same family's drafter, freshly initialised from `seed`, with its embedding and
     draft vocabulary."""
     torch.manual_seed(seed)
-    if isinstance(model, PEagleDrafter):
-        fresh = PEagleDrafter(model.config, model.mask_token_id)
-    elif isinstance(model, DFlashDrafter):
-        fresh = DFlashDrafter(model.config)
-    else:
-        fresh = Eagle3Drafter(model.config)
+    fresh = UNTRAINED[model.family](model)
     fresh.embed_tokens.weight.data.copy_(model.embed_tokens.weight.data)
     fresh.set_vocab(model.d2t, model.t2d)
     return fresh.to(model.fc.weight.device).eval()

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import torch
 
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
 from eaglenest.drafter.layers import DecodeCache
-from eaglenest.drafter.model import Eagle3Drafter
 from eaglenest.target_model.kv_cache import growing_cache
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglenest.settings.train import family_suffix
+from eaglenest.settings.families import family_suffix
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
 from eaglenest.stages.report.engine_spread import position_table, spread_table
 from eaglenest.stages.report.figures import acceptance_figure

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eaglenest.settings.train import FAMILIES, family_of_suffix, family_suffix
+from eaglenest.settings.families import FAMILIES, FAMILY_SPECS, family_of_suffix, family_suffix
 
-# How the page names each family.
-FAMILY_TITLES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE", "dflash": "DFlash"}
+# How the page names each family (its spec's title).
+FAMILY_TITLES = {family: spec.title for family, spec in FAMILY_SPECS.items()}
 # Each family's files under results/{run}/, by the report's name for them.
 FAMILY_FILES = {
     "train_metrics": "drafter{suffix}/metrics.jsonl",

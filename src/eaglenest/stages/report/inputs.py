@@ -22,7 +22,7 @@ from eaglenest.formats.lengths import (
     TOKEN_LENGTH_COLUMNS,
     read_shard_lengths,
 )
-from eaglenest.settings.train import FAMILIES
+from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.report.data import FamilyRun, RunData
 from eaglenest.stages.report.family_files import FAMILY_FILES, family_files, family_of_path
 

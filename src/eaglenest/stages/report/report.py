@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.common.io import atomic_path, write_json
-from eaglenest.settings.train import family_suffix
+from eaglenest.settings.families import family_suffix
 from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.choice import choose_family
 from eaglenest.stages.report.data import RunData
@@ -65,7 +65,8 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
     acceptance after the first's (titled with the family, unless the run is EAGLE-3's alone),
     then the families side by side."""
     others = [family for family in data.families if family != data.family]
-    named = bool(others) or data.family != "eagle3"
+    # EAGLE-3's sections alone (its paths the unsuffixed ones) keep their plain titles
+    named = bool(others) or family_suffix(data.family) != ""
     sections = []
     for make in SECTIONS:
         section = make(data)

@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from eaglenest.settings.train import DRAFTER_VARIANTS, family_suffix
+from eaglenest.settings.families import DRAFTER_VARIANTS, family_suffix
 from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.data import (
     RunData,
@@ -399,8 +399,9 @@ def section_training(data: RunData) -> Section:
     return section
 
 
-# The families that draft in one forward, as the recipe names them.
-PARALLEL_FAMILIES = {
+# family -> how the recipe names its drafting (before the EAGLE-3 layer it is built on)
+DRAFTING: dict[str, str] = {
+    "eagle3": "",
     "p_eagle": "P-EAGLE: its depths drafted in one forward",
     "dflash": "DFlash: a block drafted in one forward, non-causal inside it",
 }
@@ -414,8 +415,8 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     slot_weights, inputs = drafted_slots(report)
     variant = [name for name in DRAFTER_VARIANTS if drafter.get(name)]
     architecture = "EAGLE-3 with " + ", ".join(variant) if variant else "EAGLE-3 (plain)"
-    if report.get("family") in PARALLEL_FAMILIES:
-        architecture = f"{PARALLEL_FAMILIES[report['family']]}; {architecture}"
+    if DRAFTING.get(report.get("family")):
+        architecture = f"{DRAFTING[report['family']]}; {architecture}"
     if drafter.get("sliding_window"):
         architecture += f"; attention within a {drafter['sliding_window']}-token sliding window"
     loss = (
@@ -456,14 +457,31 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
 def drafted_slots(report: dict[str, Any]) -> tuple[str, str]:
     """How a family's loss weighs its drafted slots, and how many it drafts from what: the
     TTT keys are EAGLE-3's only (another family's settings leave them out)."""
-    settings, drafter, slots = report["settings"], report.get("drafter") or {}, report["ttt_steps"]
-    if report.get("family") == "p_eagle":
-        return "depth d weighted as speculators' COD sampling keeps it", f"{slots} / mask tokens"
-    if report.get("family") == "dflash":
-        weights = f"block slot j weighted exp(-(j - 1) / {fmt(drafter.get('gamma'))})"
-        return weights, f"{slots} / mask tokens"
+    # An older report names no family: EAGLE-3's.
+    return DRAFTED_SLOTS.get(report.get("family"), _ttt_slots)(report)
+
+
+def _ttt_slots(report: dict[str, Any]) -> tuple[str, str]:
+    settings = report["settings"]
     weights = f"TTT step i weighted {fmt(settings.get('step_weight'))}^i"
     return weights, f"{settings.get('ttt_steps')} / {settings.get('ttt_inputs', 'data')} tokens"
+
+
+def _depth_slots(report: dict[str, Any]) -> tuple[str, str]:
+    weights = "depth d weighted as speculators' COD sampling keeps it"
+    return weights, f"{report['ttt_steps']} / mask tokens"
+
+
+def _block_slots(report: dict[str, Any]) -> tuple[str, str]:
+    gamma = (report.get("drafter") or {}).get("gamma")
+    return (
+        f"block slot j weighted exp(-(j - 1) / {fmt(gamma)})",
+        f"{report['ttt_steps']} / mask tokens",
+    )
+
+
+# family -> how its loss weighs its drafted slots (recipe_rows)
+DRAFTED_SLOTS = {"eagle3": _ttt_slots, "p_eagle": _depth_slots, "dflash": _block_slots}
 
 
 def _at(values: list | None, i: int) -> Any:

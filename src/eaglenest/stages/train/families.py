@@ -3,11 +3,13 @@ model it builds, its loss on a batch and its export. The training loop (train.py
 table and nothing else of a family, so batches, checkpoints, resume, metrics and the held-out
 loss are one code path for all of them.
 
-- eagle3: eaglenest.drafter.model's drafter, training-time test (`ttt_loss`), drafter/.
+- eagle3: eaglenest.drafter.eagle3's drafter, training-time test (`ttt_loss`), drafter/.
 - p_eagle: eaglenest.drafter.p_eagle's, its depths in one forward (`parallel_loss`),
   drafter_p_eagle/.
 - dflash: eaglenest.drafter.dflash's, blocks at anchors in the answer (`select_anchors`,
   `dflash_loss`), drafter_dflash/.
+
+`RECIPES` holds each family's builder (the families are settings/families.py's).
 
 Each family's loss weighs its drafted slots (TTT steps, depths, block slots) its own way; the
 per-position loss is the run's `Objective`. Under DDP a family's loss is rescaled so that the
@@ -16,6 +18,7 @@ step's gradient is that of the mean over every rank's positions, as EAGLE-3's (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,19 +27,18 @@ import torch
 from torch import nn
 
 from eaglenest.drafter.block_loss import SlotStats
-from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter, dflash_loss, select_anchors
-from eaglenest.drafter.dflash import position_weights as dflash_slot_weights
-from eaglenest.drafter.dflash_export import export_dflash
-from eaglenest.drafter.export import export_drafter
-from eaglenest.drafter.model import shift_left, ttt_forward
-from eaglenest.drafter.p_eagle import (
-    PEagleDrafter,
-    check_p_eagle_exportable,
-    cod_depth_weights,
-    export_p_eagle,
-    parallel_loss,
-)
-from eaglenest.settings.train import DRAFTER_VARIANTS, FamilySettings, TrainSettings
+from eaglenest.drafter.dflash.export import export_dflash
+from eaglenest.drafter.dflash.loss import dflash_loss, select_anchors
+from eaglenest.drafter.dflash.loss import position_weights as dflash_slot_weights
+from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
+from eaglenest.drafter.eagle3.export import export_drafter
+from eaglenest.drafter.eagle3.model import ttt_forward
+from eaglenest.drafter.layers import shift_left
+from eaglenest.drafter.p_eagle.export import check_p_eagle_exportable, export_p_eagle
+from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
+from eaglenest.settings.families import DRAFTER_VARIANTS
+from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
 from eaglenest.stages.train.initialise import build_drafter, drafter_config, initialised
 from eaglenest.stages.train.loss import Objective, StepStats, position_losses, ttt_loss
@@ -251,30 +253,41 @@ def mask_token_id(family: FamilySettings, vocab_size: int) -> int:
     )
 
 
-def build_recipe(
-    head: TargetHead, vocab: DraftVocab, settings: TrainSettings, family: FamilySettings
+def build_eagle3(
+    target_config: Any,
+    head: TargetHead,
+    vocab: DraftVocab,
+    settings: TrainSettings,
+    family: FamilySettings,
 ) -> Recipe:
-    """The family's drafter, sized by the target's config (train.drafter's sizes over it),
-    seeded and initialised as EAGLE-3's (`initialised`), in its recipe. A drafter vLLM 0.32
-    could not serve as trained is refused before training."""
-    from transformers import AutoConfig
+    return Eagle3(build_drafter(target_config, head, vocab, settings), settings, family)
 
-    from eaglenest.target_model.files import resolve_target_dir
 
-    target = settings.target
-    target_config = AutoConfig.from_pretrained(
-        str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
-    )
-    if family.name == "eagle3":
-        return Eagle3(build_drafter(target_config, head, vocab, settings), settings, family)
+def build_p_eagle(
+    target_config: Any,
+    head: TargetHead,
+    vocab: DraftVocab,
+    settings: TrainSettings,
+    family: FamilySettings,
+) -> Recipe:
     config = drafter_config(target_config, head, vocab, settings)
     mask = mask_token_id(family, config.vocab_size)
-    if family.name == "p_eagle":
-        check_p_eagle_exportable(config)
-        torch.manual_seed(settings.seed)
-        model = initialised(PEagleDrafter(config, mask), head, vocab, settings)
-        model.checkpoint_layer = settings.activation_checkpointing
-        return PEagle(model, settings, family)
+    check_p_eagle_exportable(config)
+    torch.manual_seed(settings.seed)
+    model = initialised(PEagleDrafter(config, mask), head, vocab, settings)
+    model.checkpoint_layer = settings.activation_checkpointing
+    return PEagle(model, settings, family)
+
+
+def build_dflash(
+    target_config: Any,
+    head: TargetHead,
+    vocab: DraftVocab,
+    settings: TrainSettings,
+    family: FamilySettings,
+) -> Recipe:
+    config = drafter_config(target_config, head, vocab, settings)
+    mask = mask_token_id(family, config.vocab_size)
     # DFlash is Qwen3 layers of its own: the EAGLE-3 variants are not its (they would be refused).
     plain = replace(config, **{name: False for name in DRAFTER_VARIANTS})
     own = family.dflash
@@ -286,3 +299,28 @@ def build_recipe(
     )
     torch.manual_seed(settings.seed)
     return DFlash(initialised(DFlashDrafter(dflash), head, vocab, settings), settings, family)
+
+
+# family -> its drafter, built in its recipe (settings/families.py lists the families)
+RECIPES: dict[str, Callable[..., Recipe]] = {
+    "eagle3": build_eagle3,
+    "p_eagle": build_p_eagle,
+    "dflash": build_dflash,
+}
+
+
+def build_recipe(
+    head: TargetHead, vocab: DraftVocab, settings: TrainSettings, family: FamilySettings
+) -> Recipe:
+    """The family's drafter, sized by the target's config (train.drafter's sizes over it),
+    seeded and initialised as EAGLE-3's (`initialised`), in its recipe (RECIPES). A drafter
+    vLLM 0.32 could not serve as trained is refused before training."""
+    from transformers import AutoConfig
+
+    from eaglenest.target_model.files import resolve_target_dir
+
+    target = settings.target
+    target_config = AutoConfig.from_pretrained(
+        str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
+    )
+    return RECIPES[family.name](target_config, head, vocab, settings, family)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.export import check_exportable
-from eaglenest.drafter.model import Eagle3Drafter
+from eaglenest.drafter.eagle3.export import check_exportable
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
 
 if TYPE_CHECKING:
     from eaglenest.formats.draft_vocab import DraftVocab

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from eaglenest.drafter.model import shift_left
+from eaglenest.drafter.layers import shift_left
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
 
 if TYPE_CHECKING:

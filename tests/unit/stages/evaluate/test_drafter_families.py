@@ -18,11 +18,12 @@ import torch
 from support.drafter_sizes import CONFIG
 
 from eaglenest.common.config import settings_from_sections
-from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter
-from eaglenest.drafter.dflash_export import export_dflash
-from eaglenest.drafter.export import ExportError
+from eaglenest.drafter.dflash.export import export_dflash
+from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
+from eaglenest.drafter.export_files import ExportError
 from eaglenest.drafter.layers import DecodeCache
-from eaglenest.drafter.p_eagle import PEagleDrafter, export_p_eagle
+from eaglenest.drafter.p_eagle.export import export_p_eagle
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate import simulated
 from eaglenest.stages.evaluate.families import load_family
@@ -35,7 +36,7 @@ from eaglenest.vllm_engine.process import EngineError
 
 MASK = 49
 DCONFIG = DFlashConfig.from_drafter(CONFIG, num_hidden_layers=2, block_size=4, mask_token_id=MASK)
-# Even target ids are the draft ids (as tests/unit/drafter/test_p_eagle.py maps them).
+# Even target ids are the draft ids (as tests/unit/drafter/p_eagle/test_p_eagle.py maps them).
 D2T = torch.arange(0, 2 * CONFIG.draft_vocab_size, 2) - torch.arange(CONFIG.draft_vocab_size)
 T2D = torch.zeros(CONFIG.vocab_size, dtype=torch.bool)
 T2D[torch.arange(0, 2 * CONFIG.draft_vocab_size, 2)] = True

@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.drafter_sizes import CONFIG
 
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.stages.evaluate.live import live, per_position_acceptance
 from eaglenest.stages.evaluate.simulated import (
     AcceptanceCounts,

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from support.synthetic_run import write_synthetic_run
 
 from eaglenest.common.config import validate_config
+from eaglenest.settings.families import FAMILIES
 from eaglenest.settings.train import FamilySettings, TrainSettings
 
 SIZE = {
@@ -50,7 +51,6 @@ TRAIN = {
     "dflash": {"block_size": 4, "max_anchors": 24},
     "mask_token_id": SIZE["vocab_size"] - 1,  # the synthetic target has no tokenizer
 }
-FAMILIES = ("eagle3", "p_eagle", "dflash")
 
 
 def make_learnable(run: Path) -> None:
@@ -121,16 +121,16 @@ def heldout_losses(out: Path) -> list[float]:
 
 def load_export(family: str, drafter_dir: Path, embed: torch.Tensor) -> torch.nn.Module:
     if family == "eagle3":
-        from eaglenest.drafter.export import load_drafter
+        from eaglenest.drafter.eagle3.export import load_drafter
 
         return load_drafter(drafter_dir, embed)
     if family == "p_eagle":
-        from eaglenest.drafter.p_eagle import load_p_eagle
+        from eaglenest.drafter.p_eagle.export import load_p_eagle
 
         model, depths = load_p_eagle(drafter_dir, embed)
         assert depths == TRAIN["p_eagle"]["depths"]
         return model
-    from eaglenest.drafter.dflash_export import load_dflash
+    from eaglenest.drafter.dflash.export import load_dflash
 
     return load_dflash(drafter_dir, embed)
 

@@ -16,9 +16,9 @@ from support.drafter_sizes import CONFIG
 
 from eaglenest.common.config import validate_config
 from eaglenest.drafter.batches import Batch
-from eaglenest.drafter.dflash import DFlashConfig, DFlashDrafter
-from eaglenest.drafter.model import Eagle3Drafter
-from eaglenest.drafter.p_eagle import PEagleDrafter
+from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.stages.train.distributed import Processes, data_parallel
 from eaglenest.stages.train.families import DFlash, Eagle3, PEagle

@@ -31,18 +31,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from eaglenest.common.io import atomic_path, write_json
 from eaglenest.drafter.config import MLA_SIZES, DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter
-from eaglenest.settings.train import DRAFTER_VARIANTS
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
+from eaglenest.drafter.export_files import (
+    ExportError,
+    check_captured_layers,
+    export_tensors,
+    load_export_state,
+    read_tensors,
+    write_export,
+)
+from eaglenest.settings.families import DRAFTER_VARIANTS
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +55,6 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 # the V2 and V3 names load the same class). It reads fc_norm, norm_before_residual and
 # norm_output, but not norm_before_fc: a drafter trained with that would be served without it.
 MLA_ARCHITECTURE = "Eagle3DeepseekV3ForCausalLM"
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-INTEGER_TENSORS = ("d2t", "t2d")
-
-
-class ExportError(ValueError):
-    """An export disagrees with the run it came from; the message names the file and field."""
 
 
 def check_exportable(config: DrafterConfig) -> None:
@@ -126,30 +124,10 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
     }
 
 
-def is_full_vocab(config: DrafterConfig) -> bool:
-    """The draft vocabulary is the target's: the export has no d2t/t2d (vLLM refuses them)."""
-    return config.draft_vocab_size == config.vocab_size
-
-
 def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: str = "bfloat16") -> None:
     out_dir = Path(out_dir)
-    tensors = {}
-    state = model.trainable_state_dict()
-    if is_full_vocab(model.config):
-        if torch.any(state["d2t"] != 0) or not torch.all(state["t2d"]):
-            raise ExportError(
-                f"{out_dir}: draft_vocab_size equals vocab_size ({model.config.vocab_size}) but "
-                "d2t is not the identity mapping"
-            )
-        state = {k: v for k, v in state.items() if k not in INTEGER_TENSORS}
-        log.info("draft vocabulary = the target's (%d ids): no d2t/t2d", model.config.vocab_size)
-    for name, value in state.items():
-        value = value.detach().cpu()
-        tensors[name] = value if name in INTEGER_TENSORS else value.to(DTYPES[dtype])
-        tensors[name] = tensors[name].contiguous()
-    with atomic_path(out_dir / "model.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    write_json(out_dir / "config.json", export_config(model.config, dtype))
+    tensors = export_tensors(model, model.config, out_dir, dtype)
+    write_export(out_dir, tensors, export_config(model.config, dtype))
     log.info("exported %d tensors (%s) to %s", len(tensors), dtype, out_dir)
     variant = [name for name in DRAFTER_VARIANTS if getattr(model.config, name)]
     if variant:
@@ -195,18 +173,6 @@ def _mla_from_export(config: dict[str, Any]) -> dict[str, Any]:
     return {"attention": "mla", **{name: config[name] for name in MLA_SIZES}}
 
 
-def check_captured_layers(
-    drafter_dir: Path, aux_layer_ids: Sequence[int], expect_layer_ids: Sequence[int] | None
-) -> None:
-    """A drafter reads the aux layers the hidden states were captured at, or is refused."""
-    if expect_layer_ids is not None and list(aux_layer_ids) != list(expect_layer_ids):
-        raise ExportError(
-            f"{drafter_dir / 'config.json'}: eagle_aux_hidden_state_layer_ids "
-            f"{list(aux_layer_ids)} but the hidden states were captured at "
-            f"{list(expect_layer_ids)}"
-        )
-
-
 def load_drafter(
     drafter_dir: str | Path,
     embed: torch.Tensor,
@@ -224,13 +190,5 @@ def load_drafter(
             f"{tuple(embed.shape)}"
         )
     model = Eagle3Drafter(config)
-    with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
-        state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-    state["embed_tokens.weight"] = embed
-    if is_full_vocab(config) and "d2t" not in state:  # the identity mapping (see above)
-        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
-    model.load_state_dict(
-        {k: v.to(dtype) if k not in INTEGER_TENSORS else v for k, v in state.items()}
-    )
+    load_export_state(model, config, read_tensors(drafter_dir), embed, dtype)
     return model.to(dtype)

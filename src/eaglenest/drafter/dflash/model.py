@@ -1,6 +1,7 @@
 """DFlash: a block of tokens drafted in one forward (arXiv 2602.06036), readable top to bottom:
 the layer ids it is conditioned on, its config, the model, the training objective. Its export
-(the checkpoint vLLM 0.32 loads as `DFlashDraftModel`) is eaglenest.drafter.dflash_export.
+(the checkpoint vLLM 0.32 loads as `DFlashDraftModel`) is eaglenest.drafter.dflash.export;
+its training objective eaglenest.drafter.dflash.loss.
 
 The model, as vLLM's DFlashQwen3ForCausalLM computes it (model_executor/models/qwen3_dflash.py):
 
@@ -39,29 +40,18 @@ is conditioned on the same layers, named its own way (`dflash_target_layer_ids`)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eaglenest.drafter.block_loss import (
-    PositionLoss,
-    SlotStats,
-    hard_cross_entropy,
-    weighted_slot_loss,
-)
-from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.config import ConfigDict, DrafterConfig
 from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
-from eaglenest.drafter.model import shift_left
-from eaglenest.settings.train import DRAFTER_VARIANTS
-
-if TYPE_CHECKING:  # annotations only: the batches' module is deep in the import graph
-    from eaglenest.drafter.batches import Batch
+from eaglenest.drafter.vocab_head import VocabHead
+from eaglenest.settings.families import DRAFTER_VARIANTS
 
 # The recipe's defaults: speculators' (models/dflash/core.py: block_size 8, max_anchors 512,
 # dflash_decay_gamma 4.0), also NVIDIA Model-Optimizer's DFlash recipe. Block 8 drafts K = 7
@@ -109,7 +99,7 @@ def aux_layer_ids_from_dflash(target_layer_ids: Sequence[int]) -> tuple[int, ...
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(ConfigDict):
     hidden_size: int
     target_hidden_size: int
     intermediate_size: int
@@ -137,17 +127,6 @@ class DFlashConfig:
         if self.num_hidden_layers < 1:
             raise ValueError(f"DFlash num_hidden_layers {self.num_hidden_layers}: at least 1")
         dflash_target_layer_ids(self.aux_layer_ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["aux_layer_ids"] = list(self.aux_layer_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DFlashConfig:
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in values.items() if k in names}
-        return cls(**{**values, "aux_layer_ids": tuple(values["aux_layer_ids"])})
 
     @classmethod
     def from_drafter(
@@ -219,9 +198,11 @@ class DFlashLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(VocabHead):
     """Tensor names are vLLM's (`dflash_export`); the embedding is the target's, frozen and
     never exported (vLLM shares the target's: mask token included)."""
+
+    family = "dflash"  # train.families' name (settings/families.py): the stages' tables' key
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -233,16 +214,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        # The draft vocabulary, as EAGLE-3's: draft id i is target id i + d2t[i].
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
-
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        self.register_vocab(c)  # d2t/t2d, as EAGLE-3's (eaglenest.drafter.vocab_head)
 
     def forward(
         self,
@@ -300,10 +272,6 @@ class DFlashDrafter(nn.Module):
             h = layer(h, context, (cos, sin), mask)
         return self.lm_head(self.norm(h)).view(b, n, size, self.config.draft_vocab_size)
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything but the frozen target embedding (reloaded from the target head)."""
-        return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
-
 
 def sample_positions(
     segments: torch.Tensor | None, b: int, t: int, device: torch.device
@@ -334,92 +302,3 @@ def block_attention_mask(
     block = torch.arange(n * block_size, device=device) // block_size
     same_block = (block[:, None] == block[None, :]).expand(b, -1, -1)
     return torch.cat([context, same_block], dim=-1)[:, None]
-
-
-# ---- the training objective ---------------------------------------------------------------------
-
-
-def select_anchors(
-    loss_mask: torch.Tensor,
-    block_size: int,
-    max_anchors: int = MAX_ANCHORS,
-    generator: torch.Generator | None = None,
-    segments: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """[B, N] anchor positions per row, ascending, -1 past each row's own (N = the most any row
-    has, at most max_anchors; a random subset where a row has more, drawn from `generator`).
-
-    An anchor a: its block a .. a+bs-1 lies in the loss-masked answer of one sample (room for
-    the whole block, as speculators' `select_anchors` keeps the last block_size positions out),
-    and a token of that sample precedes it (the context is never empty)."""
-    b = loss_mask.shape[0]
-    answer = loss_mask.bool()
-    eligible = answer & shift_left(answer, block_size - 1, False)
-    has_context = torch.zeros_like(answer)
-    has_context[:, 1:] = True
-    if segments is not None:
-        eligible = eligible & (shift_left(segments, block_size - 1, -2) == segments)
-        has_context[:, 1:] = segments[:, 1:] == segments[:, :-1]
-    eligible = eligible & has_context
-    rows = []
-    for row in range(b):
-        found = eligible[row].nonzero()[:, 0]
-        if found.numel() > max_anchors:
-            pick = torch.randperm(found.numel(), generator=generator)[:max_anchors]
-            found = found[pick.to(found.device)].sort().values
-        rows.append(found)
-    n = max((len(r) for r in rows), default=0)
-    anchors = torch.full((b, n), -1, dtype=torch.long, device=loss_mask.device)
-    for row, found in enumerate(rows):
-        anchors[row, : len(found)] = found
-    return anchors
-
-
-def position_weights(block_size: int, gamma: float = GAMMA) -> list[float]:
-    """Slot j's loss weight: 0 for the anchor, exp(-(j - 1) / gamma) for the drafted ones."""
-    return [0.0] + [math.exp(-(j - 1) / gamma) for j in range(1, block_size)]
-
-
-def block_targets(
-    batch: Batch, anchors: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's log-probabilities [B, N, bs, D] each slot learns (slot j of anchor a: the
-    target's distribution at a + j - 1) and where it is trained [B, N, bs]: j >= 1, the
-    anchor exists, the token a + j is in the answer (of the anchor's sample) and the target's
-    argmax is a draft token."""
-    b, n = anchors.shape
-    t, d = batch.input_ids.shape[1], batch.target_logits.shape[-1]
-    offsets = torch.arange(block_size, device=anchors.device)
-    drafted = (anchors.clamp(min=0)[..., None] + offsets).clamp(max=t - 1)  # [B, N, bs]
-    source = (drafted - 1).clamp(min=0)
-    flat = source.reshape(b, n * block_size)
-    targets = batch.target_logits.gather(1, flat[..., None].expand(-1, -1, d))
-    valid = (anchors >= 0)[..., None] & (offsets >= 1)
-    valid = valid & (anchors[..., None] + offsets < t)
-    valid = valid & batch.loss_mask.gather(1, drafted.reshape(b, -1)).view(b, n, block_size)
-    valid = valid & batch.in_draft_vocab.gather(1, flat).view(b, n, block_size)
-    if batch.segments is not None:
-        sample = batch.segments.gather(1, anchors.clamp(min=0))[..., None]
-        valid = valid & (batch.segments.gather(1, drafted.reshape(b, -1)).view(b, n, -1) == sample)
-    return targets.view(b, n, block_size, d), valid
-
-
-def dflash_loss(
-    logits: torch.Tensor,
-    batch: Batch,
-    anchors: torch.Tensor,
-    gamma: float = GAMMA,
-    position_loss: PositionLoss = hard_cross_entropy,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, SlotStats]:
-    """DFlash's loss over the blocks' logits [B, N, bs, D] (`DFlashDrafter.forward`), the batch's
-    target signal filled: sum_j w_j (sum of slot j's losses) / (trained slots), w =
-    `position_weights`. Statistics per drafted slot (1 .. bs-1: the K drafts, as EAGLE-3's
-    steps). `denominator`: the trained slots over every rank, under DDP."""
-    size = logits.shape[2]
-    targets, valid = block_targets(batch, anchors, size)
-    weights = position_weights(size, gamma)
-    if denominator is None:
-        denominator = int(valid.sum())
-    slots = ((logits[:, :, j], targets[:, :, j], valid[:, :, j]) for j in range(1, size))
-    return weighted_slot_loss(slots, weights[1:], denominator, position_loss)

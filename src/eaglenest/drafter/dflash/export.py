@@ -1,4 +1,4 @@
-"""The DFlash checkpoint vLLM 0.32 loads (eaglenest.drafter.dflash is the model):
+"""The DFlash checkpoint vLLM 0.32 loads (eaglenest.drafter.dflash.model is the model):
 `config.json` + `model.safetensors`, as VLLM-FAMILIES.md measured it serving (its plain-torch
 forward matched vLLM's drafts 64/64).
 
@@ -31,22 +31,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from eaglenest.common.io import atomic_path, write_json
-from eaglenest.drafter.dflash import (
+from eaglenest.drafter.dflash.model import (
     DFlashConfig,
     DFlashDrafter,
     aux_layer_ids_from_dflash,
     dflash_target_layer_ids,
 )
-from eaglenest.drafter.export import (
-    DTYPES,
-    INTEGER_TENSORS,
+from eaglenest.drafter.export_files import (
     ExportError,
     check_captured_layers,
+    export_tensors,
+    load_export_state,
+    read_tensors,
+    write_export,
 )
+from eaglenest.drafter.vocab_head import INTEGER_TENSORS, is_full_vocab
+from eaglenest.settings.families import FAMILY_SPECS, block_served_k
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ LAYER_TENSORS = (
     "input_layernorm",
     "post_attention_layernorm",
 )
-
-
-def is_full_vocab(config: DFlashConfig) -> bool:
-    return config.draft_vocab_size == config.vocab_size
 
 
 def weight_names(config: DFlashConfig) -> set[str]:
@@ -130,23 +127,10 @@ def export_dflash(
     out_dir = Path(out_dir)
     config = dflash_export_config(model.config, dtype, num_target_layers)
     dflash_config_from_export(config)  # what vLLM would read is what was trained, or no export
-    state = model.trainable_state_dict()
-    if is_full_vocab(model.config):
-        if torch.any(state["d2t"] != 0) or not torch.all(state["t2d"]):
-            raise ExportError(
-                f"{out_dir}: draft_vocab_size equals vocab_size ({model.config.vocab_size}) but "
-                "d2t is not the identity mapping"
-            )
-        state = {k: v for k, v in state.items() if k not in INTEGER_TENSORS}
-    tensors = {
-        name: (v if name in INTEGER_TENSORS else v.to(DTYPES[dtype])).detach().cpu().contiguous()
-        for name, v in state.items()
-    }
+    tensors = export_tensors(model, model.config, out_dir, dtype)
     if set(tensors) != weight_names(model.config):
         raise ExportError(f"{out_dir}: tensors {sorted(set(tensors) ^ weight_names(model.config))}")
-    with atomic_path(out_dir / "model.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    write_json(out_dir / "config.json", config)
+    write_export(out_dir, tensors, config)
     log.info("exported DFlash drafter, %d tensors (%s), to %s", len(tensors), dtype, out_dir)
 
 
@@ -294,8 +278,7 @@ def load_dflash(
     drafter_dir = Path(drafter_dir)
     config = dflash_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
     check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
-    with safe_open(str(drafter_dir / "model.safetensors"), framework="pt") as f:
-        state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+    state = read_tensors(drafter_dir)
     if set(state) != weight_names(config):
         raise ExportError(
             f"{drafter_dir / 'model.safetensors'}: missing "
@@ -303,11 +286,7 @@ def load_dflash(
             f"{sorted(set(state) - weight_names(config))}"
         )
     model = DFlashDrafter(config)
-    state["embed_tokens.weight"] = embed
-    if is_full_vocab(config):  # the identity mapping
-        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
-    model.load_state_dict({k: v if k in INTEGER_TENSORS else v.to(dtype) for k, v in state.items()})
+    load_export_state(model, config, state, embed, dtype)
     return model.to(dtype)
 
 
@@ -315,7 +294,7 @@ def speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[st
     """vLLM's `speculative_config` serving the export: K = block_size - 1 drafted tokens (the
     bonus token takes the block's first slot)."""
     return {
-        "method": "dflash",
+        "method": FAMILY_SPECS["dflash"].vllm_method,
         "model": str(drafter_dir),
-        "num_speculative_tokens": config.block_size - 1,
+        "num_speculative_tokens": block_served_k(config.block_size),
     }

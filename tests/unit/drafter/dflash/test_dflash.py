@@ -1,4 +1,4 @@
-"""DFlash (eaglenest.drafter.dflash, dflash_export) on small random sizes: what goes wrong
+"""DFlash (eaglenest.drafter.dflash: model, loss, export) on small random sizes: what goes wrong
 quietly. The block attention (non-causal inside the block, the context strictly before the anchor,
 no later real token, no other block, no other sample) against a plain per-anchor forward written
 as vLLM computes it; anchors; the layer-id translation; the loss's alignment and weights; a tiny
@@ -18,25 +18,27 @@ from safetensors import safe_open
 from support.drafter_sizes import CONFIG
 
 from eaglenest.drafter.batches import Batch
-from eaglenest.drafter.dflash import (
-    DFlashConfig,
-    DFlashDrafter,
-    aux_layer_ids_from_dflash,
-    block_attention_mask,
-    block_targets,
-    dflash_loss,
-    dflash_target_layer_ids,
-    position_weights,
-    select_anchors,
-)
-from eaglenest.drafter.dflash_export import (
+from eaglenest.drafter.dflash.export import (
     dflash_config_from_export,
     export_dflash,
     load_dflash,
     speculative_config,
     vllm_aux_layer_ids,
 )
-from eaglenest.drafter.export import ExportError
+from eaglenest.drafter.dflash.loss import (
+    block_targets,
+    dflash_loss,
+    position_weights,
+    select_anchors,
+)
+from eaglenest.drafter.dflash.model import (
+    DFlashConfig,
+    DFlashDrafter,
+    aux_layer_ids_from_dflash,
+    block_attention_mask,
+    dflash_target_layer_ids,
+)
+from eaglenest.drafter.export_files import ExportError
 
 MASK = 49
 DCONFIG = DFlashConfig.from_drafter(CONFIG, num_hidden_layers=2, block_size=4, mask_token_id=MASK)
@@ -353,7 +355,7 @@ def test_a_config_vllm_would_read_as_another_drafter_is_refused(edit):
 
 
 def export_config_of(config: DFlashConfig) -> dict:
-    from eaglenest.drafter.dflash_export import dflash_export_config
+    from eaglenest.drafter.dflash.export import dflash_export_config
 
     return dflash_export_config(config, "float32", num_target_layers=8)
 
@@ -384,7 +386,7 @@ def test_a_drafter_config_dflash_cannot_serve_is_refused():
 
 
 def test_blocks_in_chunks_give_the_logits_and_gradients_of_one_call(monkeypatch):
-    from eaglenest.drafter import dflash
+    from eaglenest.drafter.dflash import model as dflash
 
     model = make_model()
     aux, ids = inputs(batch=2, length=40)

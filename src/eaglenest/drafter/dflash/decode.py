@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from eaglenest.drafter.layers import apply_rope, rope_cos_sin
 
 if TYPE_CHECKING:  # the evaluation imports this beside the model (the import graph stays low)
-    from eaglenest.drafter.dflash import DFlashAttention, DFlashDrafter
+    from eaglenest.drafter.dflash.model import DFlashAttention, DFlashDrafter
 
 
 @dataclass

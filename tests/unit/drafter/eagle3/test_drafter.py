@@ -12,12 +12,12 @@ import torch
 from support.drafter_sizes import CONFIG
 
 import eaglenest.drafter.attention as attention_module
-import eaglenest.drafter.model as drafter_module
+import eaglenest.drafter.eagle3.model as drafter_module
 from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.layers import Attention, DecodeCache, rope_cos_sin
-from eaglenest.drafter.model import Eagle3Drafter, shift_left, ttt_forward
-from eaglenest.settings.train import DRAFTER_VARIANTS
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.layers import Attention, DecodeCache, rope_cos_sin, shift_left
+from eaglenest.settings.families import DRAFTER_VARIANTS
 from eaglenest.stages.train.loss import ttt_loss
 
 # The original layout, each EAGLE-3 variant alone, and all of them at once.
@@ -225,7 +225,7 @@ LONG_SAMPLE_STEP = """
 import resource, sys, torch
 torch.set_num_threads(2)
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.drafter.batches import Batch
 from eaglenest.stages.train.loss import ttt_loss
 T = int(sys.argv[1])
@@ -330,7 +330,7 @@ def test_each_variant_is_exported_as_vllm_reads_it(variant, tmp_path):
 
     from safetensors import safe_open
 
-    from eaglenest.drafter.export import export_drafter, load_drafter
+    from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
 
     model = make_model(replace(CONFIG, **VARIANTS[variant]))
     export_drafter(model, tmp_path, dtype="float32")
@@ -571,7 +571,8 @@ def test_the_mla_drafter_is_exported_as_vllms_deepseek_eagle3_loads_it(tmp_path)
 
     from safetensors import safe_open
 
-    from eaglenest.drafter.export import ExportError, export_drafter, load_drafter
+    from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
+    from eaglenest.drafter.export_files import ExportError
 
     model = make_model(MLA_CONFIG).float()
     export_drafter(model, tmp_path, dtype="float32")

@@ -19,9 +19,9 @@ from support.drafter_sizes import CONFIG
 import eaglenest.drafter.attention as attention_module
 from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.drafter.attention import causal_logsumexp, training_attention
-from eaglenest.drafter.export import export_drafter, load_drafter
+from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
 from eaglenest.drafter.layers import DecodeCache
-from eaglenest.drafter.model import Eagle3Drafter, ttt_forward
 from eaglenest.settings.train import DrafterSettings
 
 T, HEADS, DIM, STEPS = 13, 3, 8, 5

@@ -27,7 +27,7 @@ attention (Llama, then DeepSeek-V3's MLA) and the MLP are eaglenest.drafter.laye
 
 Tensor names follow the EAGLE-3 checkpoint layout that SGLang (`LlamaForCausalLMEagle3`) and vLLM
 (`Eagle3LlamaForCausalLM`) load: fc, midlayer.{input_layernorm, hidden_norm, self_attn.*, mlp.*,
-post_attention_layernorm}, norm, lm_head; see eaglenest.drafter.export. The token
+post_attention_layernorm}, norm, lm_head; see eaglenest.drafter.eagle3.export. The token
 embedding is the target's, frozen, and is never written to training checkpoints (it is reloaded
 from the target head).
 """
@@ -49,7 +49,9 @@ from eaglenest.drafter.layers import (
     RMSNorm,
     TTTStack,
     rope_cos_sin,
+    shift_left,
 )
+from eaglenest.drafter.vocab_head import VocabHead
 
 
 class DecoderLayer(nn.Module):
@@ -74,7 +76,9 @@ class DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(VocabHead):
+    family = "eagle3"  # train.families' name (settings/families.py): the stages' tables' key
+
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
@@ -95,16 +99,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        # The draft vocabulary (see eaglenest.stages.vocab): draft id i is target id i + d2t[i].
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
-
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        self.register_vocab(c)  # d2t/t2d (eaglenest.drafter.vocab_head)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's three aux states [.., 3·H_target] → the drafter's hidden size."""
@@ -223,20 +218,6 @@ class Eagle3Drafter(nn.Module):
                 shift_left(input_ids, 1 + i), hidden, positions + i, cache
             )
             yield normed
-
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything but the frozen target embedding (reloaded from the target head)."""
-        return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
-
-
-def shift_left(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:
-    """x[:, t] <- x[:, t + by] along dim 1, the vacated tail filled."""
-    if by == 0:
-        return x
-    out = torch.full_like(x, fill)
-    if by < x.shape[1]:
-        out[:, : x.shape[1] - by] = x[:, by:]
-    return out
 
 
 def ttt_forward(

@@ -16,20 +16,19 @@ from safetensors import safe_open
 from support.drafter_sizes import CONFIG
 
 from eaglenest.drafter.batches import Batch
-from eaglenest.drafter.export import ExportError, export_config
-from eaglenest.drafter.layers import DecodeCache
-from eaglenest.drafter.model import shift_left
-from eaglenest.drafter.p_eagle import (
-    PEagleDrafter,
+from eaglenest.drafter.eagle3.export import export_config
+from eaglenest.drafter.export_files import ExportError
+from eaglenest.drafter.layers import DecodeCache, shift_left
+from eaglenest.drafter.p_eagle.export import (
     check_p_eagle_exportable,
-    cod_depth_weights,
     export_p_eagle,
     load_p_eagle,
     p_eagle_export_config,
     p_eagle_from_export,
-    parallel_loss,
     speculative_config,
 )
+from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
+from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.stages.train.loss import ttt_loss
 
 MASK = 49

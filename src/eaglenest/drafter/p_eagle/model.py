@@ -1,0 +1,124 @@
+"""P-EAGLE: EAGLE-3 drafting its K tokens in one forward (arXiv 2602.01469), readable top to
+bottom: the model, its training objective, its export.
+
+The model is eaglenest.drafter.eagle3.model's EAGLE-3 drafter with one more weight, `mask_hidden`
+[n_aux·H_target], and a mask token id. vLLM 0.32 serves it as `method: eagle3` with
+`parallel_drafting: true` (read from the speculative config, config/speculative.py:478, not from
+config.json). After each verification it runs ONE forward of the drafter over (read from
+v1/spec_decode/utils.py:429-541, copy_and_expand_eagle_inputs_kernel):
+
+    positions  ... p-1      p          p+1      ...  p+K-1
+    token      ... x_p      bonus      mask          mask       (tokens shifted by one, as EAGLE-3)
+    hidden     ... aux_p-1  aux_p      mask_hidden   mask_hidden
+
+through the drafter's ordinary causal attention, and drafts the argmax at p, p+1, ..., p+K-1.
+`mask_hidden` goes through fc (and the input/fc norms) like any aux state
+(v1/spec_decode/llm_base_proposer.py:1402-1414); the mask token through the shared embedding
+(`mask_token_id`, else `pard_token`, ...: llm_base_proposer.py:356-379).
+
+Training (as vllm-project/speculators' P-EAGLE, models/peagle/: depth 0 at every position, depth
+d at anchor t sees the depth-0 keys of positions <= t and its own chain's depths < d) is the
+training-time-test stack of EAGLE-3 (eaglenest.drafter.attention) with other inputs: depth 0 is
+EAGLE-3's step 0 (aux_t and x_t+1 at rotary position t); depth d >= 1 takes the mask token and
+fc(mask_hidden) at rotary position t + d, not the previous step's output. A query's keys are
+exactly those of vLLM's parallel forward, so every position of every sample is an anchor at the
+cost of K steps of EAGLE-3 TTT (packed rows, sliding windows and checkpointing included).
+
+Its objective is eaglenest.drafter.p_eagle.loss, its export eaglenest.drafter.p_eagle.export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from eaglenest.drafter.config import DrafterConfig
+from eaglenest.drafter.eagle3.model import Eagle3Drafter
+from eaglenest.drafter.layers import TTTStack, shift_left
+
+# ---- the model -------------------------------------------------------------------------------
+
+
+class PEagleDrafter(Eagle3Drafter):
+    """EAGLE-3's drafter drafting depth 0..K-1 in one forward (module doc)."""
+
+    family = "p_eagle"
+
+    def __init__(self, config: DrafterConfig, mask_token_id: int):
+        super().__init__(config)
+        if not 0 <= mask_token_id < config.vocab_size:
+            raise ValueError(
+                f"P-EAGLE mask_token_id {mask_token_id} is not a token of the target's "
+                f"vocabulary (0..{config.vocab_size - 1})"
+            )
+        self.mask_token_id = mask_token_id
+        # Stands for the aux states of the positions after the first (speculators draws it
+        # from N(0, 1), models/peagle/core.py).
+        self.mask_hidden = nn.Parameter(
+            torch.randn(len(config.aux_layer_ids) * config.target_hidden_size)
+        )
+
+    def parallel_states(
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        depths: int,
+        segments: torch.Tensor | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """The LM-head input [B, T, H] of depth 0, 1, ..., depths-1 at every position: depth d
+        at t drafts the token t + 2 + d. `segments` as in `Eagle3Drafter.forward`."""
+        b, t = input_ids.shape
+        positions, visible = row_positions(segments, b, t, input_ids.device)
+        cache = TTTStack(visible)
+        normed, _ = self.step_states(shift_left(input_ids, 1), self.project(aux), positions, cache)
+        yield normed
+        if depths > 1:
+            mask_ids = torch.full_like(input_ids, self.mask_token_id)
+            mask_state = self.project(self.mask_hidden).expand(b, t, -1)
+            for depth in range(1, depths):
+                normed, _ = self.step_states(mask_ids, mask_state, positions + depth, cache)
+                yield normed
+
+    def forward(
+        self,
+        aux: torch.Tensor,
+        input_ids: torch.Tensor,
+        ttt_steps: int,
+        own_tokens: bool = False,
+        segments: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Logits [B, T, D] of every depth (`ttt_steps` of them), in EAGLE-3's forward's
+        signature and alignment, so the training loop's `ttt_forward` and `ttt_loss` take it
+        as they are (or `parallel_loss`, this family's weights)."""
+        if own_tokens:
+            raise ValueError(
+                "P-EAGLE's depths take the mask token, never a drafted one: "
+                "train.ttt_inputs must be data"
+            )
+        states = self.parallel_states(aux, input_ids, ttt_steps, segments)
+        return [self.lm_head(normed) for normed in states]
+
+    def teacher_forced_states(
+        self, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
+    ) -> Iterator[torch.Tensor]:
+        """What the evaluation scores as a draft chain: P-EAGLE's depths depend on no drafted
+        token, so they are its parallel states."""
+        return self.parallel_states(aux, input_ids, ttt_steps)
+
+
+def row_positions(
+    segments: torch.Tensor | None, b: int, t: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotary positions [B, T] (from 0 in each sample of a packed row) and the step-0 keys
+    each query may see ([B, 1, T, T], causal within its sample; None for one sample a row), as
+    `Eagle3Drafter.forward` builds them."""
+    positions = torch.arange(t, device=device).expand(b, t)
+    if segments is None:
+        return positions, None
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    positions = positions - torch.where(starts, positions, 0).cummax(-1).values
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return positions, (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]

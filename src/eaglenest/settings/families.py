@@ -1,0 +1,210 @@
+"""The drafter families a run trains from one capture (`train.families`), in one table: what every
+stage needs to know of a family that is not its model (that is its room in eaglenest.drafter).
+
+A family is a `FamilySpec`: its name and paths, how the report titles it, its own settings
+(`train.<name>`), the train keys it never reads, the K it is served at, how vLLM serves it and
+what of a config it refuses. The stages keep a table keyed by family of what they do with each
+(stages/train/families.py RECIPES, stages/evaluate/families.py LOADERS and PROPOSERS,
+stages/evaluate/simulated.py UNTRAINED and PREDICTIONS, stages/report/sections.py
+DRAFTED_SLOTS); tests/house/test_families.py names a family one of them lacks.
+docs/adding-a-family.md says how to add one.
+
+The ground floor (settings/): imported by the rules while Snakemake plans, so only the standard
+library and settings/ here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.settings import Settings
+
+# The EAGLE-3 variants (booleans of train.drafter and of the exported config.json), as vLLM's
+# model_executor/models/llama_eagle3.py reads them.
+DRAFTER_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+# The training-time test: EAGLE-3's alone. P-EAGLE drafts train.p_eagle.depths (PEagleSettings
+# resolves its default, ttt_steps) from mask tokens, never drafted ones (ttt_inputs drafter is
+# refused with it: its checks).
+TTT_FIELDS = ("ttt_steps", "step_weight", "ttt_inputs")
+# train.drafter's MLA sizes: P-EAGLE and DFlash have llama attention only (check_families).
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# Where vLLM 0.32 looks for the mask token of a parallel drafter, first found first
+# (v1/spec_decode/llm_base_proposer.py:356-379).
+MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+
+
+# ---- each family's own settings (train.<family>) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PEagleSettings(Settings):
+    """`train.p_eagle`."""
+
+    depths: int  # tokens drafted in one forward (train.p_eagle.depths, else train.ttt_steps)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PEagleSettings:
+        train = config["train"]
+        return cls(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
+
+    def trained_size(self) -> int:
+        """What `FamilySpec.served_ks` takes of it: the depths."""
+        return self.depths
+
+
+@dataclass(frozen=True)
+class DFlashSettings(Settings):
+    """`train.dflash`."""
+
+    block_size: int  # the anchor and block_size - 1 drafted tokens
+    num_hidden_layers: int
+    max_anchors: int  # blocks per row and step, drawn among the answer's positions
+    gamma: float  # slot j's loss weight exp(-(j - 1) / gamma)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DFlashSettings:
+        return cls(**config["train"]["dflash"])
+
+    def trained_size(self) -> int:
+        """What `FamilySpec.served_ks` takes of it: the block size."""
+        return self.block_size
+
+
+# ---- the K each family is served at --------------------------------------------------------
+
+
+def every_k(configured: tuple[int, ...], trained: int | None) -> tuple[int, ...]:
+    """EAGLE-3: every evaluate.ks, drafted in K forwards."""
+    return configured
+
+
+def ks_up_to_depths(configured: tuple[int, ...], depths: int | None) -> tuple[int, ...]:
+    """P-EAGLE: the evaluate.ks up to the depths it was trained for (vLLM would draft more, from
+    masks it never learnt), else its trained depths."""
+    return tuple(k for k in configured if k <= depths) or (depths,)
+
+
+def block_served_k(block_size: int) -> int:
+    """The one K a DFlash drafter of `block_size` is served at: vLLM serves it at
+    num_speculative_tokens = block_size - 1 (the bonus token takes the block's first slot,
+    v1/spec_decode/dflash.py)."""
+    return block_size - 1
+
+
+def block_ks(configured: tuple[int, ...], block_size: int | None) -> tuple[int, ...]:
+    """DFlash: K = block_size - 1 only, whatever evaluate.ks says (`block_served_k`)."""
+    return (block_served_k(block_size),)
+
+
+# ---- what a family refuses of the train section (settings.train.check_families) ----------------
+
+
+def _no_window(train: Mapping[str, Any], window: int | None) -> None:
+    if window is not None:
+        raise ValueError(
+            "train.families dflash with train.drafter.sliding_window: the DFlash drafter attends "
+            "the whole context (vLLM's CPU build serves no mixed sliding/full DFlash); set "
+            "sliding_window: null or leave dflash out"
+        )
+
+
+def _data_ttt_inputs(train: Mapping[str, Any], window: int | None) -> None:
+    if train.get("ttt_inputs") == "drafter":
+        raise ValueError(
+            "train.families p_eagle with train.ttt_inputs drafter: P-EAGLE's depths take the "
+            "mask token, never a drafted one; set ttt_inputs: data"
+        )
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One drafter family, as every stage sees it."""
+
+    name: str  # train.families' name
+    suffix: str  # what its paths add to EAGLE-3's: drafter{suffix}/, eval{suffix}/
+    title: str  # as the report names it
+    settings: type[PEagleSettings | DFlashSettings] | None  # train.<name>; None: none
+    # (TrainSettings fields, DrafterSettings fields) its training never reads, so a change of one
+    # reruns none of its jobs (TrainSettings.of_family)
+    not_read: tuple[tuple[str, ...], tuple[str, ...]]
+    # (evaluate.ks, its trained size: settings' `trained_size`) -> the K it is measured at
+    served_ks: Callable[[tuple[int, ...], int | None], tuple[int, ...]]
+    vllm_method: str  # speculative_config's `method`
+    parallel: bool  # drafts its K tokens in one forward (from mask tokens)
+    # of the train section and its drafter's window (settings.train.drafter_window)
+    checks: tuple[Callable[[Mapping[str, Any], int | None], None], ...]
+
+
+FAMILY_SPECS: dict[str, FamilySpec] = {
+    spec.name: spec
+    for spec in (
+        FamilySpec(
+            name="eagle3",
+            # "": today's runs keep their outputs (results/{run}/drafter/, eval/, ...)
+            suffix="",
+            title="EAGLE-3",
+            settings=None,
+            not_read=((), ()),
+            served_ks=every_k,
+            vllm_method="eagle3",
+            parallel=False,
+            checks=(),
+        ),
+        FamilySpec(
+            name="p_eagle",
+            suffix="_p_eagle",
+            title="P-EAGLE",
+            settings=PEagleSettings,
+            not_read=(TTT_FIELDS, MLA_FIELDS),
+            served_ks=ks_up_to_depths,
+            vllm_method="eagle3",  # with parallel_drafting
+            parallel=True,
+            checks=(_data_ttt_inputs,),
+        ),
+        FamilySpec(
+            name="dflash",
+            suffix="_dflash",
+            title="DFlash",
+            settings=DFlashSettings,
+            # DFlash's Qwen3 layers take none of the EAGLE-3 variants, and its blocks are always
+            # recomputed in backward.
+            not_read=((*TTT_FIELDS, "activation_checkpointing"), (*DRAFTER_VARIANTS, *MLA_FIELDS)),
+            served_ks=block_ks,
+            vllm_method="dflash",
+            parallel=True,
+            checks=(_no_window,),
+        ),
+    )
+}
+# What a run can train from the same token and hidden-state shards, in the order the report
+# and every listing shows them.
+FAMILIES = tuple(FAMILY_SPECS)
+
+
+def family_spec(family: str | FamilySpec) -> FamilySpec:
+    """The spec of `family` (its name, or the spec itself), or ValueError naming train.families."""
+    if isinstance(family, FamilySpec):
+        return family
+    if family not in FAMILY_SPECS:
+        raise ValueError(f"train.families: {family!r} is not one of {', '.join(FAMILIES)}")
+    return FAMILY_SPECS[family]
+
+
+def family_suffix(family: str) -> str:
+    """What a family's paths add to EAGLE-3's: "" for eagle3 (results/{run}/drafter/, eval/,
+    logs/{run}/train_drafter.log: today's runs keep their outputs), `_<family>` for the others
+    (drafter_p_eagle/, eval_p_eagle/, ...). The rules' `{family_suffix}` wildcard."""
+    return family_spec(family).suffix
+
+
+def family_of_suffix(suffix: str) -> str:
+    """The inverse of `family_suffix`."""
+    for spec in FAMILY_SPECS.values():
+        if spec.suffix == suffix:
+            return spec.name
+    raise ValueError(f"{suffix!r} is no drafter family's suffix")
