@@ -51,8 +51,8 @@ from eaglenest.settings.families import FAMILY_SPECS, block_served_k
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURE = "DFlashDraftModel"
-FORMAT = "dflash/1"
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DFLASH_FORMAT = "dflash/1"
 SLIDING = "sliding_attention"
 # transformers' Qwen3Config default (configuration_qwen3.py): layers from here on slide when
 # use_sliding_window is set and layer_types is not.
@@ -87,7 +87,7 @@ def dflash_export_config(
     config: DFlashConfig, dtype: str, num_target_layers: int | None = None
 ) -> dict[str, Any]:
     out = {
-        "architectures": [ARCHITECTURE],
+        "architectures": [DFLASH_ARCHITECTURE],
         "model_type": "qwen3",
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -111,7 +111,7 @@ def dflash_export_config(
             "mask_token_id": config.mask_token_id,
             "target_layer_ids": dflash_target_layer_ids(config.aux_layer_ids),
         },
-        "eaglenest": {"format": FORMAT, "config": config.to_dict()},
+        "eaglenest": {"format": DFLASH_FORMAT, "config": config.to_dict()},
     }
     if num_target_layers is not None:
         out["num_target_layers"] = num_target_layers
@@ -225,7 +225,7 @@ def trained_reading(config: DFlashConfig) -> dict[str, Any]:
     """What `vllm_dflash_reading` must find for the drafter that was trained."""
     n = config.num_hidden_layers
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": [DFLASH_ARCHITECTURE],
         "model_type": "qwen3",
         "causal": [False] * n,
         "sliding": [False] * n,
@@ -251,8 +251,10 @@ def dflash_config_from_export(config: dict[str, Any]) -> DFlashConfig:
     """The trained config of a DFlash config.json, refused (ExportError naming every key) where
     vLLM 0.32 would read another drafter."""
     recorded = config.get("eaglenest") or {}
-    if recorded.get("format") != FORMAT:
-        raise ExportError(f"config.json: eaglenest.format {recorded.get('format')!r}, not {FORMAT}")
+    if recorded.get("format") != DFLASH_FORMAT:
+        raise ExportError(
+            f"config.json: eaglenest.format {recorded.get('format')!r}, not {DFLASH_FORMAT}"
+        )
     trained = DFlashConfig.from_dict(recorded["config"])
     read, expected = vllm_dflash_reading(config), trained_reading(trained)
     wrong = [
@@ -290,7 +292,7 @@ def load_dflash(
     return model.to(dtype)
 
 
-def speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[str, Any]:
+def dflash_speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[str, Any]:
     """vLLM's `speculative_config` serving the export: K = block_size - 1 drafted tokens (the
     bonus token takes the block's first slot)."""
     return {

@@ -50,7 +50,7 @@ from eaglenest.settings.families import DRAFTER_VARIANTS
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 # vLLM's EAGLE-3 drafter with DeepSeek's MLA attention (model_executor/models/deepseek_eagle3.py;
 # the V2 and V3 names load the same class). It reads fc_norm, norm_before_residual and
 # norm_output, but not norm_before_fc: a drafter trained with that would be served without it.
@@ -87,7 +87,7 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
     architecture = (
         _mla_config(config)
         if config.attention == "mla"
-        else {"architectures": [ARCHITECTURE], "model_type": "llama"}
+        else {"architectures": [EAGLE3_ARCHITECTURE], "model_type": "llama"}
     )
     if config.sliding_window is not None:
         architecture["layer_types"] = ["sliding_attention"]

@@ -18,7 +18,7 @@ import torch
 from eaglenest.common.io import write_json
 from eaglenest.drafter.config import DrafterConfig
 from eaglenest.drafter.eagle3.export import (
-    ARCHITECTURE,
+    EAGLE3_ARCHITECTURE,
     check_exportable,
     drafter_config_from_export,
     export_config,
@@ -33,7 +33,7 @@ from eaglenest.drafter.export_files import (
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
 from eaglenest.settings.families import FAMILY_SPECS, MASK_TOKEN_KEYS
 
-FORMAT = "p_eagle/1"
+P_EAGLE_FORMAT = "p_eagle/1"
 
 
 def check_p_eagle_exportable(config: DrafterConfig) -> None:
@@ -55,7 +55,7 @@ def p_eagle_export_config(model: PEagleDrafter, dtype: str, depths: int) -> dict
     config["parallel_drafting"] = True  # for readers; vLLM reads speculative_config's
     config["eaglenest"] = {
         **config["eaglenest"],
-        "format": FORMAT,
+        "format": P_EAGLE_FORMAT,
         "mask_token_id": model.mask_token_id,
         "depths": depths,
     }
@@ -90,12 +90,14 @@ def p_eagle_from_export(config: dict[str, Any]) -> tuple[DrafterConfig, int, int
     """(drafter config, mask token id, trained depths) of a P-EAGLE config.json, refused where
     vLLM 0.32 would read another drafter than the one recorded as trained (`eaglenest`)."""
     trained = config.get("eaglenest") or {}
-    if trained.get("format") != FORMAT:
-        raise ExportError(f"config.json: eaglenest.format {trained.get('format')!r}, not {FORMAT}")
-    if config.get("architectures") != [ARCHITECTURE]:
+    if trained.get("format") != P_EAGLE_FORMAT:
+        raise ExportError(
+            f"config.json: eaglenest.format {trained.get('format')!r}, not {P_EAGLE_FORMAT}"
+        )
+    if config.get("architectures") != [EAGLE3_ARCHITECTURE]:
         raise ExportError(
             f"config.json: architectures {config.get('architectures')} but P-EAGLE is exported "
-            f"as [{ARCHITECTURE!r}] (vLLM's Eagle3LlamaForCausalLM reads mask_hidden)"
+            f"as [{EAGLE3_ARCHITECTURE!r}] (vLLM's Eagle3LlamaForCausalLM reads mask_hidden)"
         )
     if config.get("num_hidden_layers") != 1:
         raise ExportError(
@@ -143,7 +145,7 @@ def load_p_eagle(
     return model.to(dtype), depths
 
 
-def speculative_config(drafter_dir: str | Path, k: int, depths: int) -> dict[str, Any]:
+def p_eagle_speculative_config(drafter_dir: str | Path, k: int, depths: int) -> dict[str, Any]:
     """vLLM's `speculative_config` serving the export with K drafted tokens (K <= depths)."""
     if not 1 <= k <= depths:
         raise ValueError(f"P-EAGLE trained {depths} depths: it drafts 1..{depths} tokens, not {k}")

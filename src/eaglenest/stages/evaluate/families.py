@@ -19,11 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eaglenest.drafter.dflash.export import load_dflash
-from eaglenest.drafter.dflash.export import speculative_config as dflash_speculative_config
+from eaglenest.drafter.dflash.export import dflash_speculative_config, load_dflash
 from eaglenest.drafter.eagle3.export import load_drafter
-from eaglenest.drafter.p_eagle.export import load_p_eagle
-from eaglenest.drafter.p_eagle.export import speculative_config as p_eagle_speculative_config
+from eaglenest.drafter.p_eagle.export import load_p_eagle, p_eagle_speculative_config
 from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, block_served_k, family_spec
 from eaglenest.stages.evaluate.parallel_proposers import DFlashProposer, PEagleProposer
 from eaglenest.stages.evaluate.speculative import EagleProposer, Proposer

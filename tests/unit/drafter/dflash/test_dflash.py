@@ -20,9 +20,9 @@ from support.drafter_sizes import CONFIG
 from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.dflash.export import (
     dflash_config_from_export,
+    dflash_speculative_config,
     export_dflash,
     load_dflash,
-    speculative_config,
     vllm_aux_layer_ids,
 )
 from eaglenest.drafter.dflash.loss import (
@@ -290,7 +290,7 @@ def test_the_export_has_the_keys_and_tensor_names_vllm_loads_and_reloads_the_sam
         names = set(f.keys())
     expected = layer_names(0) | layer_names(1) | {"fc.weight", "hidden_norm.weight"}
     assert names == expected | {"norm.weight", "lm_head.weight", "d2t", "t2d"}
-    assert speculative_config(tmp_path, DCONFIG)["num_speculative_tokens"] == 3
+    assert dflash_speculative_config(tmp_path, DCONFIG)["num_speculative_tokens"] == 3
     loaded = load_dflash(tmp_path, model.embed_tokens.weight.float(), expect_layer_ids=[2, 4, 5])
     aux, ids = inputs()
     anchors = torch.tensor([[3, 6], [2, 8]])

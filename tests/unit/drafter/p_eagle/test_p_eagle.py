@@ -25,7 +25,7 @@ from eaglenest.drafter.p_eagle.export import (
     load_p_eagle,
     p_eagle_export_config,
     p_eagle_from_export,
-    speculative_config,
+    p_eagle_speculative_config,
 )
 from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
@@ -185,14 +185,14 @@ def test_the_export_is_the_eagle3_checkpoint_with_the_mask_token_and_mask_hidden
             loaded(aux.float(), ids, 4), model.float()(aux.float(), ids, 4), strict=True
         ):
             torch.testing.assert_close(a, b)
-    assert speculative_config(tmp_path, 3, depths) == {
+    assert p_eagle_speculative_config(tmp_path, 3, depths) == {
         "method": "eagle3",
         "model": str(tmp_path),
         "num_speculative_tokens": 3,
         "parallel_drafting": True,
     }
     with pytest.raises(ValueError, match="drafts 1..4"):
-        speculative_config(tmp_path, 5, depths)
+        p_eagle_speculative_config(tmp_path, 5, depths)
 
 
 MISREAD = {

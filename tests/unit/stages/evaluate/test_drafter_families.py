@@ -256,6 +256,6 @@ def test_the_engine_process_answers_a_refused_configuration_and_goes_on(monkeypa
     def refuse(request):
         raise CpuEngineError("served only beside an MLA drafter")
 
-    monkeypatch.setattr(decode, "engine", refuse)
+    monkeypatch.setattr(decode, "decode_engine", refuse)
     answer = decode.decode_request({"k": 3})
     assert answer == {"done": True, "k": 3, "refused": "served only beside an MLA drafter"}
