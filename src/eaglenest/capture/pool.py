@@ -66,9 +66,8 @@ from eaglenest.capture.faults import (
 )
 from eaglenest.capture.slot_queue import SlotQueue
 from eaglenest.capture.state_file import remove_state_file, wait_written
-from eaglenest.client.chat import retry_after_s
 from eaglenest.client.credentials import auth_headers, redact
-from eaglenest.client.retry import RetryPolicy
+from eaglenest.client.retry import RetryPolicy, retry_after_s
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
 
