@@ -65,10 +65,11 @@ class SlotQueue(Generic[Slot]):
         try:
             return await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.give_back(waiter.result())  # handed a slot as it was cancelled
             with contextlib.suppress(ValueError):
                 self.waiters.remove(waiter)
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.give_back(waiter.result())  # handed a slot as it was cancelled: the next's
+                self.dispatch()
             self._idle()
             raise
 
