@@ -55,6 +55,7 @@ QUICK_ARGS = {
     "hidden_states": ["--samples", "24", "--max-len", "256", "--rounds", "1", "--shards", "2"],
     "train": ["--quick"],
     "families": ["--quick"],
+    "capture_waiting": ["--quick"],
 }
 # Benches that test CUDA paths only: skipped where nvidia-smi lists no GPU.
 NEEDS_GPU = {"gpu_check"}

@@ -152,12 +152,15 @@ def read_ids(path: str) -> list[int]:
     return states["token_ids"].tolist()
 
 
-def capture_with(urls: list[str], slots: Path, rows=(0,), wait_s=5.0, key_env=None) -> tuple:
-    """Capture PROMPT once per row through a pool of `urls`: (each row's ids, the pool)."""
+def capture_with(
+    urls: list[str], slots: Path, rows=(0,), wait_s=5.0, key_env=None, **pool_args
+) -> tuple:
+    """Capture PROMPT once per row through a pool of `urls` (`pool_args`: CapturePool's keyword
+    arguments, its bounds and backoff): (each row's ids, the pool)."""
     from eaglenest.capture.pool import CapturePool
 
     async def capture():
-        async with CapturePool(urls, MODEL, 1, wait_s, slots, key_env) as pool:
+        async with CapturePool(urls, MODEL, 1, wait_s, slots, key_env, **pool_args) as pool:
             ids = [await pool.capture(PROMPT, f"eaglenest-test-{row}", row, read_ids)
                    for row in rows]  # fmt: skip
             return ids, pool

@@ -5,6 +5,11 @@ about each: the one place that sorts a server's answers.
   the JSON of a completion, a state file lost, torn, hung or of the wrong shape (state_file.py,
   answer.py). The pool sets that server aside and sends the sample to another, at most MOVES_MAX
   times a sample.
+- Overload (ServerBusy, a ServerFault): 503 or 429, the answer of a busy server or of a gateway in
+  front of a busy cluster. The server is not set aside but backed off (exponential with jitter,
+  its `Retry-After` honoured up to a cap) and asked again; the sample's move counts only when
+  another server served meanwhile: overload everywhere is waited for, within
+  `vllm.capture_wait_s`, as servers that are down are.
 - The request's or the run's fault (CaptureServerError, the job fails at once, naming server,
   sample and status): any other 4xx; 401 and 403 ("authentication": the key of
   `vllm.capture_key_env`); a server that serves another name; an answer naming a state file that
@@ -23,6 +28,7 @@ import numpy as np
 
 from eaglenest.client.retry import RETRYABLE_STATUS
 
+OVERLOAD_STATUS = (429, 503)  # busy, not broken: backed off and asked again (ServerBusy)
 AUTH_STATUS = (401, 403)  # refused credentials: no other server or try would take them
 BODY_CHARS = 300  # of a server's answer, quoted in an error
 
@@ -34,6 +40,15 @@ class CaptureServerError(RuntimeError):
 class ServerFault(Exception):
     """What a server answered or wrote for a sample is unusable, through no fault of the
     request: the sample goes to another server. The message says what was wrong."""
+
+
+class ServerBusy(ServerFault):
+    """The server is overloaded (HTTP 503 or 429): it is backed off, not set aside, for at least
+    `retry_after_s` (its `Retry-After`, when it gave one)."""
+
+    def __init__(self, message: str, status: int, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after_s = status, retry_after_s
 
 
 def authentication_error(server: str, status: int, key_env: str | None) -> CaptureServerError:
@@ -48,11 +63,21 @@ def authentication_error(server: str, status: int, key_env: str | None) -> Captu
     )
 
 
-def status_fault(status: int, body: str, server: str, row: int, key_env: str | None) -> ServerFault:
+def status_fault(
+    status: int,
+    body: str,
+    server: str,
+    row: int,
+    key_env: str | None,
+    retry_after_s: float | None = None,
+) -> ServerFault:
     """The fault of a completion answered with HTTP `status` (not 200): a ServerFault to move
-    the sample, or a CaptureServerError raised for what another server would refuse too."""
+    the sample (ServerBusy for overload, with the `Retry-After` it gave), or a
+    CaptureServerError raised for what another server would refuse too."""
     if status in AUTH_STATUS:
         raise authentication_error(server, status, key_env)
+    if status in OVERLOAD_STATUS:
+        return ServerBusy(f"HTTP {status}: {body[:BODY_CHARS]}", status, retry_after_s)
     if status >= 500 or status in RETRYABLE_STATUS:
         return ServerFault(f"HTTP {status}: {body[:BODY_CHARS]}")
     raise CaptureServerError(

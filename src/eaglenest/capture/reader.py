@@ -226,6 +226,9 @@ class PooledStates:
             runtime.capture_wait_s,
             Path(runtime.slots_dir) if runtime.slots_dir else None,
             runtime.capture_key_env,
+            request_timeout_s=runtime.capture_request_timeout_s,
+            lock_wait_s=runtime.capture_lock_wait_s,
+            moves_max=runtime.capture_moves_max,
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="pool")

@@ -19,7 +19,8 @@ server's last error lines. With `vllm.capture_key_env`, the key in that variable
 (VLLM_API_KEY, never argv) and every request needs it; without one, only a loopback address.
 
 The server writes one state file per request into the storage directory (by default a fresh
-temporary one, removed when it stops); each shard job reads and deletes its own
+temporary one, removed when it stops; its log then lies beside it, and is kept when the server
+died, as the message that says so names it); each shard job reads and deletes its own
 (capture/pool.py). It serves under a name that hashes what shapes the states
 (capture/request.served_name), so a job of a run with another target, dtype, engine arguments or
 aux layers is refused instead of packing the wrong states.
@@ -169,8 +170,14 @@ def capture_server(
     taken = port_taken(host, port)
     if taken:
         raise EngineError(f"serve-capture: {taken}; nothing was started ({url})")
+    temporary = storage_dir is None
     storage = Path(storage_dir or tempfile.mkdtemp(prefix="eaglenest-capture-"))
     storage.mkdir(parents=True, exist_ok=True)
+    # Its log tells why it died: beside the states, or beside a temporary storage (removed when
+    # serve-capture ends), where it stays when the server died so that the message naming it
+    # can be followed.
+    default_log = storage.parent / f"{storage.name}.log" if temporary else storage / "server.log"
+    keep_log = log_path is not None or not temporary
     request = server_request(config, storage, host, port)
     python = engine_python(config["vllm"]["python"])
     request_path = storage / "server-request.json"
@@ -192,8 +199,7 @@ def capture_server(
     server = SupervisedServer(
         argv=[python, "-m", SERVE_MODULE, str(request_path)],
         env=child_env(env, key),
-        # Its log tells why it died: kept beside the states when no --log is given.
-        log_path=Path(log_path) if log_path else storage / "server.log",
+        log_path=Path(log_path) if log_path else default_log,
         url=url,
         served_name=request["served_name"],
         key=key,
@@ -210,11 +216,16 @@ def capture_server(
             "ready_s": round(ready_s, 3),
         }
         yield server
+    except EngineError:  # it died, or never got ready: its log is what says why
+        keep_log = True
+        raise
     finally:
         server.stop()
         request_path.unlink(missing_ok=True)
-        if storage_dir is None:
+        if temporary:
             shutil.rmtree(storage, ignore_errors=True)
+            if not (keep_log or server.restarted):  # a restart's message named it too
+                default_log.unlink(missing_ok=True)
 
 
 def add_arguments(parser: Any) -> None:
@@ -222,7 +233,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--host", help="default: this node's capture URL's, else 127.0.0.1")
     parser.add_argument("--port", type=int, help="default: this node's capture URL's, else 8765")
     parser.add_argument("--storage-dir", help="state files (default: a temp dir, removed)")
-    parser.add_argument("--log", help="vLLM's log (default: server.log in the storage dir)")
+    parser.add_argument(
+        "--log",
+        help="vLLM's log (default: server.log in --storage-dir; without one, <the temporary "
+        "storage>.log beside it, kept when the server died)",
+    )
     parser.add_argument("--startup-timeout-s", type=float, default=1800)
     parser.add_argument(
         "--restarts",

@@ -10,16 +10,13 @@ answer is done.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import json
-import time
 from typing import Any
 
 import aiohttp
 
 from eaglenest.client.endpoints import Endpoint
-from eaglenest.client.retry import RETRYABLE_STATUS
+from eaglenest.client.retry import RETRYABLE_STATUS, retry_after_s
 from eaglenest.client.streaming import STREAM_FIELDS, TEXT_FIELDS, StreamAssembler, StreamError
 from eaglenest.settings.urls import endpoint_path
 
@@ -35,24 +32,6 @@ class TerminalError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110);
-    None when absent or unreadable. Capping is the caller's."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 # Bodies are read up to these sizes: a server (or proxy) that sends without end must not take the

@@ -3,11 +3,15 @@
 eaglenest.stages.generate.generate). One backoff: exponential from `backoff_base_s`, capped at
 `backoff_max_s`, with jitter, and never shorter than what the server asked for (`Retry-After`, up
 to a cap). `RETRYABLE_STATUS`, the HTTP statuses worth another attempt, is also what the capture
-pool moves a sample to another server on (eaglenest.capture.faults, which bounds its own waits)."""
+pool moves a sample to another server on (eaglenest.capture.faults, which bounds its own waits),
+and the capture pool backs off an overloaded server with a RetryPolicy and `retry_after_s` too."""
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import random
+import time
 from dataclasses import dataclass
 
 # Statuses of a server that may answer on another attempt: a timeout, rate limiting, overload or
@@ -34,3 +38,21 @@ class RetryPolicy:
     def retries(self, attempt: int) -> bool:
         """Is there another attempt after attempt `attempt`?"""
         return attempt < self.max_attempts
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110);
+    None when absent or unreadable. Capping is the caller's."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

@@ -41,6 +41,11 @@ class VllmRuntime(Settings):
     capture_urls: tuple[str, ...]
     # How long a shard job waits for a capture server to answer again when none does.
     capture_wait_s: float
+    # The capture pool's other bounds (capture/pool.py): one answer, one state file's lock after
+    # it, and the sends of one sample to servers that fail it.
+    capture_request_timeout_s: float
+    capture_lock_wait_s: float
+    capture_moves_max: int
     # The name of the environment variable holding the capture servers' key (never the key: a
     # secret stays out of configs, results and logs); null = the servers take no key.
     capture_key_env: str | None

@@ -6,6 +6,8 @@ a real child process (a stand-in server, and vLLM) is in tests/engine/test_serve
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from aiohttp import web
 from support.capture_servers import MODEL, CaptureServer
@@ -156,3 +158,51 @@ def test_a_dead_servers_log_says_why_by_its_error_lines():
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[-1].startswith("RuntimeError: The expanded size")
     assert error_lines("INFO a\nINFO b") == "INFO a\nINFO b"  # no error line: its last lines
+
+
+def test_a_death_message_names_a_log_that_still_exists(tmp_path, monkeypatch):
+    """The message named server.log inside the temporary storage serve-capture had just removed:
+    the default log now lies beside that storage, and stays when the server died."""
+    import sys
+    import tempfile
+
+    from eaglenest.capture import server as capture_server_module
+    from eaglenest.capture.supervisor import ServerDied
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temporary storage's parent
+    monkeypatch.setattr(capture_server_module, "engine_python", lambda _python: sys.executable)
+    monkeypatch.setattr(capture_server_module, "SERVE_MODULE", "eaglenest_no_such_server")
+    monkeypatch.setattr(
+        capture_server_module, "server_request", lambda *_args: {"served_name": MODEL}
+    )
+    config = merged_config([str(REPO_ROOT / "config" / "config.yaml")])
+    config["vllm"]["capture_url"] = f"http://127.0.0.1:{free_port()}"
+    with (
+        pytest.raises(ServerDied) as died,
+        capture_server(config, startup_timeout_s=30, restarts=0),
+    ):
+        pass
+    message = str(died.value)
+    assert "exited (1) before it was ready; the end of its log (" in message
+    named = message.split("the end of its log (", 1)[1].split("):", 1)[0]
+    assert Path(named).is_file(), message
+    assert "No module named eaglenest_no_such_server" in Path(named).read_text()
+    assert "No module named eaglenest_no_such_server" in message
+    assert [p.name for p in tmp_path.iterdir()] == [Path(named).name]  # the storage is gone
+
+
+def test_a_server_that_never_died_leaves_no_log_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    from eaglenest.capture import server as capture_server_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(capture_server_module.SupervisedServer, "start", lambda _self: 0.0)
+    monkeypatch.setattr(
+        capture_server_module, "server_request", lambda *_args: {"served_name": MODEL}
+    )
+    config = merged_config([str(REPO_ROOT / "config" / "config.yaml")])
+    config["vllm"]["capture_url"] = f"http://127.0.0.1:{free_port()}"
+    with capture_server(config) as server:
+        assert server.log_path.parent == tmp_path
+    assert list(tmp_path.iterdir()) == []

@@ -55,6 +55,9 @@ class CaptureJob:
     cap: int  # requests in flight per server
     key: str  # capture/state_file.job_key of the shard's output
     wait_s: float = 300.0  # vllm.capture_wait_s
+    request_timeout_s: float | None = None  # vllm.capture_request_timeout_s; None: the pool's
+    lock_wait_s: float | None = None  # vllm.capture_lock_wait_s
+    moves_max: int | None = None  # vllm.capture_moves_max
     slots_dir: Path | None = None
     key_env: str | None = None  # vllm.capture_key_env: the variable holding the servers' key
     attempt: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -100,7 +103,12 @@ async def run_capture(job: CaptureJob) -> float:
     requests in flight have ended and their files are gone."""
     started = time.perf_counter()
     try:
-        pool = CapturePool(job.urls, job.model, job.cap, job.wait_s, job.slots_dir, job.key_env)
+        pool = CapturePool(
+            *(job.urls, job.model, job.cap, job.wait_s, job.slots_dir, job.key_env),
+            request_timeout_s=job.request_timeout_s,
+            lock_wait_s=job.lock_wait_s,
+            moves_max=job.moves_max,
+        )
         async with pool:
             todo = list(range(len(job.prompts)))[::-1]  # popped from the end: in shard order
             workers = min(job.cap * len(job.urls), len(todo))

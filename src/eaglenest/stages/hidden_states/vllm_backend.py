@@ -132,6 +132,9 @@ def capture_through_server(
         cap=runtime.requests_per_batch,
         key=job_key(out),
         wait_s=runtime.capture_wait_s,
+        request_timeout_s=runtime.capture_request_timeout_s,
+        lock_wait_s=runtime.capture_lock_wait_s,
+        moves_max=runtime.capture_moves_max,
         slots_dir=Path(runtime.slots_dir) if runtime.slots_dir else None,
         key_env=runtime.capture_key_env,
     )
