@@ -1,0 +1,231 @@
+"""eval{suffix}/metrics.json (the evaluate stage → the report) and eval_compare/{name}.json
+(evaluate_compare → the report): the acceptance figures of a drafter, as typed records.
+
+Acceptance length = 1 + accepted draft tokens per verification round. Per K (a string key, as
+JSON has it): the simulated figures (`SimulatedFigures`, and the baselines'), the live loop's
+(`LiveFigures`), the serving engine's (`EngineFigures` in an `EngineRun`, greedy and `sampled`),
+and by context depth (`DepthTable`). The standard sets' and the thinking modes' figures are kept
+as the stage writes them (`sets`, `thinking`: open-ended tables the report walks).
+
+Each record reads its JSON object with `from_json(data, where)` (every typed key checked: an
+error names the file and the key) and writes it back with `to_json()`, key for key
+(figure_fields.py). `emitted_per_round` is the one definition of emitted tokens per round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from eaglenest.formats.figure_fields import (
+    FigureFileError,
+    Nested,
+    Record,
+    nested_by_key,
+    read_json_object,
+    record_of,
+    records_by_key,
+    typed,
+)
+
+
+def emitted_per_round(tokens: int | None, prompts: int | None, rounds: int | None) -> float | None:
+    """Tokens kept per verification round: all tokens less the one per prompt the prefill emits,
+    over the rounds (None without rounds). One definition for the engine and for our live loop,
+    counting only tokens the answer kept (vLLM's own counters, 1 + accepted / drafts, also count
+    drafts accepted past the end of an answer)."""
+    if not rounds or tokens is None or prompts is None:
+        return None
+    return (tokens - prompts) / rounds
+
+
+def recorded_or_emitted(figures: dict[str, Any]) -> float | None:
+    """A figure's emitted tokens per round: as recorded, else from its tokens, prompts, rounds."""
+    if figures.get("emitted_per_round") is not None:
+        return figures["emitted_per_round"]
+    return emitted_of(figures)
+
+
+def emitted_of(figures: dict[str, Any]) -> float | None:
+    """`emitted_per_round` of a figure's tokens, prompts and rounds (None where one is missing)."""
+    return emitted_per_round(*(figures.get(key) for key in ("tokens", "prompts", "rounds")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per K
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedFigures(Record):
+    """One K's simulated acceptance (and each baseline's): from stored features."""
+
+    acceptance_length: float = typed("number", required=True)
+    conditional_acceptance: list[float] = typed("numbers", required=True)
+    positions: int | None = typed("int")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodedFigures(Record):
+    """One K's figures of a real decoding (the live loop's, or a depth row's measurement)."""
+
+    emitted_per_round: float | None = typed("number")
+    # The round's time, the drafter's and the target's, and the target's plain greedy step.
+    drafter_s_per_round: float | None = typed("number")
+    target_s_per_round: float | None = typed("number")
+    greedy_s_per_token: float | None = typed("number")
+    target_forwards_per_token: float | None = typed("number")
+    speedup: float | None = typed("number")
+    tokens: int | None = typed("int")
+    prompts: int | None = typed("int")
+    identical_to_greedy: bool | None = typed("bool")
+    spec_wall_s: float | None = typed("number")
+    greedy_wall_s: float | None = typed("number")
+
+    def emitted(self) -> float | None:
+        """Emitted tokens per round: as recorded."""
+        return self.emitted_per_round
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveFigures(DecodedFigures):
+    """One K's live figures: greedy speculative decoding with the transformers target."""
+
+    acceptance_length: float = typed("number", required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineFigures(Record):
+    """One K's figures in the serving engine (vLLM's counters), greedy or sampled."""
+
+    acceptance_length: float = typed("number", required=True)
+    rounds: int | None = typed("int")
+    per_position_acceptance: list[float] | None = typed("numbers")
+    tokens: int | None = typed("int")
+    temperature: float | None = typed("number")
+    spread: dict[str, Any] | None = typed("object")  # over prompts (evaluate/spread.py)
+    by_position: dict[str, Any] | None = typed("object")  # by generated position
+
+    def emitted(self) -> float | None:
+        """Emitted tokens per round on `emitted_per_round`'s definition."""
+        return emitted_of(self.to_json())
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRun(Record):
+    """metrics.json `engine` (and its `sampled`): the serving engine's figures per K; its depth
+    cuts, sets, plain decoding and reasons for a K not served kept as written."""
+
+    engine: str | None = typed("str")
+    per_k: dict[str, EngineFigures] | None = typed("object", nested=records_by_key(EngineFigures))
+    # The same figures sampled at the generation temperature (its settings kept as written).
+    sampled: EngineRun | None = typed("object", nested=record_of(lambda: EngineRun))
+
+
+# ---------------------------------------------------------------------------------------------
+# By depth
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DepthRow(Record):
+    """One depth's row of one K: the prompts decoded there and each measurement's figures."""
+
+    depth: int = typed("int", required=True)
+    prompts: int | None = typed("int")
+    live: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
+    engine: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
+    engine_sampled: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
+
+
+def _load_rows(value: dict[str, Any], where: str) -> dict[str, list[DepthRow]]:
+    rows_by_k = {}
+    for k, rows in value.items():
+        if not isinstance(rows, list):
+            raise FigureFileError(f"{where}[{k}]: expected a list of depth rows")
+        rows_by_k[k] = [DepthRow.from_json(row, f"{where}[{k}][{i}]") for i, row in enumerate(rows)]
+    return rows_by_k
+
+
+DEPTH_ROWS = Nested(
+    _load_rows, lambda value: {k: [row.to_json() for row in rows] for k, rows in value.items()}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DepthTable(Record):
+    """metrics.json `by_depth`: per K, a row per depth (evaluate/depths.py)."""
+
+    per_k: dict[str, list[DepthRow]] | None = typed("object", nested=DEPTH_ROWS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The files
+# ---------------------------------------------------------------------------------------------
+
+BY_NAME_SIMULATED = nested_by_key(records_by_key(SimulatedFigures))
+BY_NAME_LIVE = nested_by_key(records_by_key(LiveFigures))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalMetrics(Record):
+    """eval{suffix}/metrics.json: one drafter family's figures at the K it serves."""
+
+    TOP: ClassVar[bool] = True
+    # Written as null when None (the stage's frame: the live figures may be skipped).
+    ALWAYS: ClassVar[frozenset[str]] = frozenset({"live", "live_baselines", "live_skipped_reason"})
+
+    ks: list[int] = typed("numbers", required=True)
+    simulated: dict[str, SimulatedFigures] = typed(
+        "object", required=True, nested=records_by_key(SimulatedFigures)
+    )
+    live: dict[str, LiveFigures] | None = typed("object", nested=records_by_key(LiveFigures))
+    live_skipped_reason: str | None = typed("str")
+    baselines: dict[str, dict[str, SimulatedFigures]] | None = typed(
+        "object", nested=BY_NAME_SIMULATED
+    )
+    live_baselines: dict[str, dict[str, LiveFigures]] | None = typed("object", nested=BY_NAME_LIVE)
+    engine: EngineRun | None = typed("object", nested=record_of(EngineRun))
+    by_depth: DepthTable | None = typed("object", nested=record_of(DepthTable))
+    family: str | None = typed("any")
+    sets: dict[str, Any] | None = typed("any")  # per set: its tables (evaluate/sets.py)
+    thinking: dict[str, Any] | None = typed("any")  # both thinking modes (evaluate/thinking.py)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "metrics.json") -> EvalMetrics:
+        metrics = super().from_json(data, where)
+        for k in metrics.ks:
+            if str(k) not in metrics.simulated:
+                raise FigureFileError(f"{where}: 'simulated' has no entry for K={k}")
+        return metrics
+
+    @classmethod
+    def read(cls, path: str | Path) -> EvalMetrics:
+        return cls.from_json(read_json_object(path), str(path))
+
+    def k_keys(self) -> list[str]:
+        """The Ks measured, as the per-K tables key them."""
+        return [str(k) for k in self.ks]
+
+    def live_vs_simulated(self) -> dict[str, float]:
+        """Per K: the live acceptance length over the simulated one."""
+        return {
+            k: figures.acceptance_length / self.simulated[k].acceptance_length
+            for k, figures in (self.live or {}).items()
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareMetrics(Record):
+    """eval_compare/{name}.json: a drafter trained elsewhere, decoded in vLLM at the run's K."""
+
+    TOP: ClassVar[bool] = True
+
+    name: str | None = typed("str")
+    engine: EngineRun | None = typed("object", nested=record_of(EngineRun))
+    sets: dict[str, Any] | None = typed("any")
+
+    @classmethod
+    def read(cls, path: str | Path) -> CompareMetrics:
+        return cls.from_json(read_json_object(path), str(path))
