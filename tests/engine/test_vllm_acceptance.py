@@ -22,9 +22,9 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(
     included, in tests/engine/test_deepseek_v3_in_vllm.py); the plain decoding is the one every
     drafter of the small demo is compared with."""
     from eaglenest.common.config import settings_from_sections
+    from eaglenest.formats.metrics import emitted_per_round
     from eaglenest.settings.evaluate import EvaluateSettings
     from eaglenest.stages.evaluate.evaluate import evaluate_drafter
-    from eaglenest.stages.evaluate.live import emitted_per_round
     from eaglenest.stages.evaluate.thinking import ThinkingEvaluation, thinking_section
     from eaglenest.stages.evaluate.vllm_evaluate import Sampling, evaluate_in_vllm, live_vs_engine
 

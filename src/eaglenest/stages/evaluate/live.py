@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from eaglenest.formats.metrics import emitted_per_round
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.stages.evaluate.depths import DepthCut
 from eaglenest.stages.evaluate.speculative import (
@@ -105,13 +106,6 @@ def live(
         }
         log.info("live %s K=%d: %s", name, k, results[name][str(k)])
     return results
-
-
-def emitted_per_round(tokens: int, prompts: int, rounds: int) -> float | None:
-    """Tokens kept per verification round: all tokens less the one per prompt the prefill emits,
-    over the rounds. Measured the same way for vLLM and for us (vLLM's counters, 1 + accepted /
-    drafts, also count drafts accepted past the end of an answer)."""
-    return (tokens - prompts) / rounds if rounds else None
 
 
 def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:

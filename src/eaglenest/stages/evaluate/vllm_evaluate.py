@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglenest.formats.metrics import emitted_per_round
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.depths import DepthCut
-from eaglenest.stages.evaluate.live import emitted_per_round
 from eaglenest.stages.evaluate.sets import EngineSets
 from eaglenest.stages.evaluate.spread import paired_difference, record_figures
 from eaglenest.target_model.files import resolve_target_dir
