@@ -88,21 +88,17 @@ class Nested:
     dump: Callable[[Any], Any]
 
 
-def typed(
-    kind: str, *, required: bool = False, key: str | None = None, nested: Nested | None = None
-) -> Any:
-    """A record's field for the JSON key `key` (the field's name when None) of `kind` (CHECKS);
-    a required one has no default."""
-    metadata = {"kind": kind, "required": required, "key": key, "nested": nested}
+def typed(kind: str, *, required: bool = False, nested: Nested | None = None) -> Any:
+    """A record's field for the JSON key of its name, of `kind` (CHECKS); a required one has no
+    default, an optional one None."""
+    metadata = {"kind": kind, "required": required, "nested": nested}
     if required:
         return field(metadata=metadata)
     return field(default=None, metadata=metadata)
 
 
 def _typed_fields(cls: type) -> list[tuple[dataclasses.Field, str]]:
-    return [
-        (f, f.metadata["key"] or f.name) for f in dataclasses.fields(cls) if "kind" in f.metadata
-    ]
+    return [(f, f.name) for f in dataclasses.fields(cls) if "kind" in f.metadata]
 
 
 R = TypeVar("R")
@@ -139,10 +135,8 @@ def record_to_json(record: Any) -> dict[str, Any]:
     data = dict(record.more)
     for f, key in _typed_fields(type(record)):
         value = getattr(record, f.name)
-        if key in record.absent:
-            continue
         if value is None:
-            if key in record.nulls or key in always:
+            if key in record.nulls or (key in always and key not in record.absent):
                 data[key] = None
             continue
         nested = f.metadata["nested"]
@@ -159,7 +153,7 @@ class Record:
     ALWAYS: ClassVar[frozenset[str]] = frozenset()
     TOP: ClassVar[bool] = False  # a file's top level: its keys' errors read `where key`
 
-    more: dict[str, Any] = field(default_factory=dict, compare=False)
+    more: dict[str, Any] = field(default_factory=dict)
     nulls: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     absent: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 

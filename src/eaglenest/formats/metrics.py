@@ -62,8 +62,10 @@ class SimulatedFigures(Record):
     """One K's simulated acceptance (and each baseline's): from stored features."""
 
     acceptance_length: float = typed("number", required=True)
+    # Per draft step: of the chains that reached it, the share it matched.
     conditional_acceptance: list[float] = typed("numbers", required=True)
-    positions: int | None = typed("int")
+    positions: int | None = typed("int")  # the positions a chain started at
+    cut_by_sampling: int | None = typed("int")  # accepted drafts past a sampled data token
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,24 +94,88 @@ class DecodedFigures(Record):
 class LiveFigures(DecodedFigures):
     """One K's live figures: greedy speculative decoding with the transformers target."""
 
+    # Every key, written as null when None (no rounds: no emitted_per_round; no plain greedy
+    # step after the prefill: no greedy_s_per_token).
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        [
+            "acceptance_length",
+            "emitted_per_round",
+            "rounds",
+            "rounds_per_prompt",
+            "drafter_s_per_round",
+            "target_s_per_round",
+            "greedy_s_per_token",
+            "per_position_acceptance",
+            "accepted_per_position",
+            "drafted_per_position",
+            "target_forwards_per_token",
+            "speedup",
+            "tokens",
+            "prompts",
+            "identical_to_greedy",
+            "spec_wall_s",
+            "greedy_wall_s",
+            "greedy_tokens",
+        ]
+    )
+
     acceptance_length: float = typed("number", required=True)
+    rounds: int | None = typed("int")
+    rounds_per_prompt: list[int] | None = typed("numbers")  # to compare with the engine's
+    # Accepted at draft position i / drafted at i, and the two counts.
+    per_position_acceptance: list[float] | None = typed("numbers")
+    accepted_per_position: list[int] | None = typed("numbers")
+    drafted_per_position: list[int] | None = typed("numbers")
+    greedy_tokens: int | None = typed("int")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineFigures(Record):
     """One K's figures in the serving engine (vLLM's counters), greedy or sampled."""
 
-    acceptance_length: float = typed("number", required=True)
-    rounds: int | None = typed("int")
+    # The keys of every engine figure (vllm_evaluate.acceptance), written as null when None
+    # (an answer without a per-prompt count of rounds: rounds_per_prompt); the temperature, set,
+    # spread and record by position are added where measured.
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        [
+            "acceptance_length",
+            "rounds",
+            "rounds_per_prompt",
+            "per_position_acceptance",
+            "accepted_per_position",
+            "drafted_per_position",
+            "draft_tokens",
+            "accepted_tokens",
+            "tokens",
+            "prompts",
+            "identical_to_plain",
+            "spec_wall_s",
+            "plain_wall_s",
+            "speedup",
+        ]
+    )
+
+    acceptance_length: float = typed("number", required=True)  # 1 + accepted / drafts
+    rounds: int | None = typed("int")  # drafts
+    rounds_per_prompt: list[int] | None = typed("any")
     per_position_acceptance: list[float] | None = typed("numbers")
+    accepted_per_position: list[int] | None = typed("any")
+    drafted_per_position: list[int] | None = typed("any")
+    draft_tokens: int | None = typed("any")
+    accepted_tokens: int | None = typed("any")
     tokens: int | None = typed("int")
+    prompts: int | None = typed("any")
+    identical_to_plain: bool | None = typed("any")  # None for a sampled answer
+    spec_wall_s: float | None = typed("any")
+    plain_wall_s: float | None = typed("any")
+    speedup: float | None = typed("any")
     temperature: float | None = typed("number")
     spread: dict[str, Any] | None = typed("object")  # over prompts (evaluate/spread.py)
     by_position: dict[str, Any] | None = typed("object")  # by generated position
 
     def emitted(self) -> float | None:
         """Emitted tokens per round on `emitted_per_round`'s definition."""
-        return emitted_of(self.to_json())
+        return emitted_per_round(self.tokens, self.prompts, self.rounds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +230,21 @@ class DepthTable(Record):
 # The files
 # ---------------------------------------------------------------------------------------------
 
+DEFINITION = "acceptance length = 1 + accepted draft tokens per verification round"
+
+
+def live_over_simulated(
+    live: dict[str, LiveFigures], simulated: dict[str, SimulatedFigures]
+) -> dict[str, float]:
+    """Per K live: the live acceptance length over the simulated one."""
+    return {k: each.acceptance_length / simulated[k].acceptance_length for k, each in live.items()}
+
+
+def by_k(cls: type, figures: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
+    """Per-K figures (K -> a figure's JSON object) as `cls` records."""
+    return {k: cls.from_json(each, f"{where}[{k}]") for k, each in figures.items()}
+
+
 BY_NAME_SIMULATED = nested_by_key(records_by_key(SimulatedFigures))
 BY_NAME_LIVE = nested_by_key(records_by_key(LiveFigures))
 
@@ -176,7 +257,11 @@ class EvalMetrics(Record):
     # Written as null when None (the stage's frame: the live figures may be skipped).
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"live", "live_baselines", "live_skipped_reason"})
 
-    ks: list[int] = typed("numbers", required=True)
+    ks: list[int] = typed("numbers", required=True)  # the Ks measured: those the family serves
+    configured_ks: list[int] | None = typed("numbers")  # evaluate.ks
+    served_ks: str | None = typed("str")  # why `ks` is what it is
+    heldout_shards: list[str] | None = typed("strs")
+    definition: str | None = typed("str")
     simulated: dict[str, SimulatedFigures] = typed(
         "object", required=True, nested=records_by_key(SimulatedFigures)
     )
@@ -189,8 +274,11 @@ class EvalMetrics(Record):
     engine: EngineRun | None = typed("object", nested=record_of(EngineRun))
     by_depth: DepthTable | None = typed("object", nested=record_of(DepthTable))
     family: str | None = typed("any")
+    live_vs_simulated: dict[str, float] | None = typed("object")  # per K
+    live_vs_engine: dict[str, float | None] | None = typed("object")  # per K, emitted per round
     sets: dict[str, Any] | None = typed("any")  # per set: its tables (evaluate/sets.py)
     thinking: dict[str, Any] | None = typed("any")  # both thinking modes (evaluate/thinking.py)
+    wall_s: float | None = typed("number")
 
     @classmethod
     def from_json(cls, data: Any, where: str = "metrics.json") -> EvalMetrics:
@@ -208,12 +296,9 @@ class EvalMetrics(Record):
         """The Ks measured, as the per-K tables key them."""
         return [str(k) for k in self.ks]
 
-    def live_vs_simulated(self) -> dict[str, float]:
-        """Per K: the live acceptance length over the simulated one."""
-        return {
-            k: figures.acceptance_length / self.simulated[k].acceptance_length
-            for k, figures in (self.live or {}).items()
-        }
+    def live_over_simulated(self) -> dict[str, float]:
+        """Per K live: the live acceptance length over the simulated one (`live_vs_simulated`)."""
+        return live_over_simulated(self.live or {}, self.simulated)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,8 +308,13 @@ class CompareMetrics(Record):
     TOP: ClassVar[bool] = True
 
     name: str | None = typed("str")
+    drafter: str | None = typed("str")  # its directory
+    described: str | None = typed("str")  # what its config.json said
+    method: dict[str, Any] | None = typed("object")  # vLLM's speculative method for it
+    ks: list[int] | None = typed("numbers")
     engine: EngineRun | None = typed("object", nested=record_of(EngineRun))
     sets: dict[str, Any] | None = typed("any")
+    wall_s: float | None = typed("number")
 
     @classmethod
     def read(cls, path: str | Path) -> CompareMetrics:

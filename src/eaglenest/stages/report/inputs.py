@@ -23,7 +23,7 @@ from eaglenest.formats.lengths import (
     TOKEN_LENGTH_COLUMNS,
     read_shard_lengths,
 )
-from eaglenest.formats.metrics import EvalMetrics
+from eaglenest.formats.metrics import CompareMetrics, EvalMetrics
 from eaglenest.formats.train_report import TrainReport
 from eaglenest.settings.train import FAMILIES
 from eaglenest.stages.report.data import FamilyRun, RunData
@@ -326,5 +326,5 @@ def load_run(files: RunFiles) -> RunData:
         hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
         family=family,
         families=families,
-        compare={path.stem: read_json_object(path) for path in files.compare},
+        compare={path.stem: CompareMetrics.read(path).to_json() for path in files.compare},
     )
