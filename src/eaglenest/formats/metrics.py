@@ -195,14 +195,68 @@ class EngineRun(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DepthLiveFigures(DecodedFigures):
+    """A depth row's live figures: the acceptance, rounds and times of one K there."""
+
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        [
+            "acceptance_length",
+            "emitted_per_round",
+            "rounds",
+            "tokens",
+            "prompts",
+            "identical_to_greedy",
+            "drafter_s_per_round",
+            "target_s_per_round",
+            "greedy_s_per_token",
+        ]
+    )
+
+    acceptance_length: float | None = typed("any")
+    rounds: int | None = typed("any")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DepthEngineFigures(DecodedFigures):
+    """A depth row's engine figures (greedy, or sampled): with the temperature and the 95%
+    interval of the acceptance length over prompts, where measured."""
+
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        [
+            "acceptance_length",
+            "emitted_per_round",
+            "rounds",
+            "tokens",
+            "prompts",
+            "identical_to_plain",
+            "temperature",
+            "ci95",
+        ]
+    )
+
+    acceptance_length: float | None = typed("any")
+    rounds: int | None = typed("any")
+    identical_to_plain: bool | None = typed("any")
+    temperature: float | None = typed("any")
+    ci95: list[float] | None = typed("any")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DepthRow(Record):
     """One depth's row of one K: the prompts decoded there and each measurement's figures."""
 
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        ["prompts", "simulated", "live", "engine", "engine_sampled"]
+    )
+
     depth: int = typed("int", required=True)
     prompts: int | None = typed("int")
-    live: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
-    engine: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
-    engine_sampled: DecodedFigures | None = typed("object", nested=record_of(DecodedFigures))
+    simulated: dict[str, Any] | None = typed("any")  # acceptance_length, positions
+    live: DepthLiveFigures | None = typed("object", nested=record_of(DepthLiveFigures))
+    engine: DepthEngineFigures | None = typed("object", nested=record_of(DepthEngineFigures))
+    engine_sampled: DepthEngineFigures | None = typed(
+        "object", nested=record_of(DepthEngineFigures)
+    )
 
 
 def _load_rows(value: dict[str, Any], where: str) -> dict[str, list[DepthRow]]:
@@ -223,7 +277,11 @@ DEPTH_ROWS = Nested(
 class DepthTable(Record):
     """metrics.json `by_depth`: per K, a row per depth (evaluate/depths.py)."""
 
+    depths: list[int] | None = typed("any")
+    continuation_tokens: int | None = typed("any")
+    samples: dict[str, dict[str, int]] | None = typed("any")  # per depth: the cut's counts
     per_k: dict[str, list[DepthRow]] | None = typed("object", nested=DEPTH_ROWS)
+    definition: str | None = typed("any")
 
 
 # ---------------------------------------------------------------------------------------------

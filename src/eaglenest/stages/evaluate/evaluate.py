@@ -135,7 +135,7 @@ def depth_figures(
     simulated_by_depth: dict[str, Any],
     live: dict[str, Any],
     engine: dict[str, Any],
-) -> dict[str, Any] | None:
+) -> DepthTable | None:
     """depths.py's table of every measurement by depth (None without evaluate.depths); the
     engine's figures by depth, greedy and sampled, taken out of its section in every case."""
     engine_by_depth = (engine.get("engine") or {}).pop("by_depth", None)
@@ -153,7 +153,7 @@ def metrics_record(
     live: dict[str, Any],
     engine: dict[str, Any],
     thinking: dict[str, Any] | None,
-    by_depth: dict[str, Any] | None,
+    by_depth: DepthTable | None,
 ) -> EvalMetrics:
     """eval/metrics.json assembled from each measurement's figures: the simulated ones (the
     drafter's under its family's name, the baselines'), the live loop's (`live_metrics`; none
@@ -181,7 +181,7 @@ def metrics_record(
         live_vs_engine=engine.get("live_vs_engine"),
         sets=engine.get("sets"),
         thinking=thinking,
-        by_depth=DepthTable.from_json(by_depth, "by_depth") if by_depth else None,
+        by_depth=by_depth,
     )
 
 
