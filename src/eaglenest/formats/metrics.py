@@ -285,6 +285,44 @@ class DepthTable(Record):
 
 
 # ---------------------------------------------------------------------------------------------
+# Both thinking modes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThinkingFigures(Record):
+    """metrics.json `thinking` (evaluate/thinking.py): the mode the drafter was trained in, the
+    held-out prompts' mode and the other one, and the figures in each (`modes`: mode -> its
+    prompts and the live, engine and sampled figures per K) with the other mode's over the
+    generated mode's acceptance length (`other_vs_generated`: live, engine -> K -> ratio)."""
+
+    # Every key, written as null when None (a template without a switch: no other mode).
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        [
+            "trained",
+            "heldout_mode",
+            "other_mode",
+            "switch",
+            "other_prompts",
+            "not_flipped",
+            "skipped",
+            "modes",
+            "other_vs_generated",
+        ]
+    )
+
+    trained: dict[str, Any] | None = typed("object")  # its mode, and its samples per mode
+    heldout_mode: str | None = typed("str")  # "on" or "off"
+    other_mode: str | None = typed("str")
+    switch: str | None = typed("str")  # the chat template's key
+    other_prompts: int | None = typed("int")
+    not_flipped: int | None = typed("int")  # held-out prompts in neither mode
+    skipped: str | None = typed("str")  # why there is no other mode
+    modes: dict[str, dict[str, Any]] | None = typed("object")
+    other_vs_generated: dict[str, dict[str, float | None] | None] | None = typed("object")
+
+
+# ---------------------------------------------------------------------------------------------
 # The files
 # ---------------------------------------------------------------------------------------------
 
@@ -335,7 +373,7 @@ class EvalMetrics(Record):
     live_vs_simulated: dict[str, float] | None = typed("object")  # per K
     live_vs_engine: dict[str, float | None] | None = typed("object")  # per K, emitted per round
     sets: dict[str, Any] | None = typed("any")  # per set: its tables (evaluate/sets.py)
-    thinking: dict[str, Any] | None = typed("any")  # both thinking modes (evaluate/thinking.py)
+    thinking: ThinkingFigures | None = typed("object", nested=record_of(ThinkingFigures))
     wall_s: float | None = typed("number")
 
     @classmethod

@@ -31,6 +31,7 @@ from eaglenest.formats.metrics import (
     EvalMetrics,
     LiveFigures,
     SimulatedFigures,
+    ThinkingFigures,
     by_k,
     live_over_simulated,
 )
@@ -120,7 +121,7 @@ def evaluate_drafter(
         engine = engine_figures(drafter_dir, prompts, cuts, live.get("live"), *engine_args)
     # The other thinking mode's figures, taken out of the live loop's groups and the engine's.
     decoded = {**live, **engine}
-    thinking_figures = thinking.section(decoded)["thinking"] if thinking else None
+    thinking_figures = thinking.section(decoded) if thinking else None
     by_depth = depth_figures(cuts, settings, simulated_by_depth, live, engine)
     heldout = heldout_hidden or heldout_tokens
     metrics = metrics_record(loaded, heldout, simulated, live, engine, thinking_figures, by_depth)
@@ -152,7 +153,7 @@ def metrics_record(
     simulated: dict[str, Any],
     live: dict[str, Any],
     engine: dict[str, Any],
-    thinking: dict[str, Any] | None,
+    thinking: ThinkingFigures | None,
     by_depth: DepthTable | None,
 ) -> EvalMetrics:
     """eval/metrics.json assembled from each measurement's figures: the simulated ones (the
