@@ -22,9 +22,9 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(
     included, in tests/engine/test_deepseek_v3_in_vllm.py); the plain decoding is the one every
     drafter of the small demo is compared with."""
     from eaglenest.common.config import settings_from_sections
+    from eaglenest.formats.metrics import emitted_per_round
     from eaglenest.settings.evaluate import EvaluateSettings
     from eaglenest.stages.evaluate.evaluate import evaluate_drafter
-    from eaglenest.stages.evaluate.live import emitted_per_round
     from eaglenest.stages.evaluate.thinking import ThinkingEvaluation, thinking_section
     from eaglenest.stages.evaluate.vllm_evaluate import Sampling, evaluate_in_vllm, live_vs_engine
 
@@ -74,7 +74,8 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(
                 engine_k["tokens"], engine_k["prompts"], engine_k["rounds"]
             )
     off = {k: dict(figures) for k, figures in engine["by_depth"][other.group].items()}
-    modes = thinking_section(other, {"live": metrics["live"], "engine": engine}, train_tokens)
+    decoded = {"live": metrics["live"], "engine": engine}
+    modes = thinking_section(other, decoded, train_tokens).to_json()
     assert_both_modes(metrics["thinking"], modes, engine, off, len(arguments["prompts"]))
     metrics["live_vs_engine"] = live_vs_engine(metrics["live"], engine["per_k"])
     assert engine["engine"] == "vllm" and set(engine["per_k"]) == {str(k) for k in settings.ks}

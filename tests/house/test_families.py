@@ -26,8 +26,8 @@ STAGE_TABLES = {
         "eaglenest.stages.evaluate.simulated:PREDICTIONS",
     ),
     "report": (
-        "eaglenest.stages.report.sections:DRAFTED_SLOTS",
-        "eaglenest.stages.report.sections:DRAFTING",
+        "eaglenest.stages.report.training:DRAFTED_SLOTS",
+        "eaglenest.stages.report.training:DRAFTING",
     ),
 }
 

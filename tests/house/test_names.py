@@ -27,13 +27,6 @@ ALLOWED = {
     "THINK_END": "vllm_engine/conversations.py's copy: the vLLM room imports nothing outside it",
 }
 
-# TEMPORARY, removed by the lead once the other engineers' branches are merged: names still
-# duplicated on this branch that another engineer folds.
-FOLDED_BY_OTHERS = {
-    # "figures" (the evaluation's and report's figures): the one acceptance-per-round count.
-    "emitted_per_round": "figures",
-}
-
 
 def top_level_nodes(tree: ast.Module):
     """The module's top-level statements, those under `if TYPE_CHECKING:` aside (imports and
@@ -81,7 +74,7 @@ def duplicated(found: dict[str, list[str]], allowed: set[str]) -> list[str]:
 
 def test_each_name_is_defined_in_one_library_module():
     found = definitions(sorted(LIBRARY.rglob("*.py")), LIBRARY)
-    twice = duplicated(found, set(ALLOWED) | set(FOLDED_BY_OTHERS))
+    twice = duplicated(found, set(ALLOWED))
     assert not twice, (
         "defined in more than one module (import it from one home, or rename where the "
         "meanings differ):\n" + "\n".join(twice)
@@ -92,7 +85,7 @@ def test_the_allow_lists_are_short_and_still_needed():
     """Each allowed name is still defined more than once: an entry whose copies are gone goes."""
     assert len(ALLOWED) <= 8
     found = definitions(sorted(LIBRARY.rglob("*.py")), LIBRARY)
-    stale = sorted(n for n in (*ALLOWED, *FOLDED_BY_OTHERS) if len(found.get(n, [])) < 2)
+    stale = sorted(n for n in ALLOWED if len(found.get(n, [])) < 2)
     assert not stale, f"allowed but defined once or never: {stale}"
 
 

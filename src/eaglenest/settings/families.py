@@ -5,7 +5,7 @@ A family is a `FamilySpec`: its name and paths, how the report titles it, its ow
 (`train.<name>`), the train keys it never reads, the K it is served at, how vLLM serves it and
 what of a config it refuses. The stages keep a table keyed by family of what they do with each
 (stages/train/families.py RECIPES, stages/evaluate/families.py LOADERS and PROPOSERS,
-stages/evaluate/simulated.py UNTRAINED and PREDICTIONS, stages/report/sections.py
+stages/evaluate/simulated.py UNTRAINED and PREDICTIONS, stages/report/training.py
 DRAFTED_SLOTS); tests/house/test_families.py names a family one of them lacks.
 docs/adding-a-family.md says how to add one.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from eaglenest.common.io import atomic_path, sha256_file, write_json
 from eaglenest.formats.eval_sets import eval_set_frame
 from eaglenest.settings.eval_sets import EvalSetLimits, EvalSetSettings
-from eaglenest.stages.eval_sets.files import EvalSetError, Record, read_records
+from eaglenest.stages.eval_sets.files import EvalSetError, SetFileRow, read_records
 from eaglenest.stages.eval_sets.formats import READERS, RowRefused, check_columns, detect
 from eaglenest.stages.eval_sets.lengths import check_lengths
 
@@ -46,7 +46,7 @@ def load_eval_set_rows(settings: EvalSetSettings) -> tuple[list[dict], str]:
     return rows, format_name
 
 
-def _rows(records: list[Record], name: str, format_name: str) -> tuple[list[dict], list[str]]:
+def _rows(records: list[SetFileRow], name: str, format_name: str) -> tuple[list[dict], list[str]]:
     reader = READERS[format_name]
     rows, refusals = [], []
     for record in records:

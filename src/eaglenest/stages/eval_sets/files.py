@@ -20,7 +20,7 @@ class EvalSetError(ValueError):
 
 
 @dataclass(frozen=True)
-class Record:
+class SetFileRow:
     """One row of a set's file, as read."""
 
     source_row: int  # JSON Lines: the line (from 1); parquet: the row (from 0)
@@ -28,7 +28,7 @@ class Record:
     values: Any  # the row: a dict, or whatever a JSON line held
 
 
-def read_records(path: str | Path) -> tuple[list[Record], list[str]]:
+def read_records(path: str | Path) -> tuple[list[SetFileRow], list[str]]:
     """The rows of a .jsonl or .parquet file and its columns (a JSON Lines file's: the keys of
     its first object row). A line that is not JSON is refused, naming it."""
     path = Path(path)
@@ -41,7 +41,7 @@ def read_records(path: str | Path) -> tuple[list[Record], list[str]]:
     raise EvalSetError(f"{path}: not a .jsonl or .parquet file")
 
 
-def _parquet_records(path: Path) -> tuple[list[Record], list[str]]:
+def _parquet_records(path: Path) -> tuple[list[SetFileRow], list[str]]:
     import pyarrow.parquet as pq
 
     try:
@@ -52,13 +52,13 @@ def _parquet_records(path: Path) -> tuple[list[Record], list[str]]:
         raise
     except Exception as err:  # pyarrow raises several types; the user needs the file name
         raise EvalSetError(f"{path}: cannot read parquet: {err}") from err
-    records = [Record(i, f"row {i}", row) for i, row in enumerate(table.to_pylist())]
+    records = [SetFileRow(i, f"row {i}", row) for i, row in enumerate(table.to_pylist())]
     for record in records:
         _check_text(path, record)
     return records, table.column_names
 
 
-def _jsonl_records(path: Path) -> list[Record]:
+def _jsonl_records(path: Path) -> list[SetFileRow]:
     records = []
     with open(path, "rb") as stream:
         number = 0
@@ -72,7 +72,7 @@ def _jsonl_records(path: Path) -> list[Record]:
                 )
             if not raw.strip():
                 continue  # a blank line (often the last) is not a row
-            records.append(Record(number, f"line {number}", _json_line(path, number, raw)))
+            records.append(SetFileRow(number, f"line {number}", _json_line(path, number, raw)))
             _check_rows(path, len(records))
             _check_text(path, records[-1])
     return records
@@ -100,7 +100,7 @@ def _check_rows(path: Path, rows: int) -> None:
         raise EvalSetError(f"{path}: more than {MAX_ROWS:,} rows, the most a set may hold")
 
 
-def _check_text(path: Path, record: Record) -> None:
+def _check_text(path: Path, record: SetFileRow) -> None:
     """Text that UTF-8 cannot write (a lone surrogate, "\\ud800" in JSON) refused here, naming
     the row, rather than by the parquet writer with no file or row."""
     try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
+from eaglenest.formats.metrics import CompareMetrics, EngineRun
 from eaglenest.settings.evaluate import CompareSettings
 from eaglenest.settings.families import MASK_TOKEN_KEYS, block_served_k
 from eaglenest.settings.vllm import VllmRuntime
@@ -144,15 +145,15 @@ def evaluate_compare(
     engine_args = (runtime, model_dtype, drafter.speculative_config, True, sets)
     engine = engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)
     set_figures = engine.pop("sets", {})
-    metrics = {
-        "name": name,
-        "drafter": str(drafter_dir),
-        "described": drafter.described,
-        "method": drafter.method,
-        "ks": list(settings.ks),
-        "engine": engine,
-        **({"sets": set_figures} if sets is not None else {}),
-        "wall_s": time.perf_counter() - started,
-    }
-    write_json(out, metrics)
-    return metrics
+    metrics = CompareMetrics(
+        name=name,
+        drafter=str(drafter_dir),
+        described=drafter.described,
+        method=drafter.method,
+        ks=list(settings.ks),
+        engine=EngineRun.from_json(engine, "engine"),
+        sets=set_figures if sets is not None else None,
+        wall_s=time.perf_counter() - started,
+    )
+    write_json(out, metrics.to_json())
+    return metrics.to_json()

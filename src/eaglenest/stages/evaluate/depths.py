@@ -19,6 +19,8 @@ from typing import Any
 
 import polars as pl
 
+from eaglenest.formats.metrics import DepthEngineFigures, DepthLiveFigures, DepthRow, DepthTable
+
 
 @dataclass
 class DepthCut:
@@ -69,30 +71,33 @@ def cut_at_depths(
     return cuts
 
 
-def _live_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not figures:
-        return None
-    keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
-    row = {key: figures.get(key) for key in keys}
-    row["identical_to_greedy"] = figures.get("identical_to_greedy")
-    # A family's drafter time a round at this depth (a block in one forward, or K forwards).
-    row["drafter_s_per_round"] = figures.get("drafter_s_per_round")
-    # The target's: its verification a round, and its plain greedy step (the report's unit).
-    row["target_s_per_round"] = figures.get("target_s_per_round")
-    row["greedy_s_per_token"] = figures.get("greedy_s_per_token")
-    return row
+COUNTED = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
 
 
-def _engine_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+def _live_row(figures: dict[str, Any] | None) -> DepthLiveFigures | None:
     if not figures:
         return None
-    keys = ("acceptance_length", "emitted_per_round", "rounds", "tokens", "prompts")
-    row = {key: figures.get(key) for key in keys}
-    row["identical_to_plain"] = figures.get("identical_to_plain")
-    # Its temperature and its spread over prompts (stages/evaluate/spread.py), where measured.
-    row["temperature"] = figures.get("temperature")
-    row["ci95"] = (figures.get("spread") or {}).get("ci95")
-    return row
+    return DepthLiveFigures(
+        **{key: figures.get(key) for key in COUNTED},
+        identical_to_greedy=figures.get("identical_to_greedy"),
+        # A family's drafter time a round at this depth (a block in one forward, or K forwards).
+        drafter_s_per_round=figures.get("drafter_s_per_round"),
+        # The target's: its verification a round, and its plain greedy step (the report's unit).
+        target_s_per_round=figures.get("target_s_per_round"),
+        greedy_s_per_token=figures.get("greedy_s_per_token"),
+    )
+
+
+def _engine_row(figures: dict[str, Any] | None) -> DepthEngineFigures | None:
+    if not figures:
+        return None
+    return DepthEngineFigures(
+        **{key: figures.get(key) for key in COUNTED},
+        identical_to_plain=figures.get("identical_to_plain"),
+        # Its temperature and its spread over prompts (stages/evaluate/spread.py), where measured.
+        temperature=figures.get("temperature"),
+        ci95=(figures.get("spread") or {}).get("ci95"),
+    )
 
 
 def depth_table(
@@ -103,24 +108,24 @@ def depth_table(
     live: dict[str, dict[str, Any]] | None,
     engine: dict[str, dict[str, Any]] | None,
     engine_sampled: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> DepthTable:
     """eval/metrics.json's `by_depth`: per K, one row per depth with the prompts decoded there
     and the acceptance (length, rounds) of the simulated, live and engine measurements, and of
     the engine's sampled decoding (`engine_sampled`, at the generation temperature).
 
     `simulated`, `live`, `engine`, `engine_sampled`: depth (str) -> K (str) -> that
     measurement's figures."""
-    per_k: dict[str, list[dict[str, Any]]] = {}
+    per_k: dict[str, list[DepthRow]] = {}
     for k in map(str, ks):
         rows = []
         for cut in cuts:
             d = str(cut.depth)
             sim = (simulated.get(d) or {}).get(k)
             rows.append(
-                {
-                    "depth": cut.depth,
-                    "prompts": len(cut.prompts),
-                    "simulated": (
+                DepthRow(
+                    depth=cut.depth,
+                    prompts=len(cut.prompts),
+                    simulated=(
                         {
                             "acceptance_length": sim["acceptance_length"],
                             "positions": sim["positions"],
@@ -128,20 +133,20 @@ def depth_table(
                         if sim
                         else None
                     ),
-                    "live": _live_row(((live or {}).get(d) or {}).get(k)),
-                    "engine": _engine_row(((engine or {}).get(d) or {}).get(k)),
-                    "engine_sampled": _engine_row(((engine_sampled or {}).get(d) or {}).get(k)),
-                }
+                    live=_live_row(((live or {}).get(d) or {}).get(k)),
+                    engine=_engine_row(((engine or {}).get(d) or {}).get(k)),
+                    engine_sampled=_engine_row(((engine_sampled or {}).get(d) or {}).get(k)),
+                )
             )
         per_k[k] = rows
-    return {
-        "depths": [cut.depth for cut in cuts],
-        "continuation_tokens": continuation,
-        "samples": {str(cut.depth): cut.counts() for cut in cuts},
-        "per_k": per_k,
-        "definition": (
+    return DepthTable(
+        depths=[cut.depth for cut in cuts],
+        continuation_tokens=continuation,
+        samples={str(cut.depth): cut.counts() for cut in cuts},
+        per_k=per_k,
+        definition=(
             "held-out samples cut after `depth` tokens (depth 0: the sample's prompt), the "
             "continuation decoded greedily with the drafter (engine_sampled: by the engine at "
             "the generation temperature); simulated: positions >= depth of every held-out sample"
         ),
-    }
+    )

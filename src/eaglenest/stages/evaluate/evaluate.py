@@ -24,6 +24,17 @@ from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter.batches import TargetSignal, open_shards
 from eaglenest.formats.draft_vocab import DraftVocab
+from eaglenest.formats.metrics import (
+    DEFINITION,
+    DepthTable,
+    EngineRun,
+    EvalMetrics,
+    LiveFigures,
+    SimulatedFigures,
+    ThinkingFigures,
+    by_k,
+    live_over_simulated,
+)
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, family_spec
@@ -36,14 +47,13 @@ from eaglenest.stages.evaluate.live import (
     live_metrics,
 )
 from eaglenest.stages.evaluate.sets import EngineSets
-from eaglenest.stages.evaluate.simulated import (
-    simulate_all,
-    simulated_metrics,
-)
+from eaglenest.stages.evaluate.simulated import simulate_all
 from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
 from eaglenest.stages.evaluate.vllm_evaluate import engine_metrics, live_vs_engine
 
 log = logging.getLogger(__name__)
+
+BASELINES = ("untrained", "prompt_lookup")  # simulated beside the drafter (simulated.py)
 
 
 def evaluate_drafter(
@@ -91,36 +101,28 @@ def evaluate_drafter(
     continuation = settings.live_max_new_tokens
     cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
     log_cuts_and_simulated(cuts, simulated)
-    metrics = simulated_metrics(settings, heldout_hidden or heldout_tokens, simulated, family.name)
-    metrics.update(loaded.describe())
     # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
     model_dtype = "float32" if device == "cpu" else "auto"
     prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
     groups = thinking.groups(prompts) if thinking else {}  # the other thinking mode's prompts
+    live: dict[str, Any] = {}
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
         live_args = (*live_args, head.aux_layer_ids, cuts, family.name, groups)
-        metrics.update(live_metrics(loaded.proposer, prompts, *live_args))
-        own = simulated[family.name]  # the drafter's simulated figures
-        metrics["live_vs_simulated"] = {
-            k: metrics["live"][k]["acceptance_length"] / own[k]["acceptance_length"]
-            for k in metrics["live"]
-        }
-    else:
-        metrics["live_skipped_reason"] = "evaluate.live is false"
+        live = live_metrics(loaded.proposer, prompts, *live_args)
+    engine: dict[str, Any] = {}
     if settings.engine == "vllm":
         engine_args = (settings, runtime, model_dtype, loaded, family, sets, groups)
-        metrics.update(engine_figures(drafter_dir, prompts, cuts, metrics["live"], *engine_args))
-    metrics.update(thinking.section(metrics) if thinking else {})
-    live_by_depth = metrics.pop("live_by_depth", None)
-    engine_by_depth = (metrics.get("engine") or {}).pop("by_depth", None)
-    sampled_by_depth = ((metrics.get("engine") or {}).get("sampled") or {}).pop("by_depth", None)
-    if settings.depths:
-        by_depth = (simulated_by_depth, live_by_depth, engine_by_depth, sampled_by_depth)
-        metrics["by_depth"] = depth_table(cuts, settings.ks, continuation, *by_depth)
-    metrics["wall_s"] = time.perf_counter() - started
-    write_json(out, metrics)
-    return metrics
+        engine = engine_figures(drafter_dir, prompts, cuts, live.get("live"), *engine_args)
+    # The other thinking mode's figures, taken out of the live loop's groups and the engine's.
+    decoded = {**live, **engine}
+    thinking_figures = thinking.section(decoded) if thinking else None
+    by_depth = by_depth_table(cuts, settings, simulated_by_depth, live, engine)
+    heldout = heldout_hidden or heldout_tokens
+    metrics = metrics_record(loaded, heldout, simulated, live, engine, thinking_figures, by_depth)
+    metrics = dataclasses.replace(metrics, wall_s=time.perf_counter() - started)
+    write_json(out, metrics.to_json())
+    return metrics.to_json()
 
 
 def log_cuts_and_simulated(cuts: list, simulated: dict[str, Any]) -> None:
@@ -133,6 +135,62 @@ def log_cuts_and_simulated(cuts: list, simulated: dict[str, Any]) -> None:
             name,
             {k: round(v["acceptance_length"], 3) for k, v in per_k.items()},
         )
+
+
+def by_depth_table(
+    cuts: list,
+    settings: EvaluateSettings,
+    simulated_by_depth: dict[str, Any],
+    live: dict[str, Any],
+    engine: dict[str, Any],
+) -> DepthTable | None:
+    """depths.py's table of every measurement by depth (None without evaluate.depths); the
+    engine's figures by depth, greedy and sampled, taken out of its section in every case."""
+    engine_by_depth = (engine.get("engine") or {}).pop("by_depth", None)
+    sampled_by_depth = ((engine.get("engine") or {}).get("sampled") or {}).pop("by_depth", None)
+    if not settings.depths:
+        return None
+    measured = (simulated_by_depth, live.get("live_by_depth"), engine_by_depth, sampled_by_depth)
+    return depth_table(cuts, settings.ks, settings.live_max_new_tokens, *measured)
+
+
+def metrics_record(
+    loaded: FamilyDrafter,
+    heldout: list[str | Path],
+    simulated: dict[str, Any],
+    live: dict[str, Any],
+    engine: dict[str, Any],
+    thinking: ThinkingFigures | None,
+    by_depth: DepthTable | None,
+) -> EvalMetrics:
+    """eval/metrics.json assembled from each measurement's figures: the simulated ones (the
+    drafter's under its family's name, the baselines'), the live loop's (`live_metrics`; none
+    when evaluate.live is false), the engine's (`engine_figures`; none without one) and both
+    thinking modes' (thinking.py); `by_depth`: depths.py's table (none without evaluate.depths)."""
+    family = loaded.family
+    live_k = by_k(LiveFigures, live["live"], "live") if live else None
+    simulated_k = by_k(SimulatedFigures, simulated[family], "simulated")
+    return EvalMetrics(
+        **loaded.describe(),
+        heldout_shards=[Path(p).stem for p in heldout],
+        definition=DEFINITION,
+        simulated=simulated_k,
+        baselines={name: by_k(SimulatedFigures, simulated[name], name) for name in BASELINES},
+        live=live_k,
+        live_baselines={
+            name: by_k(LiveFigures, figures, name)
+            for name, figures in live["live_baselines"].items()
+        }
+        if live
+        else None,
+        live_skipped_reason=None if live else "evaluate.live is false",
+        live_vs_simulated=live_over_simulated(live_k, simulated_k) if live_k is not None else None,
+        engine=EngineRun.from_json(engine["engine"], "engine") if engine else None,
+        live_vs_engine=engine.get("live_vs_engine"),
+        sets=engine.get("sets"),
+        thinking=thinking,
+        by_depth=by_depth,
+    )
 
 
 def engine_figures(

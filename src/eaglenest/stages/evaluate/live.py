@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from eaglenest.formats.metrics import LiveFigures, emitted_per_round
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.stages.evaluate.depths import DepthCut
 from eaglenest.stages.evaluate.speculative import (
@@ -83,35 +84,29 @@ def live(
         rounds = [a for r in done for a in r.accept_lengths]
         tokens = sum(len(r.tokens) for r in done)
         wall = sum(r.wall_s for r in done)
-        results[name][str(k)] = {
-            "acceptance_length": float(np.mean(rounds)) if rounds else 1.0,
-            "emitted_per_round": emitted_per_round(tokens, len(prompts), len(rounds)),
-            "rounds": len(rounds),
+        figures = LiveFigures(
+            acceptance_length=float(np.mean(rounds)) if rounds else 1.0,
+            emitted_per_round=emitted_per_round(tokens, len(prompts), len(rounds)),
+            rounds=len(rounds),
             # Per prompt, to compare with the engine's per request (vllm_evaluate.py).
-            "rounds_per_prompt": [len(r.accept_lengths) for r in done],
-            "drafter_s_per_round": sum(r.draft_s for r in done) / max(len(rounds), 1),
-            "target_s_per_round": verify_s[name, k] / max(len(rounds), 1),
+            rounds_per_prompt=[len(r.accept_lengths) for r in done],
+            drafter_s_per_round=sum(r.draft_s for r in done) / max(len(rounds), 1),
+            target_s_per_round=verify_s[name, k] / max(len(rounds), 1),
             # The unit of target time the report's choice counts in (docs/report.md).
-            "greedy_s_per_token": greedy_step_s / greedy_steps if greedy_steps else None,
+            greedy_s_per_token=greedy_step_s / greedy_steps if greedy_steps else None,
             **per_position_acceptance(done, k),
-            "target_forwards_per_token": sum(r.target_forwards for r in done) / max(tokens, 1),
-            "speedup": greedy_wall / max(wall, 1e-9),
-            "tokens": tokens,
-            "prompts": len(prompts),
-            "identical_to_greedy": identical[name, k],
-            "spec_wall_s": wall,
-            "greedy_wall_s": greedy_wall,
-            "greedy_tokens": greedy_tokens,
-        }
+            target_forwards_per_token=sum(r.target_forwards for r in done) / max(tokens, 1),
+            speedup=greedy_wall / max(wall, 1e-9),
+            tokens=tokens,
+            prompts=len(prompts),
+            identical_to_greedy=identical[name, k],
+            spec_wall_s=wall,
+            greedy_wall_s=greedy_wall,
+            greedy_tokens=greedy_tokens,
+        )
+        results[name][str(k)] = figures.to_json()
         log.info("live %s K=%d: %s", name, k, results[name][str(k)])
     return results
-
-
-def emitted_per_round(tokens: int, prompts: int, rounds: int) -> float | None:
-    """Tokens kept per verification round: all tokens less the one per prompt the prefill emits,
-    over the rounds. Measured the same way for vLLM and for us (vLLM's counters, 1 + accepted /
-    drafts, also count drafts accepted past the end of an answer)."""
-    return (tokens - prompts) / rounds if rounds else None
 
 
 def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:

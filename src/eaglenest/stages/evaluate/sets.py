@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.formats.eval_sets import read_eval_set
+from eaglenest.formats.metrics import emitted_per_round
 from eaglenest.settings.eval_sets import SetDecodeSettings
 from eaglenest.target_model.set_turns import rendered_turns
 from eaglenest.target_model.tokenizer import load_tokenizer
@@ -232,9 +233,7 @@ def tagged(
     temperature named, emitted tokens per round beside the acceptance length, and no speed-up
     (the plain engine decodes a set turn by turn, the K engines category by category)."""
     kept = {k: v for k, v in figures.items() if k not in ("speedup", "plain_wall_s")}
-    # live.emitted_per_round's definition: every token but the one per prompt the prefill emits
-    rounds = kept["rounds"]
-    emitted = (kept["tokens"] - kept["prompts"]) / rounds if rounds else None
+    emitted = emitted_per_round(kept["tokens"], kept["prompts"], kept["rounds"])
     return {
         "set": set_name,
         "category": category,

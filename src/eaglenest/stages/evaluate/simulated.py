@@ -23,7 +23,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import isqrt
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from eaglenest.drafter.dflash.decode import DFlashContext, draft_blocks, extend_
 from eaglenest.drafter.dflash.model import DFlashDrafter
 from eaglenest.drafter.eagle3.model import Eagle3Drafter
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
+from eaglenest.formats.metrics import SimulatedFigures
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.families import block_served_k
 
@@ -74,14 +74,15 @@ class AcceptanceCounts:
         self.cut_by_sampling += int((accepted & ~goes_on).sum())
 
     def result(self) -> dict[str, Any]:
-        return {
-            "acceptance_length": 1 + self.accepted / max(self.positions, 1),
-            "conditional_acceptance": [
+        figures = SimulatedFigures(
+            acceptance_length=1 + self.accepted / max(self.positions, 1),
+            conditional_acceptance=[
                 float(h / r) if r else 0.0 for h, r in zip(self.hits, self.reached, strict=True)
             ],
-            "positions": self.positions,
-            "cut_by_sampling": self.cut_by_sampling,
-        }
+            positions=self.positions,
+            cut_by_sampling=self.cut_by_sampling,
+        )
+        return figures.to_json()
 
 
 def chain_positions(loss_mask: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
@@ -290,26 +291,3 @@ def simulate_all(
     proposers = {family: drafter, "untrained": untrained}
     proposers["prompt_lookup"] = settings.prompt_lookup_ngram
     return simulate(proposers, plan, signal, settings.ks, device, settings.depths)
-
-
-def simulated_metrics(
-    settings: EvaluateSettings,
-    heldout_hidden: list[str | Path],
-    simulated: dict[str, Any],
-    family: str = "eagle3",
-) -> dict[str, Any]:
-    """metrics.json's frame: the simulated figures, the live and engine ones still to come."""
-    return {
-        "family": family,
-        "ks": list(settings.ks),
-        "heldout_shards": [Path(p).stem for p in heldout_hidden],
-        "simulated": simulated[family],
-        "baselines": {
-            "untrained": simulated["untrained"],
-            "prompt_lookup": simulated["prompt_lookup"],
-        },
-        "live": None,
-        "live_baselines": None,
-        "live_skipped_reason": None,
-        "definition": "acceptance length = 1 + accepted draft tokens per verification round",
-    }

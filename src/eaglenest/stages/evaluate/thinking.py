@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.common.thinking import SWITCH_KEYS, mode_of_data, modes_of
+from eaglenest.formats.metrics import ThinkingFigures
 from eaglenest.formats.tokens import read_thinking
 from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.target_model.encoding import encode_batch
@@ -147,7 +148,7 @@ def _ratios(other: dict | None, generated: dict | None) -> dict[str, float | Non
 
 def thinking_section(
     found: OtherMode, metrics: dict[str, Any], train_tokens: list[str | Path]
-) -> dict[str, Any]:
+) -> ThinkingFigures:
     """metrics.json `thinking`, the other mode's figures taken out of `metrics` (the live
     loop's `live_groups`, the engine's `by_depth` and its sampled `by_depth`)."""
     trained = modes_of(read_thinking(train_tokens))
@@ -172,21 +173,21 @@ def thinking_section(
             "sampled": _per_k(sampled_other),
         }
     generated, other = modes.get(found.generated) or {}, modes.get(found.other) or {}
-    return {
-        "trained": {"mode": mode_of_data(trained), "samples": trained},
-        "heldout_mode": found.generated,
-        "other_mode": found.other if found.prompts else None,
-        "switch": found.switch,
-        "other_prompts": len(found.prompts),
-        "not_flipped": found.not_flipped,
-        "skipped": found.skipped,
-        "modes": modes,
+    return ThinkingFigures(
+        trained={"mode": mode_of_data(trained), "samples": trained},
+        heldout_mode=found.generated,
+        other_mode=found.other if found.prompts else None,
+        switch=found.switch,
+        other_prompts=len(found.prompts),
+        not_flipped=found.not_flipped,
+        skipped=found.skipped,
+        modes=modes,
         # The other mode's acceptance length over the generated mode's, per K: what serving the
         # drafter in the mode it was not trained in costs (below 1: it accepts less there).
-        "other_vs_generated": {
+        other_vs_generated={
             way: _ratios(other.get(way), generated.get(way)) for way in ("live", "engine")
         },
-    }
+    )
 
 
 @dataclass
@@ -202,5 +203,5 @@ class ThinkingEvaluation:
         self.found = other_mode(prompts, self.settings)
         return self.found.groups()
 
-    def section(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {"thinking": thinking_section(self.found, metrics, self.train_tokens)}
+    def section(self, metrics: dict[str, Any]) -> ThinkingFigures:
+        return thinking_section(self.found, metrics, self.train_tokens)

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglenest.formats.metrics import EngineFigures, emitted_per_round
 from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.depths import DepthCut
-from eaglenest.stages.evaluate.live import emitted_per_round
 from eaglenest.stages.evaluate.sets import EngineSets
 from eaglenest.stages.evaluate.spread import paired_difference, record_figures
 from eaglenest.target_model.files import resolve_target_dir
@@ -140,22 +140,23 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
     drafts = spec.get("drafts", 0)
     accepted_per_position = list(spec.get("accepted_per_position", [0] * k))
     tokens = sum(len(t) for t in answer["tokens"])
-    return {
-        "acceptance_length": 1 + spec.get("accepted_tokens", 0) / drafts if drafts else 1.0,
-        "rounds": drafts,
-        "rounds_per_prompt": answer.get("rounds_per_prompt"),
-        "per_position_acceptance": [a / drafts if drafts else 0.0 for a in accepted_per_position],
-        "accepted_per_position": accepted_per_position,
-        "drafted_per_position": [drafts] * k,
-        "draft_tokens": spec.get("draft_tokens", 0),
-        "accepted_tokens": spec.get("accepted_tokens", 0),
-        "tokens": tokens,
-        "prompts": len(answer["tokens"]),
-        "identical_to_plain": answer["tokens"] == plain["tokens"],
-        "spec_wall_s": answer["wall_s"],
-        "plain_wall_s": plain["wall_s"],
-        "speedup": plain["wall_s"] / max(answer["wall_s"], 1e-9),
-    }
+    figures = EngineFigures(
+        acceptance_length=1 + spec.get("accepted_tokens", 0) / drafts if drafts else 1.0,
+        rounds=drafts,
+        rounds_per_prompt=answer.get("rounds_per_prompt"),
+        per_position_acceptance=[a / drafts if drafts else 0.0 for a in accepted_per_position],
+        accepted_per_position=accepted_per_position,
+        drafted_per_position=[drafts] * k,
+        draft_tokens=spec.get("draft_tokens", 0),
+        accepted_tokens=spec.get("accepted_tokens", 0),
+        tokens=tokens,
+        prompts=len(answer["tokens"]),
+        identical_to_plain=answer["tokens"] == plain["tokens"],
+        spec_wall_s=answer["wall_s"],
+        plain_wall_s=plain["wall_s"],
+        speedup=plain["wall_s"] / max(answer["wall_s"], 1e-9),
+    )
+    return figures.to_json()
 
 
 def engine_request(

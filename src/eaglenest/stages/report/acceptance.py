@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglenest.formats.metrics import emitted_of
 from eaglenest.settings.families import family_suffix
 from eaglenest.stages.report.data import BASELINE_NAMES, RunData
 from eaglenest.stages.report.engine_spread import position_table, spread_table
@@ -93,16 +94,6 @@ def acceptance_table(metrics: dict, ks: list[str]) -> str:
     return table(header, rows)
 
 
-def emitted_per_round(figures: dict) -> float | None:
-    """Tokens the verification rounds emitted, per round: the tokens less the one per prompt
-    that the prefill emits, over the rounds. One definition for the engine and for us, counting
-    only tokens the answer kept (vLLM's own figure also counts drafts accepted past its end)."""
-    tokens, prompts, rounds = (figures.get(key) for key in ("tokens", "prompts", "rounds"))
-    if not rounds or tokens is None or prompts is None:
-        return None
-    return (tokens - prompts) / rounds
-
-
 def engine_table(metrics: dict, ks: list[str]) -> str:
     """Per K: emitted tokens per round, one definition for the engine and our live decoding,
     with the rounds of each; then each one's own acceptance length (vLLM's counters, ours) and
@@ -118,8 +109,8 @@ def engine_table(metrics: dict, ks: list[str]) -> str:
         rows.append(
             [
                 k,
-                emitted_per_round(served),
-                emitted_per_round(live_k),
+                emitted_of(served),
+                emitted_of(live_k),
                 served.get("rounds"),
                 live_k.get("rounds"),
                 served.get("acceptance_length"),

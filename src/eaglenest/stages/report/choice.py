@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from eaglenest.formats.metrics import recorded_or_emitted
+
 MEASURE = (
     "emitted tokens per round / ((target + drafter seconds per round) / target's greedy seconds "
     "per token), our own live loop, over the evaluate.depths measured weighted by the run's "
@@ -81,23 +83,13 @@ class DepthFigures:
         return figures
 
 
-def _emitted(figures: dict[str, Any]) -> float | None:
-    """Emitted tokens per round: recorded, or from tokens, prompts and rounds."""
-    if figures.get("emitted_per_round") is not None:
-        return figures["emitted_per_round"]
-    tokens, prompts, rounds = (figures.get(key) for key in ("tokens", "prompts", "rounds"))
-    if not rounds or tokens is None or prompts is None:
-        return None
-    return (tokens - prompts) / rounds
-
-
 def _figures(depth: int, prompts, live: dict, engine: dict, simulated: dict) -> DepthFigures:
     return DepthFigures(
         depth=depth,
         prompts=prompts,
         acceptance_length=live.get("acceptance_length"),
-        emitted_per_round=_emitted(live),
-        engine_emitted_per_round=_emitted(engine),
+        emitted_per_round=recorded_or_emitted(live),
+        engine_emitted_per_round=recorded_or_emitted(engine),
         simulated_acceptance_length=simulated.get("acceptance_length"),
         drafter_s_per_round=live.get("drafter_s_per_round"),
         target_s_per_round=live.get("target_s_per_round"),

@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from eaglenest.formats.figure_fields import FigureFileError, check_fields, read_json_object
 from eaglenest.formats.lengths import (
     CHAR_LENGTHS,
     COMPLETION_LEN,
@@ -22,13 +23,15 @@ from eaglenest.formats.lengths import (
     TOKEN_LENGTH_COLUMNS,
     read_shard_lengths,
 )
+from eaglenest.formats.metrics import CompareMetrics, EvalMetrics
+from eaglenest.formats.train_report import TrainReport
 from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.report.data import FamilyRun, RunData
 from eaglenest.stages.report.family_files import FAMILY_FILES, family_files, family_of_path
 
-
-class ReportInputError(ValueError):
-    """A file the report reads is malformed; the message names the file and what is wrong."""
+# A file the report reads is malformed; the message names the file and what is wrong. The
+# figure files' formats raise it (formats/figure_fields.py), and so does the reading here.
+ReportInputError = FigureFileError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,57 +138,6 @@ def shard_of(path: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ReportInputError(f"{path}: not readable as JSON ({err})") from err
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    data = read_json_file(path)
-    if not isinstance(data, dict):
-        raise ReportInputError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_number_list(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_number(v) for v in value)
-
-
-CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "number": (_is_number, "a number"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "numbers": (_is_number_list, "a list of numbers"),
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "strs": (lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "strings"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "object": (lambda v: isinstance(v, dict), "an object"),
-}
-
-
-def check_fields(
-    data: Any, where: str, required: dict[str, str], optional: dict[str, str] | None = None
-) -> None:
-    """Raise ReportInputError unless `data` has the required keys with the right kinds (and the
-    optional ones, when present and not null, too)."""
-    if not isinstance(data, dict):
-        raise ReportInputError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    for key, kind in {**required, **(optional or {})}.items():
-        if key not in data or data[key] is None:
-            if key in required:
-                raise ReportInputError(f"{where}: missing {key!r} ({CHECKS[kind][1]})")
-            continue
-        check, description = CHECKS[kind]
-        if not check(data[key]):
-            shown = json.dumps(data[key])[:80]
-            raise ReportInputError(f"{where}: {key!r} must be {description}, got {shown}")
-
-
 TRAIN_LINE_FIELDS = {"step": "int", "loss": "number", "acc": "numbers"}
 TRAIN_LINE_OPTIONAL = {
     "epoch": "number",
@@ -195,45 +147,8 @@ TRAIN_LINE_OPTIONAL = {
     "tokens_per_s": "number",
     "elapsed_s": "number",
 }
-TRAIN_REPORT_FIELDS = {"steps": "int", "ttt_steps": "int", "train_acc": "numbers"}
-TRAIN_REPORT_OPTIONAL = {
-    "epochs": "number",
-    "train_tokens": "int",
-    "wall_s": "number",
-    "tokens_per_s": "number",
-    "heldout_acc": "numbers",
-    "heldout_loss": "number",
-    "skipped_outside_vocab_share": "number",
-    "eval_shards": "strs",
-    "train_shards": "strs",
-}
 DRAFT_VOCAB_FIELDS = {"coverage": "number", "draft_vocab_size": "int", "target_vocab_size": "int"}
 DRAFT_VOCAB_OPTIONAL = {"loss_tokens": "int", "distinct_ids_seen": "int"}
-ACCEPTANCE_FIELDS = {"acceptance_length": "number", "conditional_acceptance": "numbers"}
-LIVE_FIELDS = {"acceptance_length": "number"}
-ENGINE_FIELDS = {"acceptance_length": "number"}
-ENGINE_OPTIONAL = {
-    "rounds": "int",
-    "per_position_acceptance": "numbers",
-    "tokens": "int",
-    "temperature": "number",
-    "spread": "object",  # over prompts, and by generated position (stages/evaluate/spread.py)
-    "by_position": "object",
-}
-LIVE_OPTIONAL = {
-    "emitted_per_round": "number",
-    # The round's time, the drafter's and the target's, and the target's plain greedy step.
-    "drafter_s_per_round": "number",
-    "target_s_per_round": "number",
-    "greedy_s_per_token": "number",
-    "target_forwards_per_token": "number",
-    "speedup": "number",
-    "tokens": "int",
-    "prompts": "int",
-    "identical_to_greedy": "bool",
-    "spec_wall_s": "number",
-    "greedy_wall_s": "number",
-}
 
 
 def read_train_metrics(path: Path) -> tuple[list[dict], list[dict]]:
@@ -264,9 +179,8 @@ def read_train_metrics(path: Path) -> tuple[list[dict], list[dict]]:
 
 
 def read_train_report(path: Path) -> dict[str, Any]:
-    report = read_json_object(path)
-    check_fields(report, str(path), TRAIN_REPORT_FIELDS, TRAIN_REPORT_OPTIONAL)
-    return report
+    """drafter/train_report.json, read and checked by its format (formats/train_report.py)."""
+    return TrainReport.read(path).to_json()
 
 
 def read_draft_vocab(path: Path) -> dict[str, Any]:
@@ -277,67 +191,9 @@ def read_draft_vocab(path: Path) -> dict[str, Any]:
 
 
 def read_eval_metrics(path: Path) -> dict[str, Any]:
-    """eval/metrics.json, checked: simulated acceptance per K, live (or null), baselines."""
-    metrics = read_json_object(path)
-    check_fields(
-        metrics,
-        str(path),
-        {"ks": "numbers", "simulated": "object"},
-        {
-            "live": "object",
-            "live_skipped_reason": "str",
-            "baselines": "object",
-            "live_baselines": "object",
-            "engine": "object",
-            "by_depth": "object",
-        },
-    )
-    check_by_depth(metrics.get("by_depth") or {}, f"{path} by_depth")
-    engine = metrics.get("engine") or {}
-    check_fields(engine, f"{path} engine", {}, {"per_k": "object", "engine": "str"})
-    sampled = engine.get("sampled") or {}
-    check_fields(sampled, f"{path} engine.sampled", {}, {"per_k": "object"})
-    for k in metrics["ks"]:
-        key = str(k)
-        if key not in metrics["simulated"]:
-            raise ReportInputError(f"{path}: 'simulated' has no entry for K={key}")
-        check_fields(
-            metrics["simulated"][key],
-            f"{path} simulated[{key}]",
-            ACCEPTANCE_FIELDS,
-            {"positions": "int"},
-        )
-        if metrics.get("live") is not None and key in metrics["live"]:
-            check_fields(metrics["live"][key], f"{path} live[{key}]", LIVE_FIELDS, LIVE_OPTIONAL)
-        for name, per_k in (metrics.get("live_baselines") or {}).items():
-            check_fields(per_k, f"{path} live_baselines[{name}]", {})
-            if key in per_k:
-                where = f"{path} live_baselines[{name}][{key}]"
-                check_fields(per_k[key], where, LIVE_FIELDS, LIVE_OPTIONAL)
-        for name, figures in (("engine", engine), ("engine.sampled", sampled)):
-            if key in (figures.get("per_k") or {}):
-                where = f"{path} {name}.per_k[{key}]"
-                check_fields(figures["per_k"][key], where, ENGINE_FIELDS, ENGINE_OPTIONAL)
-        for name, per_k in (metrics.get("baselines") or {}).items():
-            check_fields(per_k, f"{path} baselines[{name}]", {})
-            if key in per_k:
-                check_fields(per_k[key], f"{path} baselines[{name}][{key}]", ACCEPTANCE_FIELDS)
-    return metrics
-
-
-def check_by_depth(by_depth: dict[str, Any], where: str) -> None:
-    """eval/metrics.json's `by_depth`: per K, rows of a depth and its live and engine figures."""
-    check_fields(by_depth, where, {}, {"per_k": "object"})
-    for k, rows in (by_depth.get("per_k") or {}).items():
-        if not isinstance(rows, list):
-            raise ReportInputError(f"{where}.per_k[{k}]: expected a list of depth rows")
-        for index, row in enumerate(rows):
-            row_where = f"{where}.per_k[{k}][{index}]"
-            check_fields(row, row_where, {"depth": "int"}, {"prompts": "int"})
-            for measurement in ("live", "engine", "engine_sampled"):
-                check_fields(
-                    row.get(measurement) or {}, f"{row_where}.{measurement}", {}, LIVE_OPTIONAL
-                )
+    """eval/metrics.json, read and checked by its format (formats/metrics.py): simulated
+    acceptance per K, live (or null), baselines, the engine's, by depth."""
+    return EvalMetrics.read(path).to_json()
 
 
 def _scan(path: Path, columns: list[str]) -> pl.DataFrame:
@@ -456,5 +312,5 @@ def load_run(files: RunFiles) -> RunData:
         hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
         family=family,
         families=families,
-        compare={path.stem: read_json_object(path) for path in files.compare},
+        compare={path.stem: CompareMetrics.read(path).to_json() for path in files.compare},
     )

@@ -42,6 +42,7 @@ from eaglenest.drafter.batches import (
 )
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
+from eaglenest.formats.train_report import TrainReport
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.settings.vllm import VllmRuntime
@@ -299,35 +300,36 @@ def finish(
     (out_dir / METRICS_FILE).write_text((training.journal_dir / METRICS_FILE).read_text())
     train_tokens = progress.tokens_seen * processes.world_size
     skipped, loss_tokens = progress.skipped_outside_vocab, progress.loss_tokens
-    report = {
-        "steps": step,
-        "epochs": training.epochs_at(step),
-        "family": training.recipe.name,
-        "ttt_steps": len(training.recipe.slot_weights),  # the drafted slots scored
-        "train_tokens": train_tokens,
-        "wall_s": wall,
-        "tokens_per_s": train_tokens / max(wall, 1e-9),
-        "train_acc": progress.last.accuracy if progress.last else [],
-        "heldout_acc": heldout["acc"] if heldout else [],
-        "heldout_loss": heldout["loss"] if heldout else None,
-        "heldout_positions": heldout["positions"] if heldout else 0,
-        "skipped_outside_vocab_share": skipped / max(skipped + loss_tokens, 1),
-        "data_wait_share": progress.data_wait_s / max(wall, 1e-9),
-        **shard_names,
-        "world_size": processes.world_size,
-        "device": processes.device,
-        "drafter": training.recipe.description(),
-        "settings": settings.recorded(),
-    }
-    write_json(out_dir / "train_report.json", report)
+    report = TrainReport(
+        steps=step,
+        epochs=training.epochs_at(step),
+        family=training.recipe.name,
+        ttt_steps=len(training.recipe.slot_weights),
+        train_tokens=train_tokens,
+        wall_s=wall,
+        tokens_per_s=train_tokens / max(wall, 1e-9),
+        train_acc=progress.last.accuracy if progress.last else [],
+        heldout_acc=heldout["acc"] if heldout else [],
+        heldout_loss=heldout["loss"] if heldout else None,
+        heldout_positions=heldout["positions"] if heldout else 0,
+        skipped_outside_vocab_share=skipped / max(skipped + loss_tokens, 1),
+        data_wait_share=progress.data_wait_s / max(wall, 1e-9),
+        train_shards=shard_names["train_shards"],
+        eval_shards=shard_names["eval_shards"],
+        world_size=processes.world_size,
+        device=processes.device,
+        drafter=training.recipe.description(),
+        settings=settings.recorded(),
+    )
+    write_json(out_dir / "train_report.json", report.to_json())
     log.info(
         "trained %d steps in %.1f s (%.0f tokens/s); held-out accuracy per step: %s",
         step,
         wall,
-        report["tokens_per_s"],
-        [round(a, 3) for a in report["heldout_acc"]],
+        report.tokens_per_s,
+        [round(a, 3) for a in report.heldout_acc],
     )
-    return report
+    return report.to_json()
 
 
 def train_drafter(

@@ -60,7 +60,7 @@ def test_the_table_has_a_row_per_depth_for_each_k_with_each_measurement():
                         "emitted_per_round": 2.56, "identical_to_greedy": True}}}  # fmt: skip
     engine = {"0": {"3": {"acceptance_length": 2.45, "rounds": 51, "tokens": 130, "prompts": 2,
                           "emitted_per_round": 2.51, "identical_to_plain": True}}}  # fmt: skip
-    table = depth_table(cuts, (3,), 64, simulated, live, engine)
+    table = depth_table(cuts, (3,), 64, simulated, live, engine).to_json()
     assert table["depths"] == [0, 1024] and table["continuation_tokens"] == 64
     assert table["samples"]["0"]["prompts"] == 2
     rows = table["per_k"]["3"]
@@ -92,7 +92,7 @@ def test_the_report_plots_and_tabulates_acceptance_by_depth():
     row = {"acceptance_length": 2.0, "rounds": 8, "tokens": 16, "prompts": 1}
     per_depth = {"0": {"2": row}, "512": {"2": {**row, "acceptance_length": 1.5}}}
     sim = {d: {"2": {"acceptance_length": 2.2, "positions": 40}} for d in ("0", "512")}
-    table = depth_table(cuts, (2,), 16, sim, per_depth, per_depth)
+    table = depth_table(cuts, (2,), 16, sim, per_depth, per_depth).to_json()
     metrics = {
         "ks": [2],
         "simulated": {"2": {"acceptance_length": 2.0, "conditional_acceptance": [0.8, 0.5]}},

@@ -9,7 +9,7 @@ import pytest
 def test_engine_and_live_acceptance_are_reported_on_one_definition():
     """The figures of the issue: 16 prompts, 654 tokens, 210 rounds in both; vLLM's counters say
     3.167, our loop 3.105. Emitted tokens per round: (654 - 16) / 210 in both."""
-    from eaglenest.stages.evaluate.live import emitted_per_round
+    from eaglenest.formats.metrics import emitted_per_round
     from eaglenest.stages.evaluate.vllm_evaluate import live_vs_engine
     from eaglenest.stages.report.acceptance import engine_table
 

@@ -86,7 +86,7 @@ def test_metrics_name_the_training_mode_and_what_the_other_mode_costs(tmp_path):
         "live_groups": {"thinking:off": figures(1.5)},
         "engine": {"per_k": figures(2.2), "by_depth": {"0": {}, "thinking:off": figures(1.1)}},
     }
-    section = thinking_section(found, metrics, [tmp_path / "train.parquet"])
+    section = thinking_section(found, metrics, [tmp_path / "train.parquet"]).to_json()
     assert section["trained"] == {"mode": "on", "samples": {"on": 2}}
     assert (section["heldout_mode"], section["other_mode"]) == ("on", "off")
     assert section["modes"]["off"]["engine"]["3"]["acceptance_length"] == 1.1

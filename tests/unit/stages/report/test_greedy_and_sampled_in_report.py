@@ -60,7 +60,7 @@ def metrics_with_engine() -> dict:
     cuts = [DepthCut(0, [[1]] * 6), DepthCut(64, [[1]] * 6)]
     at = {key: {str(c.depth): {k: f[key] for k, f in figures.items()} for c in cuts}
           for key in ("0", "0.7")}  # fmt: skip
-    metrics["by_depth"] = depth_table(cuts, (3, 7), 64, {}, None, at["0"], at["0.7"])
+    metrics["by_depth"] = depth_table(cuts, (3, 7), 64, {}, None, at["0"], at["0.7"]).to_json()
     return metrics
 
 

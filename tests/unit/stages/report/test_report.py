@@ -164,7 +164,7 @@ def test_the_recipe_the_drafter_was_trained_with_is_shown(tmp_path: Path):
 def test_a_parallel_familys_recipe_names_its_own_drafted_slots_not_the_ttt_keys():
     """P-EAGLE's and DFlash's settings leave EAGLE-3's TTT keys out (TrainSettings.of_family):
     their recipe says how their own slots are weighed and what they are drafted from."""
-    from eaglenest.stages.report.sections import recipe_rows
+    from eaglenest.stages.report.training import recipe_rows
 
     settings = {"loss": "hard_cross_entropy", "lr": 0.003, "epochs": 2}
     for family, drafter, weights in (

@@ -45,7 +45,7 @@ def metrics_in_both_modes(train_tokens: Path) -> dict:
         },
     }
     found = OtherMode("enable_thinking", "on", "off", [[1, 2]] * 7, not_flipped=1)
-    thinking = thinking_section(found, metrics, [train_tokens])
+    thinking = thinking_section(found, metrics, [train_tokens]).to_json()
     # As metrics.json holds it: keys sorted (the stage writes them so), "off" before "on".
     metrics["thinking"] = {**thinking, "modes": dict(sorted(thinking["modes"].items()))}
     return metrics
