@@ -179,7 +179,7 @@ def assert_a_compared_copy_matches(
     run's drafter got, every count equal."""
     import shutil
 
-    from eaglenest.stages.evaluate.compare import compared_drafter
+    from eaglenest.settings.compared_drafters import compared_drafter
     from eaglenest.stages.evaluate.vllm_evaluate import evaluate_in_vllm
 
     copy = shutil.copytree(drafter, tmp_path / "published")

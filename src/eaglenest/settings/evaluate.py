@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.compared_drafters import check_compared_directory
 from eaglenest.settings.families import family_spec
 from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.vllm import VllmEngine
@@ -90,8 +91,8 @@ def compare_drafters(config: Mapping[str, Any]) -> dict[str, str]:
 
 def check_compare(config: Mapping[str, Any], workdir: str | Path = ".") -> None:
     """What the schema cannot say of `evaluate.compare`: the drafters are decoded in vLLM only
-    (evaluate.engine: vllm), and each directory holds the config.json vLLM reads. Raises
-    ValueError naming the key."""
+    (evaluate.engine: vllm), and each directory holds a drafter vLLM would serve
+    (settings/compared_drafters.py). Raises ValueError naming the key."""
     drafters = compare_drafters(config)
     if drafters and (config.get("evaluate") or {}).get("engine") != "vllm":
         raise ValueError(
@@ -99,13 +100,7 @@ def check_compare(config: Mapping[str, Any], workdir: str | Path = ".") -> None:
             "set evaluate.engine: vllm (or remove evaluate.compare)"
         )
     for name, directory in drafters.items():
-        config_json = Path(workdir) / directory / "config.json"
-        if not config_json.is_file():
-            raise ValueError(
-                f"config key 'evaluate.compare.{name}': {directory} has no config.json (resolved "
-                f"from the working directory: {config_json.resolve()}); give the directory of a "
-                "drafter vLLM serves (speculators format, Hugging Face EAGLE-3 or DFlash layout)"
-            )
+        check_compared_directory(name, directory, workdir)
 
 
 def evaluate_job_settings_json(evaluate: str, config: Mapping[str, Any], family: str) -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from eaglenest.common.config import ConfigError, validate_config
+from eaglenest.settings.compared_drafters import CompareError, compared_drafter
 from eaglenest.settings.evaluate import compare_drafters
-from eaglenest.stages.evaluate.compare import CompareError, compared_drafter
 
 
 def drafter(tmp_path: Path, name: str, config: dict) -> Path:
@@ -87,6 +87,7 @@ def test_a_drafter_vllm_would_not_serve_is_refused_naming_the_key(tmp_path: Path
 
 def test_the_config_check_needs_the_engine_and_a_config_json(tmp_path: Path):
     present = drafter(tmp_path, "present", {"speculators_model_type": "eagle3"})
+    (present / "model.safetensors").write_bytes(b"")
     config = {"evaluate": {"engine": "vllm", "compare": {"published": str(present)}}}
     assert compare_drafters(validate_config(config)) == {"published": str(present)}
     with pytest.raises(ConfigError, match="evaluate.compare': drafters trained elsewhere are"):
@@ -96,3 +97,44 @@ def test_the_config_check_needs_the_engine_and_a_config_json(tmp_path: Path):
         validate_config(missing)
     with pytest.raises(ConfigError, match="evaluate.compare"):
         validate_config({"evaluate": {"engine": "vllm", "compare": {"a/b": str(present)}}})
+
+
+MALFORMED = {
+    "a list": ([{"architectures": ["Eagle3"]}], "holds a JSON list, not an object"),
+    "null": (None, "holds a JSON NoneType, not an object"),
+    "numbers": ({"architectures": [1, 2]}, "field 'architectures' is [1, 2], not a list of"),
+    "a mapping": ({"architectures": {"Eagle3": 1}}, "field 'architectures' is {'Eagle3': 1}, not"),
+    "a typed list": ({"speculators_model_type": ["eagle3"]}, "'speculators_model_type' is ['e"),
+    "a string": ({"dflash_config": "block 8"}, "field 'dflash_config' is 'block 8', not an obj"),
+    "a huge block": (
+        {"speculators_model_type": "dflash", "block_size": 10**9},
+        "block_size 1,000,000,000 is past 64",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_compared_config_is_refused_by_the_config_check(tmp_path, case):
+    """Each was a bare TypeError or AttributeError in the compare job, after generation (or read
+    as EAGLE-3, or asked vLLM for 999,999,999 speculative tokens): now a dry run refuses it."""
+    config, said = MALFORMED[case]
+    directory = tmp_path / "d"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "model.safetensors").write_bytes(b"")
+    run = {"evaluate": {"engine": "vllm", "compare": {"other": str(directory)}}}
+    with pytest.raises(ConfigError, match="config key 'evaluate.compare.other'") as err:
+        validate_config(run)
+    assert said in str(err.value)
+
+
+def test_a_compared_directory_without_weights_or_that_loops_is_refused(tmp_path):
+    bare = drafter(tmp_path, "bare", {"speculators_model_type": "eagle3"})
+    run = {"evaluate": {"engine": "vllm", "compare": {"bare": str(bare)}}}
+    with pytest.raises(ConfigError, match=r"'evaluate.compare.bare'.*holds no weights"):
+        validate_config(run)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    run = {"evaluate": {"engine": "vllm", "compare": {"loop": str(tmp_path / "a")}}}
+    with pytest.raises(ConfigError, match=r"'evaluate.compare.loop'.*symbolic link to nothing"):
+        validate_config(run)
