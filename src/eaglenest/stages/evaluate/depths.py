@@ -8,7 +8,8 @@ there, `evaluate.live_max_new_tokens` tokens, with the drafter proposing; depth 
 own prompt (its answer from the start). A sample is skipped, and counted, when it is shorter than
 d + the continuation (`too_short`), or when its prompt alone is longer than d (`prompt_past_depth`:
 the cut would fall inside the user's text, not the answer). Simulated acceptance per depth counts
-the positions at or past d of every held-out sample.
+the positions at or past d of every held-out sample, and (`window`) only those the decoding from
+the cut covers (simulated.decoded_window): like with like beside the live and engine rows.
 """
 
 from __future__ import annotations
@@ -100,6 +101,17 @@ def _engine_row(figures: dict[str, Any] | None) -> DepthEngineFigures | None:
     )
 
 
+def _simulated_row(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The simulated figures past the depth, and over the decoded window where measured
+    (simulated.decoded_window: the positions the live and engine rows decode)."""
+    if not figures:
+        return None
+    row = {key: figures[key] for key in ("acceptance_length", "positions")}
+    if "window" in figures:
+        row["window"] = {key: figures["window"][key] for key in ("acceptance_length", "positions")}
+    return row
+
+
 def depth_table(
     cuts: list[DepthCut],
     ks: tuple[int, ...],
@@ -125,14 +137,7 @@ def depth_table(
                 DepthRow(
                     depth=cut.depth,
                     prompts=len(cut.prompts),
-                    simulated=(
-                        {
-                            "acceptance_length": sim["acceptance_length"],
-                            "positions": sim["positions"],
-                        }
-                        if sim
-                        else None
-                    ),
+                    simulated=_simulated_row(sim),
                     live=_live_row(((live or {}).get(d) or {}).get(k)),
                     engine=_engine_row(((engine or {}).get(d) or {}).get(k)),
                     engine_sampled=_engine_row(((engine_sampled or {}).get(d) or {}).get(k)),

@@ -109,13 +109,18 @@ def simulate(
     ks: tuple[int, ...],
     device: str = "cpu",
     depths: tuple[int, ...] = (),
+    window: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Simulated acceptance for each proposer (a drafter, or an int = prompt-lookup n-gram).
     With `depths`, also the first proposer's at the positions at or past each depth, under
-    "by_depth": depth (str) -> K (str) -> figures."""
+    "by_depth": depth (str) -> K (str) -> figures; with `window` (the tokens decoded from each
+    depth's cut), beside them under "window" its figures over only the positions that decoding
+    covers (`decoded_window`): past d counts the whole rest of the answer, which at depth 0
+    weighs an answer's easy depths into a figure its first tokens are compared with."""
     counts = {name: {k: AcceptanceCounts(k) for k in ks} for name in proposers}
     first = next(iter(proposers))
     by_depth = {d: {k: AcceptanceCounts(k) for k in ks} for d in depths}
+    by_window = {d: {k: AcceptanceCounts(k) for k in ks} for d in depths if window}
     kmax = max(ks)
     order = plan.epoch_order(0)
     ask_ahead(plan.shards, order)  # states from the capture servers (hidden.store none/budget)
@@ -144,14 +149,36 @@ def simulate(
                 for depth in depths if name == first else ():
                     deep = where & (torch.arange(where.shape[1])[None] >= depth)
                     by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep, :k])
+                    if window:
+                        near = where & decoded_window(batch.loss_mask, lengths, depth, window)
+                        by_window[depth][k].add(
+                            chains[0][near], chains[1][near], data_next[near, :k]
+                        )
     results = {
         name: {str(k): c.result() for k, c in per_k.items()} for name, per_k in counts.items()
     }
     if depths:
         results["by_depth"] = {
-            str(d): {str(k): c.result() for k, c in per_k.items()} for d, per_k in by_depth.items()
+            str(d): {
+                str(k): {**c.result(), **({"window": by_window[d][k].result()} if window else {})}
+                for k, c in per_k.items()
+            }
+            for d, per_k in by_depth.items()
         }
     return results
+
+
+def decoded_window(loss_mask: torch.Tensor, lengths: torch.Tensor, depth: int, width: int):
+    """[B, T] bool: the positions whose drafts a decoding from the `depth` cut makes (depths.py
+    `cut_sample`): the cut c is the answer's start at depth 0, else `depth`; its `width` new
+    tokens are drafted from positions c - 1 .. c + width - 2; only in the rows that cut keeps
+    (the prompt not past the depth, the sample long enough)."""
+    t = loss_mask.shape[1]
+    answer_start = loss_mask.to(torch.int8).argmax(1)  # the first completion token
+    cut = answer_start if depth == 0 else torch.full_like(answer_start, depth)
+    kept = (lengths >= cut + width) & ((answer_start <= depth) | (depth == 0))
+    position = torch.arange(t)[None]
+    return kept[:, None] & (position >= cut[:, None] - 1) & (position < (cut + width - 1)[:, None])
 
 
 def chain_predictions(
@@ -290,4 +317,5 @@ def simulate_all(
     plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
     proposers = {family: drafter, "untrained": untrained}
     proposers["prompt_lookup"] = settings.prompt_lookup_ngram
-    return simulate(proposers, plan, signal, settings.ks, device, settings.depths)
+    window = settings.live_max_new_tokens  # what each depth's cut is decoded for
+    return simulate(proposers, plan, signal, settings.ks, device, settings.depths, window)

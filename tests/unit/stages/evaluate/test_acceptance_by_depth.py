@@ -105,3 +105,37 @@ def test_the_report_plots_and_tabulates_acceptance_by_depth():
     assert lines["K=2 live"] == [2.0, 1.5] and lines["K=2 simulated"] == [2.2, 2.2]
     html = depth_table_html(table)
     assert "512" in html and "0 too short" in html
+
+
+def test_the_decoded_window_is_the_drafts_a_decoding_from_the_cut_makes():
+    """Simulated acceptance past a depth counts the whole rest of the answer; the window counts
+    only the positions a decoding of `width` tokens from that depth's cut drafts from (c - 1 ..
+    c + width - 2), in the samples the cut keeps: like with like beside live and engine."""
+    import torch
+
+    from eaglenest.stages.evaluate.simulated import decoded_window
+
+    # Two samples: prompts of 3 and 6 tokens, lengths 20 and 12 (the second padded to 20).
+    loss_mask = torch.zeros(2, 20, dtype=torch.bool)
+    loss_mask[0, 3:20] = True
+    loss_mask[1, 6:12] = True
+    lengths = torch.tensor([20, 12])
+    at_zero = decoded_window(loss_mask, lengths, depth=0, width=4)
+    assert at_zero[0].nonzero().flatten().tolist() == [2, 3, 4, 5]  # cut 3: drafts from 2..5
+    assert at_zero[1].nonzero().flatten().tolist() == [5, 6, 7, 8]  # cut 6
+    at_eight = decoded_window(loss_mask, lengths, depth=8, width=5)
+    assert at_eight[0].nonzero().flatten().tolist() == [7, 8, 9, 10, 11]
+    assert not at_eight[1].any()  # 12 tokens: too short for 8 + 5
+    assert not decoded_window(loss_mask, lengths, depth=4, width=4)[1].any()  # prompt past 4
+
+
+def test_the_depth_table_keeps_the_simulated_window_beside_the_figure_past_the_depth():
+    cuts = cut_at_depths([], depths=(0,), per_depth=4, continuation=64)
+    window = {"acceptance_length": 1.4, "positions": 60, "conditional_acceptance": [0.3]}
+    simulated = {"0": {"3": {"acceptance_length": 3.5, "positions": 900, "window": window}}}
+    row = depth_table(cuts, (3,), 64, simulated, None, None).to_json()["per_k"]["3"][0]
+    assert row["simulated"] == {
+        "acceptance_length": 3.5,
+        "positions": 900,
+        "window": {"acceptance_length": 1.4, "positions": 60},
+    }
