@@ -13,6 +13,8 @@ rule prepare_eval_set:
         get_log("prepare_eval_set/{set}"),
     wildcard_constraints:
         set="|".join(EVAL_SETS) or "(?!)",
+    # ready from the start: checked against the target before any training job runs
+    priority: 10
     conda:
         "../envs/eaglenest.yaml"
     threads: 1
