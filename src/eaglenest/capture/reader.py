@@ -56,7 +56,7 @@ from eaglenest.formats.hidden_shard import loaded_rows, stored_rows
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.target_model.files import resolve_target_dir
-from eaglenest.target_model.loading import default_aux_layer_ids, load_text_config
+from eaglenest.target_model.loading import checked_aux_layer_ids, load_text_config
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class PooledStates:
         target_dir = resolve_target_dir(target.path)
         self.model_config = load_text_config(target.path, target.trust_remote_code)
         n_layers = self.model_config.num_hidden_layers
-        self.layer_ids = tuple(settings.aux_layer_ids or default_aux_layer_ids(n_layers))
+        self.layer_ids = checked_aux_layer_ids(self.model_config, settings)
         self.signal = FinalSignal(target_dir, self.model_config, settings)
         request = capture_engine_request(
             target_dir=target_dir,

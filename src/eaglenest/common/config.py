@@ -141,27 +141,52 @@ def target_layers(config: dict[str, Any]) -> int | None:
 
 
 def check_aux_layers(config: dict[str, Any]) -> None:
-    """Three distinct aux layers where vLLM runs (hidden.backend or evaluate.engine vllm): its
-    engine dies on the first request of a capture whose layers repeat ("expanded size (4) must
-    match (3)"), and vLLM's default (2, N//2, N-3) repeats one below 7 layers. Checked here,
-    before any job, where the layers are known."""
-    hidden = config.get("hidden") or {}
+    """The captured layers (hidden.aux_layer_ids, else the union of train.families' defaults)
+    and each family's subset of them (train.aux_layer_ids), checked before any job where the
+    target's layers are known: each below N, a family's layer among the captured ones. Where
+    vLLM runs (hidden.backend or evaluate.engine vllm) distinct: its engine dies on the first
+    request of a capture whose layers repeat ("expanded size (4) must match (3)"), and vLLM's
+    default (2, N//2, N-3) repeats one below 7 layers."""
+    hidden, train = config.get("hidden") or {}, config.get("train") or {}
+    families = train.get("families") or ["eagle3"]
+    chosen, layers = hidden.get("aux_layer_ids"), target_layers(config)
+    if chosen is None and layers is None:
+        return
+    from eaglenest.settings.families import (
+        captured_layer_ids,
+        check_captured,
+        family_layer_ids,
+        layer_rules,
+    )
+
+    rules = layer_rules(families)
+    captured = captured_layer_ids(chosen, rules, layers)
+    if chosen is not None:
+        where = "set"
+    elif rules == ("vllm",):
+        where = f"null, so vLLM's default (2, N//2, N-3) for the target's {layers} layers"
+    else:
+        where = (
+            f"null, so train.families {list(families)}' defaults for the target's {layers} layers"
+        )
+    if layers is not None and not all(i < layers for i in captured):
+        raise ValueError(
+            f"config key 'hidden.aux_layer_ids' is {where}: {list(captured)} names a layer past "
+            f"the target's {layers} (ids 0 to {layers - 1})"
+        )
+    for family in families:
+        subset = (train.get("aux_layer_ids") or {}).get(family)
+        if layers is not None:
+            family_layer_ids(family, subset, captured, layers)
+        elif subset is not None:
+            check_captured(family, subset, captured)
     engine = (config.get("evaluate") or {}).get("engine")
     if hidden.get("backend") != "vllm" and engine != "vllm":
         return  # transformers' hooks take any layers; the crash is vLLM's
-    chosen = hidden.get("aux_layer_ids")
-    layers = target_layers(config)
-    if chosen is None and layers is None:
-        return
-    if chosen is None:
-        chosen = [2, layers // 2, layers - 3]
-        where = f"null, so vLLM's default (2, N//2, N-3) for the target's {layers} layers"
-    else:
-        where = "set"
-    if len(set(chosen)) != len(chosen):
+    if len(set(captured)) != len(captured):
         raise ValueError(
-            f"config key 'hidden.aux_layer_ids' is {where}: {list(chosen)} repeats a layer, on "
-            "which vLLM's capture engine dies; give three distinct layer ids"
+            f"config key 'hidden.aux_layer_ids' is {where}: {list(captured)} repeats a layer, on "
+            "which vLLM's capture engine dies; give distinct layer ids"
         )
 
 

@@ -18,7 +18,7 @@ from eaglenest.formats.hidden_shard import FORMAT
 from eaglenest.target_model.checkpoint import TargetHeadError, checkpoint_head_tensors
 from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.target_model.loading import (
-    default_aux_layer_ids,
+    captured_layer_ids,
     load_text_config,
     target_config_hash,
 )
@@ -42,7 +42,8 @@ def save_target_head(out: str | Path, settings: TargetHeadSettings) -> dict[str,
     tensors, tied = checkpoint_head_tensors(
         target_dir, bool(getattr(config, "tie_word_embeddings", False))
     )
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(config.num_hidden_layers)
+    n_layers = config.num_hidden_layers
+    layer_ids = captured_layer_ids(settings.aux_layer_ids, settings.layer_rules, n_layers)
     metadata = {
         "format": FORMAT,
         "target_path": str(target_path),

@@ -80,6 +80,9 @@ class Settings:
     PARTIAL = False
     # The config section of the fields (NotTracked names the key: "target.path").
     SECTION = ""
+    # Fields added after runs were made -> the value at which they are left out of the JSON (and
+    # filled back by from_dict): the value that does what the runs did, so they rerun nothing.
+    LEFT_OUT_AT: typing.ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def not_tracked(cls, name: str) -> NotTracked:
@@ -98,7 +101,11 @@ class Settings:
         return dataclasses.replace(self, target=target)  # type: ignore[type-var]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self, dict_factory=_tracked_items), sort_keys=True)
+        values = dataclasses.asdict(self, dict_factory=_tracked_items)
+        left_out = [
+            k for k, v in self.LEFT_OUT_AT.items() if _json_form(values.get(k, v)) == _json_form(v)
+        ]
+        return json.dumps({k: v for k, v in values.items() if k not in left_out}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Self:
@@ -110,9 +117,15 @@ class Settings:
         tuples (lists in JSON) come back as they were."""
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        values = {**cls.LEFT_OUT_AT, **values}
         if cls.PARTIAL:
             values = {f.name: cls.not_tracked(f.name) for f in fields} | dict(values)
         return cls(**{f.name: _revived(hints[f.name], values[f.name]) for f in fields})
+
+
+def _json_form(value: Any) -> Any:
+    """A value as JSON holds it (a tuple as a list)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _revived(hint: Any, value: Any) -> Any:

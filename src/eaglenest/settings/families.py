@@ -15,7 +15,7 @@ library and settings/ here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,39 @@ def block_ks(configured: tuple[int, ...], block_size: int | None) -> tuple[int, 
     return (block_served_k(block_size),)
 
 
+# ---- the target layers each family reads by default (hidden.aux_layer_ids null) -----------
+
+
+def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, ...]:
+    """vLLM's default `eagle_aux_hidden_state_layer_ids` (2, N//2, N-3): EAGLE-3's and
+    P-EAGLE's (the input of those decoder layers)."""
+    n = num_hidden_layers
+    return (2, n // 2, n - 3)
+
+
+# z-lab's released DFlash drafters read five target layers (Qwen3-8B's 36: 1, 9, 17, 25, 33).
+DFLASH_TARGET_LAYERS = 5
+
+
+def z_lab_layers(num_hidden_layers: int) -> tuple[int, ...]:
+    """DFlash's default: z-lab's `build_target_layer_ids(N, 5)` (dflash/model.py), five layers
+    spread evenly from layer 1 to N-3, rounded, in the project's convention. z-lab's ids are
+    "output of layer i" (hidden_states[i + 1]), the project's "input of decoder layer i", so
+    each is i + 1 here (drafter/dflash/model.py `dflash_target_layer_ids` subtracts it again).
+    Distinct and sorted: below 8 layers the spread repeats a layer."""
+    start, end = 1, num_hidden_layers - 3
+    span = end - start
+    steps = DFLASH_TARGET_LAYERS - 1
+    return tuple(sorted({round(start + i * span / steps) + 1 for i in range(steps + 1)}))
+
+
+# A family's `layer_rule` -> its default layers of an N-layer target.
+LAYER_RULES: dict[str, Callable[[int], tuple[int, ...]]] = {
+    "vllm": default_aux_layer_ids,
+    "z-lab": z_lab_layers,
+}
+
+
 # ---- what a family refuses of the train section (settings.train.check_families) ----------------
 
 
@@ -138,6 +171,8 @@ class FamilySpec:
     parallel: bool  # drafts its K tokens in one forward (from mask tokens)
     # of the train section and its drafter's window (settings.train.drafter_window)
     checks: tuple[Callable[[Mapping[str, Any], int | None], None], ...]
+    # LAYER_RULES' name of the target layers it reads by default (train.aux_layer_ids null)
+    layer_rule: str = "vllm"
 
 
 FAMILY_SPECS: dict[str, FamilySpec] = {
@@ -178,6 +213,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
             vllm_method="dflash",
             parallel=True,
             checks=(_no_window,),
+            layer_rule="z-lab",
         ),
     )
 }
@@ -208,3 +244,50 @@ def family_of_suffix(suffix: str) -> str:
         if spec.suffix == suffix:
             return spec.name
     raise ValueError(f"{suffix!r} is no drafter family's suffix")
+
+
+def layer_rules(families: Sequence[str]) -> tuple[str, ...]:
+    """The distinct default-layer rules of these families, in LAYER_RULES' order: what the
+    capture of a null hidden.aux_layer_ids takes the union of (`captured_layer_ids`)."""
+    wanted = {family_spec(f).layer_rule for f in families}
+    return tuple(rule for rule in LAYER_RULES if rule in wanted)
+
+
+def captured_layer_ids(
+    chosen: Sequence[int] | None, rules: Sequence[str], num_hidden_layers: int
+) -> tuple[int, ...]:
+    """The layers the capture keeps: hidden.aux_layer_ids where set, else the union of the
+    rules' defaults, sorted. vLLM's default alone stays as vLLM gives it (unsorted, repeats
+    kept below 7 layers: what every run captured before other families' layers)."""
+    if chosen is not None:
+        return tuple(chosen)
+    if tuple(rules) == ("vllm",):
+        return default_aux_layer_ids(num_hidden_layers)
+    return tuple(sorted(set().union(*(LAYER_RULES[r](num_hidden_layers) for r in rules))))
+
+
+def family_layer_ids(
+    family: str, chosen: Sequence[int] | None, captured: Sequence[int], num_hidden_layers: int
+) -> tuple[int, ...]:
+    """The captured layers a family's drafter reads, in the captured order (its columns of the
+    shards' `aux`): train.aux_layer_ids.<family> where set, else the family's default layers
+    where the capture holds them all (a null hidden.aux_layer_ids always does), else every
+    captured layer (a hidden.aux_layer_ids set for another choice). ValueError naming both
+    keys for a layer the capture does not hold."""
+    default = LAYER_RULES[family_spec(family).layer_rule](num_hidden_layers)
+    if chosen is None:
+        chosen = default if set(default) <= set(captured) else captured
+    check_captured(family, chosen, captured)
+    return tuple(i for i in captured if i in set(chosen))
+
+
+def check_captured(family: str, chosen: Sequence[int], captured: Sequence[int]) -> None:
+    """ValueError naming train.aux_layer_ids.<family> and hidden.aux_layer_ids for a layer of
+    the family's the capture does not hold."""
+    missing = [i for i in chosen if i not in captured]
+    if missing:
+        raise ValueError(
+            f"train.aux_layer_ids.{family} {list(chosen)}: layers {missing} are not captured; "
+            f"hidden.aux_layer_ids captures {list(captured)} (add them there, or leave it null "
+            "for the union of train.families' defaults)"
+        )

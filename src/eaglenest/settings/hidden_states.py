@@ -6,16 +6,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from eaglenest.settings import Settings
+from eaglenest.settings.families import layer_rules
 from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.vllm import VllmEngine
+
+# What every run captured before families read other layers: vLLM's default alone (EAGLE-3's
+# and P-EAGLE's), left out of the settings' JSON so that those runs recapture nothing.
+VLLM_LAYERS_ONLY: dict[str, Any] = {"layer_rules": ("vllm",)}
+
+
+def default_layer_rules(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The rules whose union a null hidden.aux_layer_ids captures (train.families'); where the
+    layers are set, none is read: vLLM's alone, left out of the JSON (adding a family to such a
+    run recaptures nothing)."""
+    if config["hidden"]["aux_layer_ids"] is not None:
+        return VLLM_LAYERS_ONLY["layer_rules"]
+    return layer_rules(config["train"]["families"])
 
 
 @dataclass(frozen=True)
 class HiddenSettings(Settings):
-    aux_layer_ids: tuple[int, ...] | None  # None: vLLM's default (2, N//2, N-3)
+    LEFT_OUT_AT: ClassVar[dict[str, Any]] = VLLM_LAYERS_ONLY
+
+    aux_layer_ids: tuple[int, ...] | None  # None: the union of layer_rules' defaults
+    # settings/families.py LAYER_RULES of train.families (`captured_layer_ids`): ("vllm",) is
+    # vLLM's (2, N//2, N-3); with dflash also z-lab's five. Read only where aux_layer_ids is None.
+    layer_rules: tuple[str, ...]
     target_signal: str  # "final_hidden" or "topk"
     top_k: int
     dtype: str  # storage: "bf16", "fp8" or "fp32"
@@ -29,7 +48,9 @@ class HiddenSettings(Settings):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> HiddenSettings:
         section = config["hidden"]
-        values = {k: section[k] for k in cls.__dataclass_fields__ if k not in ("engine", "target")}
+        own = set(cls.__dataclass_fields__) - {"engine", "target", "layer_rules"}
+        values = {k: section[k] for k in own}
+        values["layer_rules"] = default_layer_rules(config)
         values["engine"] = VllmEngine.from_config(config) if section["backend"] == "vllm" else None
         values["target"] = TargetSettings.view(config, "model", "path", "trust_remote_code")
         if values["aux_layer_ids"] is not None:
@@ -58,7 +79,10 @@ class TargetHeadSettings(Settings):
     the target is; apart from HiddenSettings, so that a change of how hidden states are captured
     (batch, storage dtype, backend, device) does not read the checkpoint again."""
 
+    LEFT_OUT_AT: ClassVar[dict[str, Any]] = VLLM_LAYERS_ONLY
+
     aux_layer_ids: tuple[int, ...] | None
+    layer_rules: tuple[str, ...]  # as HiddenSettings'
     target: TargetSettings  # path and trust_remote_code
 
     @classmethod
@@ -66,6 +90,7 @@ class TargetHeadSettings(Settings):
         layer_ids = config["hidden"]["aux_layer_ids"]
         return cls(
             aux_layer_ids=tuple(layer_ids) if layer_ids is not None else None,
+            layer_rules=default_layer_rules(config),
             target=TargetSettings.view(config, "path", "trust_remote_code"),
         )
 

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from eaglenest.settings import NotTracked, Settings
 from eaglenest.settings.families import (
@@ -166,7 +166,13 @@ class FamilySettings(Settings):
     """The family one train_drafter job trains, with the keys only that family reads; the
     recipe they share (optimizer, batches, objective...) is TrainSettings."""
 
+    # Left out of the JSON at its default: the jobs of runs made before it rerun nothing.
+    LEFT_OUT_AT: ClassVar[dict[str, Any]] = {"aux_layer_ids": None}
+
     name: str  # one of FAMILIES
+    # train.aux_layer_ids.<name>: the captured layers its drafter reads; None: its default
+    # (settings/families.py `family_layer_ids`)
+    aux_layer_ids: tuple[int, ...] | None
     mask_token_id: int | None  # p_eagle, dflash; None: the default (stages/train/families.py)
     p_eagle: PEagleSettings | None
     dflash: DFlashSettings | None
@@ -180,17 +186,27 @@ class FamilySettings(Settings):
     @classmethod
     def of(cls, config: Mapping[str, Any], name: str) -> FamilySettings:
         spec = family_spec(name)
+        chosen = config["train"]["aux_layer_ids"][name]
+        layers = None if chosen is None else tuple(chosen)
         if spec.settings is None:
-            return cls(name=name, mask_token_id=None, p_eagle=None, dflash=None, target=None)
+            return dataclasses.replace(cls.eagle3(), name=name, aux_layer_ids=layers)
         # A family with settings of its own has a field of that name here (None for the others).
         own = {other: None for other in FAMILIES if FAMILY_SPECS[other].settings is not None}
         own[name] = spec.settings.from_config(config)
         target = TargetSettings.view(config, "path", "tokenizer", "trust_remote_code")
-        return cls(name=name, mask_token_id=config["train"]["mask_token_id"], target=target, **own)
+        mask = config["train"]["mask_token_id"]
+        return cls(name=name, aux_layer_ids=layers, mask_token_id=mask, target=target, **own)
 
     @classmethod
     def eagle3(cls) -> FamilySettings:
-        return cls(name="eagle3", mask_token_id=None, p_eagle=None, dflash=None, target=None)
+        return cls(
+            name="eagle3",
+            aux_layer_ids=None,
+            mask_token_id=None,
+            p_eagle=None,
+            dflash=None,
+            target=None,
+        )
 
 
 def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) -> str:
@@ -198,11 +214,14 @@ def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) 
     (`train`): that alone for eagle3 (what the rule tracked before families, so a finished run
     reruns nothing), else the view the family reads (`TrainSettings.of_family`) with the
     family's own settings beside it."""
-    if family_spec(family).settings is None:  # EAGLE-3's: the train section whole, as always
-        return train
+    own = FamilySettings.of(config, family)
+    if family_spec(family).settings is None and own.aux_layer_ids is None:
+        return train  # EAGLE-3's at its default layers: the train section whole, as always
+    if family_spec(family).settings is None:  # EAGLE-3 reading layers of its own choice
+        values = {"train": json.loads(train), "family": json.loads(own.to_json())}
+        return json.dumps(values, sort_keys=True)
     view = json.loads(TrainSettings.from_json(train).of_family(family).to_json())
-    own = json.loads(FamilySettings.of(config, family).to_json())
-    return json.dumps({"train": view, "family": own}, sort_keys=True)
+    return json.dumps({"train": view, "family": json.loads(own.to_json())}, sort_keys=True)
 
 
 def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:

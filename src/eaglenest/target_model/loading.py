@@ -15,6 +15,10 @@ import torch
 
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import sha256_file
+from eaglenest.settings.families import (
+    captured_layer_ids,
+    default_aux_layer_ids,  # noqa: F401 (the stages import it here)
+)
 from eaglenest.target_model.files import resolve_target_dir
 from eaglenest.target_model.remote_code import remote_code_errors
 
@@ -26,19 +30,17 @@ log = logging.getLogger(__name__)
 _MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, int, int]:
-    """vLLM's default `eagle_aux_hidden_state_layer_ids`."""
-    n = num_hidden_layers
-    return (2, n // 2, n - 3)
-
-
 def checked_aux_layer_ids(model_config: Any, settings: HiddenSettings) -> tuple[int, ...]:
-    """The decoder layers whose input is kept: the settings' or the default, checked against the
-    target's config (and top_k against its vocabulary)."""
+    """The decoder layers whose input is kept: the settings' or the union of train.families'
+    defaults (settings/families.py `captured_layer_ids`), checked against the target's config
+    (and top_k against its vocabulary). At least 3 (EAGLE-3's default reads 3), each in
+    [0, N); no bound above N: vLLM's extraction keeps any number (one KV head a layer)."""
     n_layers = model_config.num_hidden_layers
-    layer_ids = settings.aux_layer_ids or default_aux_layer_ids(n_layers)
-    if len(layer_ids) != 3 or not all(0 <= k < n_layers for k in layer_ids):
-        raise ValueError(f"hidden.aux_layer_ids {list(layer_ids)}: need 3 ids in [0, {n_layers})")
+    layer_ids = captured_layer_ids(settings.aux_layer_ids, settings.layer_rules, n_layers)
+    if len(layer_ids) < 3 or not all(0 <= k < n_layers for k in layer_ids):
+        raise ValueError(
+            f"hidden.aux_layer_ids {list(layer_ids)}: need 3 or more ids in [0, {n_layers})"
+        )
     if settings.target_signal == "topk" and settings.top_k > model_config.vocab_size:
         raise ValueError(f"hidden.top_k {settings.top_k} > vocabulary {model_config.vocab_size}")
     return tuple(layer_ids)
