@@ -159,7 +159,7 @@ def check_aux_layers(config: dict[str, Any]) -> None:
         layer_rules,
     )
 
-    rules = layer_rules(families)
+    rules = layer_rules(families, train.get("aux_layer_ids"))
     captured = captured_layer_ids(chosen, rules, layers)
     if chosen is not None:
         where = "set"

@@ -12,6 +12,7 @@ logits restricted to the draft vocabulary and a flag saying whether the target's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +36,7 @@ class TrainDataError(ValueError):
 
 @dataclass
 class Batch:
-    aux: torch.Tensor  # [B, T, 3H] float32
+    aux: torch.Tensor  # [B, T, n·H] float32: the n layers the drafter reads, side by side
     input_ids: torch.Tensor  # [B, T] int64 (0 past each sample's end)
     loss_mask: torch.Tensor  # [B, T] bool (False past the end)
     # [B, T, D] float32 (TargetSignal): the target's log-probabilities of the draft tokens under
@@ -102,6 +103,22 @@ def open_shards(
             f"{head.path} has vocab_size {head.vocab_size}"
         )
     return shards
+
+
+def aux_columns(
+    captured: Sequence[int], reads: Sequence[int], hidden_size: int
+) -> torch.Tensor | None:
+    """The columns of a shard's `aux` [T, n·H] (the captured layers' states side by side, in the
+    captured order) that hold the layers a drafter reads, in the order it reads them; None where
+    it reads every captured layer (nothing to slice). TrainDataError for a layer not captured."""
+    captured, reads = list(captured), list(reads)
+    if reads == captured:
+        return None
+    missing = [i for i in reads if i not in captured]
+    if missing:
+        raise TrainDataError(f"the drafter reads layers {missing}, not captured ({captured})")
+    starts = [captured.index(i) * hidden_size for i in reads]
+    return torch.cat([torch.arange(start, start + hidden_size) for start in starts])
 
 
 class TargetSignal:
@@ -182,8 +199,12 @@ class BatchPlan:
         limit: int | None = None,
         shuffle_pool: int = 0,
         packed: bool = False,
+        aux_layer_ids: Sequence[int] | None = None,
     ):
         self.shards = shards
+        # The captured layers the drafter reads (its config's aux_layer_ids): the batches' aux
+        # holds their columns only (`aux_columns`); None: every captured layer.
+        self.aux_layer_ids = aux_layer_ids
         self.seed = seed
         self.max_batch_tokens = max_batch_tokens
         self.shuffle_pool = shuffle_pool
@@ -220,10 +241,13 @@ class BatchPlan:
         return [len(self._epoch_batches(epoch)) for epoch in range(epochs)]
 
 
-def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
-    """Right-padded tensors of these samples, read from the shard files (target signal raw)."""
+def build_batch(
+    refs: list[SampleRef], shards: list[HiddenShard], aux_layer_ids: Sequence[int] | None = None
+) -> Batch:
+    """Right-padded tensors of these samples, read from the shard files (target signal raw);
+    `aux_layer_ids`: the captured layers the drafter reads (BatchPlan's), None: all."""
     longest = max(r.length for r in refs)
-    samples = [shards[r.shard].sample(r.index) for r in refs]
+    samples = [drafter_sample(shards[r.shard], r.index, aux_layer_ids) for r in refs]
 
     def padded(name: str, dtype: torch.dtype) -> torch.Tensor:
         first = samples[0][name]
@@ -247,14 +271,28 @@ def build_batch(refs: list[SampleRef], shards: list[HiddenShard]) -> Batch:
     )
 
 
+def drafter_sample(
+    shard: HiddenShard, index: int, aux_layer_ids: Sequence[int] | None
+) -> dict[str, torch.Tensor]:
+    """A shard's sample with `aux` cut to the columns of the layers the drafter reads."""
+    sample = shard.sample(index)
+    if aux_layer_ids is None:
+        return sample
+    columns = aux_columns(shard.aux_layer_ids, aux_layer_ids, shard.hidden_size)
+    return sample if columns is None else {**sample, "aux": sample["aux"][:, columns]}
+
+
 def build_packed_batch(
-    refs: list[SampleRef], shards: list[HiddenShard], max_batch_tokens: int
+    refs: list[SampleRef],
+    shards: list[HiddenShard],
+    max_batch_tokens: int,
+    aux_layer_ids: Sequence[int] | None = None,
 ) -> Batch:
     """The samples packed into rows (`packed_rows` under max_batch_tokens), each row the
     concatenation of its samples, right-padded; `segments` says which sample each position
     holds. Training on it equals training on `build_batch` of the same samples."""
     rows = packed_rows([r.length for r in refs], max_batch_tokens)
-    batch = build_batch(refs, shards)  # one sample a row, then moved into the packed rows
+    batch = build_batch(refs, shards, aux_layer_ids)  # a sample a row, then moved into rows
     if len(rows) == len(refs):  # nothing shares a row (long samples): linear-memory attention
         return batch
     width = max(sum(refs[i].length for i in row) for row in rows)

@@ -79,10 +79,13 @@ def load_export_state(
 def check_captured_layers(
     drafter_dir: Path, aux_layer_ids: Sequence[int], expect_layer_ids: Sequence[int] | None
 ) -> None:
-    """A drafter reads the aux layers the hidden states were captured at, or is refused."""
-    if expect_layer_ids is not None and list(aux_layer_ids) != list(expect_layer_ids):
+    """A drafter reads aux layers among those the hidden states were captured at (its family's
+    subset, train.aux_layer_ids), in the captured order, or is refused."""
+    if expect_layer_ids is None:
+        return
+    captured = list(expect_layer_ids)
+    if [i for i in captured if i in set(aux_layer_ids)] != list(aux_layer_ids):
         raise ExportError(
             f"{drafter_dir / 'config.json'}: eagle_aux_hidden_state_layer_ids "
-            f"{list(aux_layer_ids)} but the hidden states were captured at "
-            f"{list(expect_layer_ids)}"
+            f"{list(aux_layer_ids)} but the hidden states were captured at {captured}"
         )

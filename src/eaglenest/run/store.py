@@ -17,35 +17,57 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-AUX_LAYERS = 3
-
 
 def hidden_bytes_per_token(config: Mapping[str, Any], hidden_size: int) -> int:
-    """Bytes a token takes in a hidden-state shard: the layout formats/hidden_shard.py writes."""
+    """Bytes a token takes in a hidden-state shard: the layout formats/hidden_shard.py writes,
+    with the captured layers' n (`captured_layer_count`) in its aux [T, n·H]."""
     # Imported here: the rules parse this module, and the shard layout imports torch.
     from eaglenest.formats.hidden_shard import bytes_per_token, tensor_specs
     from eaglenest.settings.hidden_states import HiddenSettings
 
     settings = HiddenSettings.from_config(config)
-    return bytes_per_token(tensor_specs(1, 1, hidden_size, AUX_LAYERS, settings))
+    n_aux = captured_layer_count(config)
+    return bytes_per_token(tensor_specs(1, 1, hidden_size, n_aux, settings))
+
+
+def captured_layer_count(config: Mapping[str, Any]) -> int:
+    """The layers the capture keeps: hidden.aux_layer_ids', else the union of train.families'
+    defaults for the target's layers (settings/families.py `captured_layer_ids`; vLLM's three
+    where no other family's default is asked, whatever the target)."""
+    from eaglenest.settings.families import captured_layer_ids
+    from eaglenest.settings.hidden_states import HiddenSettings
+
+    settings = HiddenSettings.from_config(config)
+    if settings.aux_layer_ids is not None:
+        return len(settings.aux_layer_ids)
+    if settings.layer_rules == ("vllm",):
+        return 3
+    layers = config["demo_target"]["num_layers"] if config["demo_target"]["enabled"] else None
+    if layers is None:
+        flags = "--set hidden.aux_layer_ids=[...] (the layers)"
+        layers = target_text_config(config, flags).num_hidden_layers
+    return len(captured_layer_ids(None, settings.layer_rules, layers))
 
 
 def target_hidden_size(config: Mapping[str, Any]) -> int:
     """The target's hidden size: the demo's from its section, else from its config.json."""
     if config["demo_target"]["enabled"]:
         return int(config["demo_target"]["hidden_size"])
+    return int(target_text_config(config, "--hidden-size").hidden_size)
+
+
+def target_text_config(config: Mapping[str, Any], flags: str) -> Any:
+    """The target's (text) config, or a ValueError naming the `eaglenest plan` flags that
+    stand in for it."""
     from eaglenest.target_model.loading import load_text_config  # transformers: see above
 
     try:
-        model_config = load_text_config(
-            config["target"]["path"], config["target"]["trust_remote_code"]
-        )
+        return load_text_config(config["target"]["path"], config["target"]["trust_remote_code"])
     except Exception as err:
         raise ValueError(
             f"target.path {config['target']['path']}: its config is not readable here "
-            f"({type(err).__name__}); give the target's hidden size with --hidden-size"
+            f"({type(err).__name__}); give the target's sizes with {flags}"
         ) from err
-    return int(model_config.hidden_size)
 
 
 def estimated_sample_bytes(config: Mapping[str, Any], hidden_size: int | None = None) -> float:

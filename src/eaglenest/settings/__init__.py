@@ -82,7 +82,7 @@ class Settings:
     SECTION = ""
     # Fields added after runs were made -> the value at which they are left out of the JSON (and
     # filled back by from_dict): the value that does what the runs did, so they rerun nothing.
-    LEFT_OUT_AT: typing.ClassVar[dict[str, Any]] = {}
+    LEFT_OUT_AT: typing.ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
 
     @classmethod
     def not_tracked(cls, name: str) -> NotTracked:

@@ -246,11 +246,17 @@ def family_of_suffix(suffix: str) -> str:
     raise ValueError(f"{suffix!r} is no drafter family's suffix")
 
 
-def layer_rules(families: Sequence[str]) -> tuple[str, ...]:
-    """The distinct default-layer rules of these families, in LAYER_RULES' order: what the
-    capture of a null hidden.aux_layer_ids takes the union of (`captured_layer_ids`)."""
-    wanted = {family_spec(f).layer_rule for f in families}
-    return tuple(rule for rule in LAYER_RULES if rule in wanted)
+def layer_rules(
+    families: Sequence[str], chosen: Mapping[str, Any] | None = None
+) -> tuple[str, ...]:
+    """The distinct default-layer rules of the families that read their default layers (no
+    train.aux_layer_ids.<family> in `chosen`), in LAYER_RULES' order: what the capture of a null
+    hidden.aux_layer_ids takes the union of (`captured_layer_ids`). A family that chose its
+    layers reads them among those (adding it recaptures nothing); where every family chose,
+    vLLM's default, as before families chose."""
+    chosen = chosen or {}
+    wanted = {family_spec(f).layer_rule for f in families if chosen.get(f) is None}
+    return tuple(rule for rule in LAYER_RULES if rule in wanted) or ("vllm",)
 
 
 def captured_layer_ids(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any
 
 from eaglenest.settings import Settings
 from eaglenest.settings.families import layer_rules
@@ -15,21 +16,22 @@ from eaglenest.settings.vllm import VllmEngine
 
 # What every run captured before families read other layers: vLLM's default alone (EAGLE-3's
 # and P-EAGLE's), left out of the settings' JSON so that those runs recapture nothing.
-VLLM_LAYERS_ONLY: dict[str, Any] = {"layer_rules": ("vllm",)}
+VLLM_LAYERS_ONLY = MappingProxyType({"layer_rules": ("vllm",)})
 
 
 def default_layer_rules(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """The rules whose union a null hidden.aux_layer_ids captures (train.families'); where the
+    """The rules whose union a null hidden.aux_layer_ids captures (those of train.families that
+    read their default layers: settings/families.py `layer_rules`); where the
     layers are set, none is read: vLLM's alone, left out of the JSON (adding a family to such a
     run recaptures nothing)."""
     if config["hidden"]["aux_layer_ids"] is not None:
         return VLLM_LAYERS_ONLY["layer_rules"]
-    return layer_rules(config["train"]["families"])
+    return layer_rules(config["train"]["families"], config["train"]["aux_layer_ids"])
 
 
 @dataclass(frozen=True)
 class HiddenSettings(Settings):
-    LEFT_OUT_AT: ClassVar[dict[str, Any]] = VLLM_LAYERS_ONLY
+    LEFT_OUT_AT = VLLM_LAYERS_ONLY
 
     aux_layer_ids: tuple[int, ...] | None  # None: the union of layer_rules' defaults
     # settings/families.py LAYER_RULES of train.families (`captured_layer_ids`): ("vllm",) is
@@ -79,7 +81,7 @@ class TargetHeadSettings(Settings):
     the target is; apart from HiddenSettings, so that a change of how hidden states are captured
     (batch, storage dtype, backend, device) does not read the checkpoint again."""
 
-    LEFT_OUT_AT: ClassVar[dict[str, Any]] = VLLM_LAYERS_ONLY
+    LEFT_OUT_AT = VLLM_LAYERS_ONLY
 
     aux_layer_ids: tuple[int, ...] | None
     layer_rules: tuple[str, ...]  # as HiddenSettings'

@@ -7,7 +7,8 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any
 
 from eaglenest.settings import NotTracked, Settings
 from eaglenest.settings.families import (
@@ -167,7 +168,7 @@ class FamilySettings(Settings):
     recipe they share (optimizer, batches, objective...) is TrainSettings."""
 
     # Left out of the JSON at its default: the jobs of runs made before it rerun nothing.
-    LEFT_OUT_AT: ClassVar[dict[str, Any]] = {"aux_layer_ids": None}
+    LEFT_OUT_AT = MappingProxyType({"aux_layer_ids": None})
 
     name: str  # one of FAMILIES
     # train.aux_layer_ids.<name>: the captured layers its drafter reads; None: its default

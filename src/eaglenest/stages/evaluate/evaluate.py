@@ -108,7 +108,8 @@ def evaluate_drafter(
     live: dict[str, Any] = {}
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
-        live_args = (*live_args, head.aux_layer_ids, cuts, family.name, groups)
+        layers = list(drafter.config.aux_layer_ids)  # the target's layers it reads
+        live_args = (*live_args, layers, cuts, family.name, groups)
         live = live_metrics(loaded.proposer, prompts, *live_args)
     engine: dict[str, Any] = {}
     if settings.engine == "vllm":

@@ -125,7 +125,7 @@ def simulate(
     order = plan.epoch_order(0)
     ask_ahead(plan.shards, order)  # states from the capture servers (hidden.store none/budget)
     for refs in order:
-        on_device = signal.fill(build_batch(refs, plan.shards).to(device))
+        on_device = signal.fill(build_batch(refs, plan.shards, plan.aux_layer_ids).to(device))
         batch = on_device.to("cpu")
         lengths = torch.tensor([r.length for r in refs])
         # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
@@ -314,7 +314,8 @@ def simulate_all(
     """`simulate` of the drafter (under its family's name), its untrained twin and prompt
     lookup on the held-out shards."""
     untrained = untrained_like(drafter, settings.seed)
-    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed)
+    layers = drafter.config.aux_layer_ids  # its columns of the captured aux
+    plan = BatchPlan(shards, settings.max_batch_tokens, settings.seed, aux_layer_ids=layers)
     proposers = {family: drafter, "untrained": untrained}
     proposers["prompt_lookup"] = settings.prompt_lookup_ngram
     window = settings.live_max_new_tokens  # what each depth's cut is decoded for

@@ -37,11 +37,12 @@ from eaglenest.drafter.layers import shift_left
 from eaglenest.drafter.p_eagle.export import check_p_eagle_exportable, export_p_eagle
 from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
-from eaglenest.settings.families import DRAFTER_VARIANTS
+from eaglenest.settings.families import DRAFTER_VARIANTS, family_layer_ids
 from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
 from eaglenest.stages.train.initialise import build_drafter, drafter_config, initialised
 from eaglenest.stages.train.loss import Objective, StepStats, position_losses, ttt_loss
+from eaglenest.target_model.loading import text_config
 
 if TYPE_CHECKING:
     from eaglenest.drafter.batches import Batch
@@ -323,4 +324,16 @@ def build_recipe(
     target_config = AutoConfig.from_pretrained(
         str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
     )
-    return RECIPES[family.name](target_config, head, vocab, settings, family)
+    return RECIPES[family.name](
+        target_config, family_head(head, family, target_config), vocab, settings, family
+    )
+
+
+def family_head(head: TargetHead, family: FamilySettings, target_config: Any) -> TargetHead:
+    """The target head as the family's drafter sees it: its aux layers those it reads of the
+    captured ones (train.aux_layer_ids.<family>, else its default: settings/families.py
+    `family_layer_ids`), so that every recipe's drafter config holds its own layers."""
+    n_layers = text_config(target_config).num_hidden_layers
+    captured = head.aux_layer_ids
+    layers = family_layer_ids(family.name, family.aux_layer_ids, captured, n_layers)
+    return replace(head, aux_layer_ids=list(layers))

@@ -57,10 +57,12 @@ def step_batches(
 ) -> Iterator[tuple[int, int, Batch]]:
     """(epoch, position, batch) of this process for every step from first_step on (step_refs)."""
     for epoch, position, refs in step_refs(plan, first_step, total_steps, epoch_steps, processes):
+        layers = plan.aux_layer_ids  # the family's columns of the captured aux
         if plan.packed:
-            yield epoch, position, build_packed_batch(refs, plan.shards, plan.max_batch_tokens)
+            packed = build_packed_batch(refs, plan.shards, plan.max_batch_tokens, layers)
+            yield epoch, position, packed
         else:
-            yield epoch, position, build_batch(refs, plan.shards)
+            yield epoch, position, build_batch(refs, plan.shards, layers)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:

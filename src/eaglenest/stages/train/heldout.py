@@ -37,7 +37,7 @@ def evaluate_heldout(
     mine = plan.epoch_order(0)[processes.rank :: processes.world_size]
     ask_ahead(plan.shards, mine)
     for refs in mine:
-        batch = signal.fill(build_batch(refs, plan.shards).to(processes.device))
+        batch = signal.fill(build_batch(refs, plan.shards, plan.aux_layer_ids).to(processes.device))
         with autocast(processes.device, settings.precision):
             _, stats = recipe.loss(model, batch, objective)
         for i in range(slots):

@@ -165,14 +165,20 @@ def set_up_training(
         betas=tuple(settings.adam_betas),
         weight_decay=settings.weight_decay,
     )
+    layers = recipe.model.config.aux_layer_ids  # the family's of the captured (family_head)
     plan = BatchPlan(
         shards,
         settings.max_batch_tokens,
         settings.seed,
         shuffle_pool=settings.shuffle_pool,
         packed=settings.packing,
+        aux_layer_ids=layers,
     )
-    eval_plan = BatchPlan(heldout, settings.max_batch_tokens, settings.seed) if heldout else None
+    eval_plan = (
+        BatchPlan(heldout, settings.max_batch_tokens, settings.seed, aux_layer_ids=layers)
+        if heldout
+        else None
+    )
     epoch_sizes = plan.epoch_sizes(settings.epochs)
     epoch_steps = [n // processes.world_size for n in epoch_sizes]
     if min(epoch_steps) == 0:
