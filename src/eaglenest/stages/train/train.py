@@ -129,6 +129,24 @@ def open_data(files: list, tokens: list, states: PooledStates | None, head, voca
     return [*open_shards(files, head, vocab), *open_pooled_shards(states, tokens, head, vocab)]
 
 
+def batch_plans(
+    shards: list, heldout: list, settings: TrainSettings, layers: tuple[int, ...]
+) -> tuple[BatchPlan, BatchPlan | None]:
+    """The training batches and the held-out ones, of the captured layers the family's drafter
+    reads (`layers`: its config's, the recipe's `family_head`)."""
+    plan = BatchPlan(
+        shards,
+        settings.max_batch_tokens,
+        settings.seed,
+        shuffle_pool=settings.shuffle_pool,
+        packed=settings.packing,
+        aux_layer_ids=layers,
+    )
+    if not heldout:
+        return plan, None
+    return plan, BatchPlan(heldout, settings.max_batch_tokens, settings.seed, aux_layer_ids=layers)
+
+
 def set_up_training(
     *,
     train_shards: list[str | Path],
@@ -165,20 +183,7 @@ def set_up_training(
         betas=tuple(settings.adam_betas),
         weight_decay=settings.weight_decay,
     )
-    layers = recipe.model.config.aux_layer_ids  # the family's of the captured (family_head)
-    plan = BatchPlan(
-        shards,
-        settings.max_batch_tokens,
-        settings.seed,
-        shuffle_pool=settings.shuffle_pool,
-        packed=settings.packing,
-        aux_layer_ids=layers,
-    )
-    eval_plan = (
-        BatchPlan(heldout, settings.max_batch_tokens, settings.seed, aux_layer_ids=layers)
-        if heldout
-        else None
-    )
+    plan, eval_plan = batch_plans(shards, heldout, settings, recipe.model.config.aux_layer_ids)
     epoch_sizes = plan.epoch_sizes(settings.epochs)
     epoch_steps = [n // processes.world_size for n in epoch_sizes]
     if min(epoch_steps) == 0:
