@@ -28,8 +28,14 @@ TITLES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE", "dflash": "DFlash"}
 DFLASH = {"block_size": 4, "max_anchors": 32}
 
 
+# DFlash on the finished run's capture, vLLM's default of the demo's 8 layers: its own default
+# (z-lab's five) would widen the capture, and so recapture and retrain the whole run.
+DFLASH_LAYERS = {"dflash": [2, 4, 5]}
+
+
 def with_families(families: list[str]) -> dict:
-    return merged(SMALL_DEMO, {"train": {"families": families, "dflash": DFLASH}})
+    train = {"families": families, "dflash": DFLASH, "aux_layer_ids": DFLASH_LAYERS}
+    return merged(SMALL_DEMO, {"train": train})
 
 
 def without_report(planned: dict[str, int]) -> dict[str, int]:
