@@ -1,7 +1,7 @@
 """The hidden-state shard, `hidden/{shard}.safetensors`: its layout, writer and reader.
 
-One safetensors file per tokens shard packs every sample along tokens: `aux` [T, 3H] (the input of
-the aux decoder layers), the target signal (`final_hidden` [T, H], or `topk_ids`/`topk_values`
+One safetensors file per tokens shard packs every sample along tokens: `aux` [T, n·H] (the input of
+the n aux decoder layers, side by side in the captured order), the target signal (`final_hidden` [T, H], or `topk_ids`/`topk_values`
 [T, k]), `input_ids` [T], `loss_mask` [T] and `offsets` [N+1] (sample i is rows
 offsets[i]:offsets[i+1]), with metadata (format, layer ids, hidden size, dtype, ...).
 

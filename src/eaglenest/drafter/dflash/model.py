@@ -33,9 +33,10 @@ Cost: a row's N anchors make N·bs queries over T + N·bs keys, through SDPA cal
 ANCHOR_CHUNK blocks with a boolean mask [chunk·bs, T + chunk·bs] each (speculators builds the
 whole mask block-sparse for flex attention); `max_anchors` bounds N, the chunks the memory.
 
-The token and hidden-state shards are EAGLE-3's (drafter/batches.py): `aux` [T, 3H] at the
-captured `aux_layer_ids`, the target signal, input_ids, loss_mask. Nothing is recaptured: DFlash
-is conditioned on the same layers, named its own way (`dflash_target_layer_ids`).
+The token and hidden-state shards are EAGLE-3's (drafter/batches.py): `aux` [T, n·H] at the
+captured `aux_layer_ids`, the target signal, input_ids, loss_mask. DFlash reads its own layers
+of that one capture (train.aux_layer_ids.dflash, default z-lab's five: settings/families.py),
+named its own way (`dflash_target_layer_ids`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 runs in transformers in this process, and fills the shard that plan.py lays out.
 
 For every sample of a tokens shard the target runs once and we keep:
-- `aux` [T, 3H]: the INPUT of the decoder layers `aux_layer_ids` (vLLM's
-  `eagle_aux_hidden_state_layer_ids`, default (2, N//2, N-3)) = transformers
+- `aux` [T, n·H]: the INPUT of the n decoder layers `aux_layer_ids` (vLLM's
+  `eagle_aux_hidden_state_layer_ids`; default the union of train.families' defaults, vLLM's
+  (2, N//2, N-3) for EAGLE-3 alone: settings/families.py `captured_layer_ids`) = transformers
   `output_hidden_states[k]`, captured with forward pre-hooks (all hidden states are never kept);
 - the target signal of the loss: `final_hidden` [T, H] (output of the final norm) or the top-k
   logits (`topk_ids` int32 + `topk_values` float32, [T, k]); the LM head runs only for top-k;

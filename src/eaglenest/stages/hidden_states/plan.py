@@ -7,7 +7,7 @@
     return finish_shard(output, plan, settings, started, forward_s)  # the summary JSON
 
 The plan follows from the tokens shard and the target's (text) config alone: aux layer ids
-(`hidden.aux_layer_ids`, else vLLM's default (2, N//2, N-3)), the samples' offsets in the packed
+(`hidden.aux_layer_ids`, else the union of train.families' defaults), the samples' offsets in the packed
 shard, the tensor specs and so the size on disk, logged before anything runs. The shard file
 (formats/hidden_shard.py) is laid out from it at a temporary path and renamed when the writer
 closes, so a killed job leaves nothing that passes as complete; the metadata names the backend.

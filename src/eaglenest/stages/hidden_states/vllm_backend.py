@@ -5,10 +5,10 @@ plan.py lays out, the same `hidden/{shard}.safetensors` as the transformers back
 vLLM runs in its own environment (`vllm.python`; its transformers pin differs from ours): either
 as a child process of this job running vllm_engine/capture.py, the only module of ours it imports
 besides the connector, or as the run's capture servers (`vllm.capture_urls`, capture_client.py).
-Either writes one state file per request, `hidden_states` [T, 4, H] (the three aux layers and
+Either writes one state file per request, `hidden_states` [T, n + 1, H] (the n aux layers and
 layer N, the output of the last decoder layer *before* the final norm) and `token_ids` [T]; this
 module packs each file as it comes and deletes it:
-- `aux` [T, 3H]: layers 0-2 side by side: vLLM's layer id k is transformers' hidden_states[k],
+- `aux` [T, n·H]: layers 0 to n-1 side by side: vLLM's layer id k is transformers' hidden_states[k],
   the same rows the transformers backend keeps;
 - `final_hidden` [T, H]: the target's final norm (weights read by name from its checkpoint,
   RMSNorm as transformers computes it) applied to layer N; for `topk`, the LM head on that.
