@@ -5,7 +5,12 @@ measured by the evaluate stage (simulated and in our own live loop, `family=`), 
 vLLM at the K it serves beside the conftest's `plain_decoding` (one request at a time, eager):
 vLLM's output equals plain greedy decoding, ours equals the transformers target's, and each
 prompt takes the rounds in our loop that it takes in vLLM's, within one. Both families are
-decoded by one vLLM process (an engine each, one after the other)."""
+decoded by one vLLM process (an engine each, one after the other).
+
+Both train from one capture of the union of their default layers (`union_run`: the run's shards
+captured again with train.families p_eagle and dflash, hidden.aux_layer_ids null), each reading
+its own: P-EAGLE vLLM's three (2, 4, 5), DFlash z-lab's five of the demo's 8 layers (2 to 6, its
+target_layer_ids 1 to 5), which vLLM then captures itself when it serves each."""
 
 from __future__ import annotations
 
@@ -63,8 +68,35 @@ def trained_and_live(family: str, results: Path, out: Path, plain_args: dict):
 
 
 @pytest.fixture(scope="module")
+def union_run(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished run's results with its hidden states captured once more, for train.families
+    p_eagle and dflash: the union of their defaults, by the hidden-state stage (transformers, as
+    the run captured), and the target head that records it; tokens, target and draft vocabulary
+    the run's own."""
+    from eaglenest.common.config import settings_from_sections
+    from eaglenest.formats.target_head import save_target_head
+    from eaglenest.settings.hidden_states import HiddenSettings, TargetHeadSettings
+    from eaglenest.stages.hidden_states.extract import extract_hidden_states
+
+    results = finished_run / "results" / SMALL_RUN
+    union = tmp_path_factory.mktemp("union") / SMALL_RUN
+    (union / "hidden").mkdir(parents=True)
+    for name in ("tokens", "target", "vocab"):
+        (union / name).symlink_to(results / name)
+    sections = {"target": {"path": str(results / "target")}, "train": {"families": FAMILIES}}
+    settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu"}, **sections)
+    for shard in ("00000", "00001"):
+        out = union / "hidden" / f"{shard}.safetensors"
+        extract_hidden_states(tokens=union / "tokens" / f"{shard}.parquet", out=out,
+                              settings=settings, summary_out=out.with_suffix(".json"))  # fmt: skip
+    head = settings_from_sections(TargetHeadSettings, **sections)
+    save_target_head(union / "hidden" / "target_head.safetensors", head)
+    return union
+
+
+@pytest.fixture(scope="module")
 def families(
-    finished_run: Path, plain_decoding: dict, tmp_path_factory: pytest.TempPathFactory
+    union_run: Path, plain_decoding: dict, tmp_path_factory: pytest.TempPathFactory
 ) -> dict:
     """Per family: its drafter, training report, evaluate-stage metrics, and vLLM's figures at
     K (both decoded by one vLLM process)."""
@@ -72,13 +104,14 @@ def families(
     from eaglenest.stages.evaluate.families import load_family
     from eaglenest.stages.evaluate.vllm_evaluate import acceptance, decode_each, engine_request
 
-    results = finished_run / "results" / SMALL_RUN
+    results = union_run
     arguments = plain_decoding["arguments"]
     work = tmp_path_factory.mktemp("families")
     found = {
         family: trained_and_live(family, results, work / family, arguments) for family in FAMILIES
     }
     head = TargetHead.load(run_files(results)["target_head"])
+    assert head.aux_layer_ids == [2, 3, 4, 5, 6]  # captured once: the union
     requests = []
     for family in FAMILIES:
         drafter_dir = found[family]["dir"]
@@ -108,8 +141,11 @@ def test_each_family_trains_and_decodes_in_vllm_as_in_our_live_loop(family: str,
     if family == "dflash":
         assert config["architectures"] == ["DFlashDraftModel"]
         assert config["dflash_config"]["block_size"] == BLOCK_SIZE
+        # z-lab's five of 8 layers (outputs of 1 to 5), of the union captured
+        assert config["dflash_config"]["target_layer_ids"] == [1, 2, 3, 4, 5]
     else:
         assert config["mask_token_id"] == found["report"]["drafter"]["mask_token_id"]
+        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM's, of the union
     metrics = found["metrics"]
     assert (metrics["family"], metrics["ks"]) == (family, [K])
     vllm, live = found["vllm"], metrics["live"][str(K)]
