@@ -83,7 +83,7 @@ def union_run(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     (union / "hidden").mkdir(parents=True)
     for name in ("tokens", "target", "vocab"):
         (union / name).symlink_to(results / name)
-    sections = {"target": {"path": str(results / "target")}, "train": {"families": FAMILIES}}
+    sections = {"target": {"path": str(results / "target")}, "train": {"families": list(FAMILIES)}}
     settings = settings_from_sections(HiddenSettings, hidden={"device": "cpu"}, **sections)
     for shard in ("00000", "00001"):
         out = union / "hidden" / f"{shard}.safetensors"
