@@ -99,11 +99,11 @@ def request_rows(frame, i: int, states, signal, tokens: Path) -> tuple:
             f"tokens than were sent ({len(returned)} vs {len(ids)} tokens, first difference at "
             f"position {where})"
         )
-    hidden = states["hidden_states"]  # [T, 4, H]: the aux layers, then layer N
+    hidden = states["hidden_states"]  # [T, n + 1, H]: the n aux layers, then layer N
     if hidden.shape[0] != len(ids):
         raise StateFileError(
             f"{tokens}: sample {frame['id'][i]!r} (row {i}): vLLM's state file has "
             f"{hidden.shape[0]} rows for {len(ids)} tokens"
         )
-    aux = hidden[:, :3, :].reshape(hidden.shape[0], -1)
-    return aux, signal(hidden[:, 3, :]), ids, mask
+    aux = hidden[:, :-1, :].reshape(hidden.shape[0], -1)
+    return aux, signal(hidden[:, -1, :]), ids, mask

@@ -109,3 +109,17 @@ def test_a_capture_answer_packs_as_the_hidden_state_file_holds_it(tmp_path, dtyp
     raw_aux = raw[:, :3, :].reshape(LENGTHS[0], -1)
     assert torch.equal(from_pool[0]["aux"].float(), raw_aux) == (dtype == "fp32")
     torch.testing.assert_close(from_pool[0]["aux"].float(), raw_aux, rtol=0.07, atol=1e-3)
+
+
+def test_an_answer_of_more_than_three_layers_packs_them_all_and_the_last_as_the_signal():
+    """A capture of five aux layers (train.families' union) answers [T, 6, H]: aux is the first
+    five side by side [T, 5H], the target signal comes of layer N, the last (it took layers 0-2
+    and layer 3: a wider capture packed no row)."""
+    from eaglenest.capture.answer import request_rows
+
+    frame = pl.DataFrame({"id": ["a"], "input_ids": [[3, 1, 4]], "prompt_len": [1]})
+    hidden = torch.randn(3, 6, H, generator=torch.Generator().manual_seed(2))
+    states = {"hidden_states": hidden, "token_ids": torch.tensor([3, 1, 4])}
+    aux, signal, ids, _ = request_rows(frame, 0, states, target_signal("final_hidden"), Path("t"))
+    assert torch.equal(aux, torch.cat([hidden[:, k] for k in range(5)], dim=-1))
+    assert torch.equal(signal["final_hidden"], hidden[:, 5] * 0.5) and ids.tolist() == [3, 1, 4]
