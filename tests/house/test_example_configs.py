@@ -58,6 +58,10 @@ def test_kimi_hidden_state_disk_is_what_the_readme_says(tmp_path, caplog):
     assert f"{anchors:,}" in readme and f"{per_token / anchors:.2f}" in readme
     bf16 = replace(settings, dtype="bf16", target_signal="final_hidden")
     assert bytes_per_token(tensor_specs(1, 1, 7168, 3, bf16)) == 57_353
+    # With dflash's default layers, the union of seven (tests/unit/settings/test_target_layers.py)
+    union = bytes_per_token(tensor_specs(1, 1, 7168, 7, settings))
+    assert union == 7 * 7168 + 7 * 4 + 4 + 4 + 8 + 1 == 50_221 and f"{union:,}" in readme
+    assert f"{10_000 * 16_384 * union / 1e12:.1f} TB" in readme
     assert "57,353" in readme and f"{10_000 * 16_384 * 57_353 / 1e12:.1f} TB" in readme
 
 

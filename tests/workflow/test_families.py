@@ -53,6 +53,12 @@ def test_adding_families_to_a_finished_run_plans_only_their_jobs(finished_run_co
         assert f"{results}/drafter_{family}/config.json" in result.stdout
         assert f"{results}/eval_{family}/metrics.json" in result.stdout
     assert not eagle3_outputs(result.stdout)
+    # DFlash at its own default layers (z-lab's five of the demo's 8) widens the capture: every
+    # shard is captured again, the head records it, every family is retrained on it.
+    widened = merged(SMALL_DEMO, {"train": {"families": ["eagle3", "dflash"], "dflash": DFLASH}})
+    planned = planned_jobs(snakemake(finished_run_copy, "-n", config=widened))
+    assert planned["extract_hidden_states"] == 2 and planned["save_target_head"] == 1, planned
+    assert planned["train_drafter"] == 2, planned
 
     # A run of P-EAGLE alone: no EAGLE-3 drafter is trained for it, nor evaluated, nor read.
     results = finished_run_copy / "results" / SMALL_RUN
