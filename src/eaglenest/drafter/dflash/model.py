@@ -166,7 +166,7 @@ class DFlashConfig(ConfigDict):
         return rope_cos_sin(positions, self.head_dim, self.rope_theta, scaling=self.rope_scaling)
 
 
-def target_positions(target_config: Any) -> int:
+def served_positions(target_config: Any) -> int:
     """The positions a target serves (its text config's max_position_embeddings; with YaRN the
     scaled range, as Kimi-K2.5's 262,144), which a DFlash export must cover itself."""
     return getattr(_text_config(target_config), "max_position_embeddings", 0) or 0

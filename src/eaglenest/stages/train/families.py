@@ -33,7 +33,7 @@ from eaglenest.drafter.dflash.loss import position_weights as dflash_slot_weight
 from eaglenest.drafter.dflash.model import (
     DFlashConfig,
     DFlashDrafter,
-    target_positions,
+    served_positions,
     target_rope_scaling,
 )
 from eaglenest.drafter.eagle3.export import export_drafter
@@ -295,7 +295,7 @@ def build_dflash(
     mask = mask_token_id(family, config.vocab_size)
     # DFlash is Qwen3 layers of its own: the EAGLE-3 variants are not its (they would be refused).
     # Its positions cover the target's: vLLM raises an EAGLE-3 draft's, never a DFlash draft's.
-    positions = max(config.max_position_embeddings, target_positions(target_config))
+    positions = max(config.max_position_embeddings, served_positions(target_config))
     plain = replace(
         config,
         max_position_embeddings=positions,

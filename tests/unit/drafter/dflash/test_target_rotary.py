@@ -18,7 +18,7 @@ from eaglenest.drafter.dflash.export import dflash_config_from_export, dflash_ex
 from eaglenest.drafter.dflash.model import (
     DFlashConfig,
     DFlashDrafter,
-    target_positions,
+    served_positions,
     target_rope_scaling,
 )
 from eaglenest.drafter.export_files import ExportError
@@ -115,7 +115,7 @@ def test_kimi_k25s_yarn_is_read_from_its_deepseek_v3_text_config():
     assert scaling == {"rope_type": "yarn", **{k: v for k, v in yarn.items() if k != "type"}}
     config = dflash_beside(target)
     assert config.rope_theta == 50000.0 and config.num_attention_heads == 2
-    assert target_positions(target) == TINY_DEEPSEEK_V3["max_position_embeddings"]
+    assert served_positions(target) == TINY_DEEPSEEK_V3["max_position_embeddings"]
     cos, _ = config.rope(torch.tensor([[0]]))
     assert cos.abs().max().item() == pytest.approx(1.0)  # attention factor 1 (mscale / mscale)
     model = DFlashDrafter(config)  # builds as Qwen3 attention beside the MLA target
