@@ -67,7 +67,10 @@ def rope_cos_sin(
 
 
 def rope_frequencies(
-    head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None, device=None
+    head_dim: int,
+    theta: float,
+    scaling: Mapping[str, Any] | None = None,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, float]:
     """The inverse frequencies [head_dim/2] of a rotary schedule and the factor its cos and sin
     are scaled by: the default one, or YaRN's as transformers' `_compute_yarn_parameters` and

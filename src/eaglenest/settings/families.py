@@ -31,8 +31,8 @@ TTT_FIELDS = ("ttt_steps", "step_weight", "ttt_inputs")
 # train.drafter's attention (llama | mla) and MLA sizes: EAGLE-3's alone. vLLM 0.32 drafts in
 # parallel with llama attention only (its MLA EAGLE-3 has no mask_hidden, DFlash is Qwen3
 # attention), so P-EAGLE and DFlash are llama/Qwen3 attention beside any target, an MLA one
-# included: vLLM's GPU build serves a llama drafter beside Kimi-K2.5 (nvidia's
-# Kimi-K2.5-Thinking-Eagle3, z-lab's Kimi-K2.5-DFlash), its CPU build does not (the block size,
+# included: vLLM's GPU build serves a llama drafter beside Kimi-K2.5 (lightseekorg's
+# kimi-k2.5-eagle3 is LlamaForCausalLMEagle3), its CPU build does not (the block size,
 # vllm_engine/cpu.py: the evaluate stage's live loop measures them there).
 ATTENTION_FIELDS = (
     "attention",
