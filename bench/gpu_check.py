@@ -30,6 +30,10 @@ after a failure:
   branches above one process only, so they are handed world_size 2 over that group: every
   all-reduce sums one rank, `ttt_loss` doubles the loss for DDP's average over the (one) rank, so
   the gradients must be twice a plain step's and the step's reported loss the plain one's.
+- vllm_mla_dflash: a DFlash drafter beside an MLA target with YaRN (Kimi-K2.5's kind) in vLLM
+  (bench/gpu_vllm_mla.py), in a child process of `--vllm-python` (else this python, when it has
+  vLLM; without one the step is skipped): greedy past the unscaled positions equals plain greedy
+  and vLLM drafted. vLLM's CPU build refuses the pair (the figures say why); a GPU must serve it.
 
 Needs only python, torch, transformers (with its pyyaml), safetensors, tqdm and numpy plus the
 project's source: no Snakemake, polars, pandera, jsonschema, httpx or vLLM, no wheel to carry
@@ -40,7 +44,7 @@ check ends in well under 8 minutes. The lines and a JSON file (`gpu_check.log`,
 what it has; `--json PATH` writes the JSON there too (bench/run_all.py).
 
 Usage: PYTHONPATH=src python bench/gpu_check.py [--device cuda|cpu] [--small] [--only STEP ...]
-                                                 [--json PATH]
+                                                 [--json PATH] [--vllm-python PATH]
 `--small`: small sizes (the CPU test); `--device cpu`: the CPU against itself (a dry run).
 """
 
@@ -87,6 +91,7 @@ BUDGET_S = {
     "capture": 40,
     "fp8": 10,
     "ddp": 40,
+    "vllm_mla_dflash": 240,  # two eager engine starts and a tiny target and drafter
 }
 # No step starts after this many seconds of the check: the whole stays under 8 minutes.
 TOTAL_BUDGET_S = 420
@@ -140,6 +145,10 @@ class CheckFailed(AssertionError):
     """A figure outside its tolerance; the message says which, the figures are still kept."""
 
 
+class StepSkipped(Exception):
+    """A step that cannot run here (what it needs is not installed): neither ok nor failed."""
+
+
 @dataclasses.dataclass
 class Context:
     device: str
@@ -147,6 +156,7 @@ class Context:
     root: Path  # a temporary folder for the step's files
     deadline: float = 0.0  # time.perf_counter() by which the current step should end
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vllm_python: str | None = None  # a python with vLLM (`--vllm-python`)
 
     @property
     def size(self) -> str:
@@ -742,6 +752,31 @@ def train_step_under(training, processes: Processes, wrapped, batches) -> float:
 
 # --- the runner -------------------------------------------------------------------------------
 
+# --- vllm_mla_dflash ---------------------------------------------------------------------------
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a finder that refuses it (tests/bench/test_gpu_check.py)
+        return False
+
+
+def step_vllm_mla_dflash(ctx: Context, figures: dict) -> None:
+    python = ctx.vllm_python
+    if python is None and has_module("vllm"):
+        python = sys.executable
+    if python is None:
+        raise StepSkipped("no vLLM here: --vllm-python PATH names a python that has it")
+    spec = importlib.util.spec_from_file_location("gpu_vllm_mla", BENCH_DIR / "gpu_vllm_mla.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = Path(tempfile.mkdtemp(prefix="vllm_mla-", dir=ctx.root))
+    # The budget is the GPU's; the CPU dry run (a refusal at engine start) may take longer.
+    timeout_s = max(ctx.left_s(), 30.0) if ctx.cuda else 600.0
+    figures.update(module.run(root, python, ctx.cuda, timeout_s=timeout_s))
+
+
 STEPS = {
     "gpus": step_gpus,
     "ttt": step_ttt,
@@ -751,6 +786,7 @@ STEPS = {
     "capture": step_capture,
     "fp8": step_fp8,
     "ddp": step_ddp,
+    "vllm_mla_dflash": step_vllm_mla_dflash,
 }
 
 
@@ -783,7 +819,7 @@ class Report:
 
     def step(self, name: str, record: dict) -> None:
         self.results["steps"][name] = record
-        if record["status"] != "ok":
+        if record["status"] not in ("ok", "skip"):
             self.results["failed"].append(name)
         figures = {**record["figures"], "wall_s": record["wall_s"]}
         if record.get("error"):
@@ -805,6 +841,9 @@ def run_step(name: str, ctx: Context) -> dict:
     record: dict[str, Any] = {"status": "ok", "figures": {}, "budget_s": BUDGET_S[name]}
     try:
         STEPS[name](ctx, record["figures"])  # fills the figures as it goes: kept on a failure
+    except StepSkipped as reason:
+        record["status"] = "skip"
+        record["error"] = str(reason)
     except Exception as error:  # noqa: BLE001 (reported, and the next step runs)
         record["status"] = "FAIL"
         record["error"] = (
@@ -858,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(STEPS), metavar="STEP")
     parser.add_argument("--json", type=Path, help="also write the JSON here")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--vllm-python", help="a python with vLLM (the vllm_mla_dflash step)")
     parser.add_argument("--ddp-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
@@ -875,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write()
         return 1
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        ctx = Context(device=args.device, small=args.small, root=Path(tmp))
+        ctx = Context(args.device, args.small, Path(tmp), vllm_python=args.vllm_python)
         for name in args.only or STEPS:
             if time.perf_counter() - report.started > TOTAL_BUDGET_S:
                 record = {"status": "FAIL", "figures": {}, "wall_s": 0.0,

@@ -155,6 +155,22 @@ def test_a_failing_step_is_reported_and_the_next_one_runs(tmp_path: Path, monkey
     assert results["steps"]["fp8"]["figures"]["encoded_equal_share"] == 1.0
 
 
+def test_the_vllm_step_is_skipped_without_vllm_and_fails_nothing(tmp_path, monkeypatch, capsys):
+    """vllm_mla_dflash (a DFlash beside an MLA target in vLLM) needs a python with vLLM: without
+    one it says so and is skipped, neither ok nor failed."""
+    gpu_check = load_gpu_check()
+    monkeypatch.setattr(gpu_check, "has_module", lambda name: False)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    status = gpu_check.main(["--device", "cpu", "--small", "--only", "vllm_mla_dflash"])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert any(line.startswith("gpu-check vllm_mla_dflash skip ") for line in lines), lines
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert (
+        results["failed"] == [] and "--vllm-python" in results["steps"]["vllm_mla_dflash"]["error"]
+    )
+
+
 def test_cuda_asked_for_without_cuda_fails_at_once(tmp_path: Path, monkeypatch, capsys):
     """On a machine whose torch sees no GPU, `--device cuda` (the default) is a failure, not a
     silent CPU run."""

@@ -104,7 +104,7 @@ def test_p_eagle_and_dflash_beside_the_mla_target_are_a_reason_no_engine_started
     deepseek_target_dir, tmp_path
 ):
     """vLLM's CPU build serves an MLA target only beside an MLA drafter, and vLLM 0.32 has no
-    MLA P-EAGLE or DFlash (train.drafter.attention mla is refused with them). Asked by the
+    MLA P-EAGLE or DFlash (they train llama/Qwen3 attention beside an MLA EAGLE-3). Asked by the
     evaluation, the real engine process refuses each family's configuration beside the
     DeepSeek-V3 target before vLLM builds an engine (vllm_engine/cpu.py: no engine starts here),
     and the evaluation records the reason under `not_served`, no figures (the live loop still

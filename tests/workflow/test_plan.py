@@ -8,7 +8,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
+from support.workflow import (
+    REPO,
+    copy_workflow,
+    load_test_config,
+    merged,
+    planned_jobs,
+    snakemake,
+)
 
 from eaglenest.cli import main
 from eaglenest.common.config import merged_config
@@ -38,6 +45,17 @@ def test_the_demo_plan_has_the_jobs_of_a_dry_run(tmp_path):
     dry = planned_jobs(snakemake(workdir, "-n"))
     assert {**planned, "all": 1} == dry
     assert plan.shards == config["prompts"]["max_samples"] // config["prompts"]["shard_size"]
+
+
+def test_an_mla_target_plans_an_mla_eagle3_and_a_dflash_beside_it(tmp_path):
+    """train.drafter.attention is EAGLE-3's: beside the DeepSeek-V3 demo target (MLA, the
+    architecture of Kimi-K2.5; config/tests/deepseek-v3.yaml) an MLA EAGLE-3 and a DFlash (Qwen3
+    attention, as z-lab's Kimi-K2.5-DFlash) are planned, one training job each, nothing refused."""
+    deepseek = load_test_config("deepseek-v3")
+    assert deepseek["train"]["drafter"]["attention"] == "mla"
+    config = merged(deepseek, {"train": {"families": ["eagle3", "dflash"]}})
+    dry = planned_jobs(snakemake(copy_workflow(tmp_path), "-n", config=config))
+    assert dry["train_drafter"] == 2 and dry["evaluate_drafter"] == 2, dry
 
 
 def test_kimi_disk_is_the_documented_arithmetic_and_scales_with_the_samples():

@@ -5,6 +5,8 @@ and the decoding cache), attention (Llama's, then DeepSeek-V3's MLA) and the MLP
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,20 +29,95 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+# The rope_parameters of a YaRN schedule (transformers' `_compute_yarn_parameters`, vLLM's
+# YaRNScalingRotaryEmbedding: both read these, with these defaults), beside rope_theta and
+# rope_type. Kimi-K2.5's: factor 64 from original_max_position_embeddings 4,096.
+YARN_KEYS = (
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+    "truncate",
+)
+
+
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    interleaved: bool = False,
+    scaling: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [B, 1, T, head_dim] for integer positions [B, T]: Llama's half-split layout
-    (frequency i at dims i and i + d/2), or DeepSeek's interleaved pairs (at 2i and 2i + 1)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    )
+    (frequency i at dims i and i + d/2), or DeepSeek's interleaved pairs (at 2i and 2i + 1).
+    `scaling`: a target's rope_parameters past the default schedule (rope_type yarn, YARN_KEYS),
+    None for the default."""
+    inv_freq, attention_factor = rope_frequencies(head_dim, theta, scaling, positions.device)
     angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
     if interleaved:
         angles = angles.repeat_interleave(2, dim=-1)[:, None]
     else:
         angles = torch.cat([angles, angles], dim=-1)[:, None]
-    return angles.cos(), angles.sin()
+    if attention_factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+
+def rope_frequencies(
+    head_dim: int,
+    theta: float,
+    scaling: Mapping[str, Any] | None = None,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies [head_dim/2] of a rotary schedule and the factor its cos and sin
+    are scaled by: the default one, or YaRN's as transformers' `_compute_yarn_parameters` and
+    vLLM's YaRNScalingRotaryEmbedding compute it (the slow frequencies interpolated by `factor`,
+    the fast kept, a linear ramp between the dimensions that turn beta_slow and beta_fast times
+    over original_max_position_embeddings; cos and sin scaled by 0.1 ln(factor) + 1, or the
+    ratio of the mscale terms, or attention_factor)."""
+    exponents = torch.arange(0, head_dim, 2, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq, 1.0
+    if rope_type != "yarn":
+        raise ValueError(f"rope_type {rope_type!r}: the drafter rotates with default or yarn only")
+    factor = scaling["factor"]
+    low, high = _yarn_correction_range(head_dim, theta, scaling)
+    ramp = ((torch.arange(head_dim // 2, device=device).float() - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1: extrapolated (the fast dimensions), 0: interpolated
+    inv_freq = inv_freq / factor * (1 - kept) + inv_freq * kept
+    return inv_freq, _yarn_attention_factor(scaling)
+
+
+def _yarn_correction_range(
+    head_dim: int, theta: float, scaling: Mapping[str, Any]
+) -> tuple[float, float]:
+    def dimension(rotations: float) -> float:
+        turns = scaling["original_max_position_embeddings"] / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(theta))
+
+    low = dimension(scaling.get("beta_fast") or 32)
+    high = dimension(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    return low, (high + 0.001 if low == high else high)
+
+
+def _yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
+    def mscale(factor: float, scale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, top, bottom = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if top and bottom:
+        return float(mscale(factor, top) / mscale(factor, bottom))
+    return mscale(factor)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

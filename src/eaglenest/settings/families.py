@@ -28,8 +28,20 @@ DRAFTER_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_o
 # resolves its default, ttt_steps) from mask tokens, never drafted ones (ttt_inputs drafter is
 # refused with it: its checks).
 TTT_FIELDS = ("ttt_steps", "step_weight", "ttt_inputs")
-# train.drafter's MLA sizes: P-EAGLE and DFlash have llama attention only (check_families).
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# train.drafter's attention (llama | mla) and MLA sizes: EAGLE-3's alone. vLLM 0.32 drafts in
+# parallel with llama attention only (its MLA EAGLE-3 has no mask_hidden, DFlash is Qwen3
+# attention), so P-EAGLE and DFlash are llama/Qwen3 attention beside any target, an MLA one
+# included: vLLM's GPU build serves a llama drafter beside Kimi-K2.5 (lightseekorg's
+# kimi-k2.5-eagle3 is LlamaForCausalLMEagle3), its CPU build does not (the block size,
+# vllm_engine/cpu.py: the evaluate stage's live loop measures them there).
+ATTENTION_FIELDS = (
+    "attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 # Where vLLM 0.32 looks for the mask token of a parallel drafter, first found first
 # (v1/spec_decode/llm_base_proposer.py:356-379).
 MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
@@ -195,7 +207,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
             suffix="_p_eagle",
             title="P-EAGLE",
             settings=PEagleSettings,
-            not_read=(TTT_FIELDS, MLA_FIELDS),
+            not_read=(TTT_FIELDS, ATTENTION_FIELDS),
             served_ks=ks_up_to_depths,
             vllm_method="eagle3",  # with parallel_drafting
             parallel=True,
@@ -206,9 +218,12 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
             suffix="_dflash",
             title="DFlash",
             settings=DFlashSettings,
-            # DFlash's Qwen3 layers take none of the EAGLE-3 variants, and its blocks are always
-            # recomputed in backward.
-            not_read=((*TTT_FIELDS, "activation_checkpointing"), (*DRAFTER_VARIANTS, *MLA_FIELDS)),
+            # DFlash's Qwen3 layers take none of the EAGLE-3 variants nor its attention, and its
+            # blocks are always recomputed in backward.
+            not_read=(
+                (*TTT_FIELDS, "activation_checkpointing"),
+                (*DRAFTER_VARIANTS, *ATTENTION_FIELDS),
+            ),
             served_ks=block_ks,
             vllm_method="dflash",
             parallel=True,

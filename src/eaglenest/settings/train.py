@@ -36,7 +36,7 @@ class DrafterSettings(Settings):
     fc_norm: bool
     norm_before_residual: bool
     norm_output: bool
-    attention: str  # llama | mla
+    attention: str  # llama | mla: EAGLE-3's (P-EAGLE, DFlash: llama/Qwen3 attention always)
     q_lora_rank: int | None
     kv_lora_rank: int | None
     qk_nope_head_dim: int | None
@@ -234,16 +234,10 @@ def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:
 
 
 def check_families(train: Mapping[str, Any]) -> None:
-    """What train.families cannot train as vLLM serves it, refused with the keys named: what no
-    parallel family takes, then each family's own checks (settings/families.py)."""
+    """What train.families cannot train as vLLM serves it, refused with the keys named: each
+    family's own checks (settings/families.py). train.drafter.attention is EAGLE-3's alone: P-EAGLE
+    and DFlash are llama/Qwen3 attention beside any target (families.py ATTENTION_FIELDS)."""
     families, drafter = train.get("families") or [], train.get("drafter") or {}
-    parallel = [f for f in families if f in FAMILY_SPECS and FAMILY_SPECS[f].parallel]
-    if parallel and drafter.get("attention", "llama") == "mla":
-        raise ValueError(
-            f"train.families {parallel} with train.drafter.attention mla: vLLM 0.32 drafts in "
-            "parallel only with llama attention (its MLA drafter has no mask_hidden, DFlash is "
-            "Qwen3 attention); set attention: llama or train only eagle3"
-        )
     for spec in FAMILY_SPECS.values():
         for check in spec.checks if spec.name in families else ():
             check(train, drafter_window(drafter))

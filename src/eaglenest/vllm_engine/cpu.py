@@ -15,7 +15,10 @@ server started by hand or by the tests (`server_flags`). On GPUs nothing changes
   fp16 or quantised weights; the reference CPU_MLA takes all dtypes and runs on every CPU, so
   features and acceptance do not depend on which CPU ran them. A drafter beside an MLA target
   must be an MLA drafter there: CPU_MLA's block size (16) is one CPU_ATTN (multiples of 32)
-  cannot use ("No common block size for 16").
+  cannot use ("No common block size for 16"; a DFlash drafter beside the DeepSeek-V3 target,
+  the refusal bypassed, failed so at engine start: "No common block size for 128 (CPU_MLA: [16];
+  CPU_ATTN: [MultipleOf(32)])", Dec 2026). P-EAGLE and DFlash have no MLA drafter, so they are
+  not served beside an MLA target here; GPUs serve a llama drafter beside one.
 
 Standard library only: the engine side imports this under vLLM's interpreter.
 """
@@ -56,8 +59,10 @@ def cpu_engine_args(
             raise CpuEngineError(
                 "an MLA target (DeepSeek-V3, Kimi-K2) on vLLM's CPU build is served only beside "
                 f"an MLA drafter: its {MLA_BACKEND} block size of 16 is one the Llama drafter's "
-                "CPU attention cannot use; an EAGLE-3 drafter trained with "
-                "train.drafter.attention: mla is (vLLM 0.32 has no MLA P-EAGLE or DFlash drafter)"
+                "CPU attention cannot use (vLLM: 'No common block size'); an EAGLE-3 drafter "
+                "trained with train.drafter.attention: mla is. P-EAGLE and DFlash are llama/Qwen3 "
+                "attention (vLLM has no MLA parallel drafter): vLLM serves them beside this "
+                "target on GPUs, and here the evaluate stage's live loop measures them"
             )
     if drafter_uses_mla and "speculative_config" in args:
         args["speculative_config"] = {

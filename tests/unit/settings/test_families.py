@@ -44,7 +44,6 @@ def test_each_family_is_served_at_its_own_ks():
 @pytest.mark.parametrize(
     "train, refused",
     [
-        ({"families": ["p_eagle"], "drafter": {"attention": "mla"}}, "attention mla"),
         ({"families": ["dflash"], "drafter": {"sliding_window": 64}}, "dflash with"),
         ({"families": ["p_eagle"], "ttt_inputs": "drafter"}, "p_eagle with"),
     ],
@@ -57,3 +56,19 @@ def test_a_family_refuses_what_vllm_would_not_serve_naming_the_keys(train, refus
 def test_eagle3_refuses_none_of_that():
     check_families({"families": ["eagle3"], "drafter": {"sliding_window": 64}})
     check_families({"families": ["eagle3"], "ttt_inputs": "drafter"})
+
+
+@pytest.mark.parametrize("family", ["p_eagle", "dflash"])
+def test_an_mla_eagle3_trains_beside_the_parallel_families(family):
+    """train.drafter.attention is EAGLE-3's: P-EAGLE and DFlash beside it are llama/Qwen3
+    attention (vLLM drafts in parallel with no MLA drafter), so an MLA target's run trains them
+    too; what they refuse of their own stays refused beside an MLA EAGLE-3."""
+    mla = {"attention": "mla", "kv_lora_rank": 16}
+    check_families({"families": ["eagle3", family], "drafter": mla})
+    assert {"attention", "kv_lora_rank"} <= set(FAMILY_SPECS[family].not_read[1])
+    assert FAMILY_SPECS["eagle3"].not_read == ((), ())
+    own = {"p_eagle": ({"ttt_inputs": "drafter"}, "p_eagle with train.ttt_inputs drafter")}
+    own["dflash"] = ({"drafter": {"sliding_window": 64}}, "dflash with train.drafter.sliding")
+    refused, message = own[family]
+    with pytest.raises(ValueError, match=message):
+        check_families({"families": ["eagle3", family], **refused})

@@ -1,6 +1,6 @@
 """A drafter family's train_drafter job tracks only the `train` keys its training reads
 (`TrainSettings.of_family`): EAGLE-3's training-time test (ttt_steps, step_weight, ttt_inputs) is
-not P-EAGLE's nor DFlash's, the EAGLE-3 variants and activation checkpointing are not DFlash's,
+not P-EAGLE's nor DFlash's, nor is the drafter's attention (llama | mla) and its MLA sizes, the EAGLE-3 variants and activation checkpointing are not DFlash's,
 so changing one of them changes no other family's job settings (and reruns none of its jobs:
 tests/workflow/test_families.py). A left-out key fails where read, naming it. Its
 evaluate_drafter job tracks the K it is measured at, not evaluate.ks. EAGLE-3's jobs keep the
@@ -35,6 +35,9 @@ CHANGES = {
     "an EAGLE-3 variant": ({"drafter": {"norm_before_fc": False}}, {"eagle3", "p_eagle"}),
     "activation_checkpointing": ({"activation_checkpointing": True}, {"eagle3", "p_eagle"}),
     "a drafter size": ({"drafter": {"intermediate_size": 96}}, {"eagle3", "p_eagle", "dflash"}),
+    # The attention is EAGLE-3's: P-EAGLE and DFlash are llama/Qwen3 attention beside any target.
+    "the attention": ({"drafter": {"attention": "mla"}}, {"eagle3"}),
+    "an MLA size": ({"drafter": {"kv_lora_rank": 16}}, {"eagle3"}),
     "DFlash's block": ({"dflash": {"block_size": 4}}, {"dflash"}),
 }
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from eaglenest.drafter.layers import apply_rope, rope_cos_sin
+from eaglenest.drafter.layers import apply_rope
 
 if TYPE_CHECKING:  # the evaluation imports this beside the model (the import graph stays low)
     from eaglenest.drafter.dflash.model import DFlashAttention, DFlashDrafter
@@ -38,7 +38,7 @@ class DFlashContext:
 
 def _rope(model: DFlashDrafter, start: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(start, start + n, device=device)[None]
-    return rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta)
+    return model.config.rope(positions)
 
 
 def _context_kv(attn: DFlashAttention, context: torch.Tensor, cos, sin):
@@ -92,7 +92,7 @@ def draft_blocks(
     ids[0, ::size] = bonus.to(device)
     h = model.embed_tokens(ids).to(model.fc.weight.dtype)
     positions = (anchors[:, None] + torch.arange(size, device=device)).reshape(1, -1)
-    cos, sin = rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta)
+    cos, sin = model.config.rope(positions)
     keys = torch.arange(cache.length, device=device)
     context = keys[None, :] < anchors.repeat_interleave(size)[:, None]
     block = torch.arange(n * size, device=device) // size

@@ -98,7 +98,7 @@ def dflash_export_config(
         "hidden_act": "silu",
         "rms_norm_eps": config.rms_norm_eps,
         "max_position_embeddings": config.max_position_embeddings,
-        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "rope_parameters": rope_parameters(config),
         "vocab_size": config.vocab_size,
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
@@ -116,6 +116,12 @@ def dflash_export_config(
     if num_target_layers is not None:
         out["num_target_layers"] = num_target_layers
     return out
+
+
+def rope_parameters(config: DFlashConfig) -> dict[str, Any]:
+    """config.json's `rope_parameters`: the rotary base and the target's schedule as trained
+    (`DFlashConfig.rope_scaling`: YaRN's keys, which vLLM's get_rope reads for a Qwen3 DFlash)."""
+    return {"rope_theta": config.rope_theta, **(config.rope_scaling or {"rope_type": "default"})}
 
 
 def export_dflash(
@@ -191,6 +197,11 @@ def vllm_dflash_reading(config: dict[str, Any]) -> dict[str, Any]:
         # No default: vLLM's would be 1e6 (qwen3_dflash.py:337), transformers' another.
         "rope_theta": rope.get("rope_theta"),
         "rope_type": rope.get("rope_type", "default"),
+        # get_rope's yarn branch (rotary_embedding/__init__.py:243-283) reads these keys.
+        "rope_scaling": {k: v for k, v in rope.items() if k not in ("rope_theta", "rope_type")},
+        # vLLM does not raise a DFlash draft's to the target's max_model_len (it does an
+        # EAGLE-3 draft's, config/speculative.py:1393-1400): what covers the served length.
+        "max_position_embeddings": config.get("max_position_embeddings"),
         "is_neox_style": config.get("is_neox_style", True),  # qwen3_dflash.py:357
         "attention_value_scale": nested.get("attention_value_scale"),
         "attention_sink_bias": nested.get(
@@ -233,7 +244,9 @@ def trained_reading(config: DFlashConfig) -> dict[str, Any]:
         "model_mask_token_id": config.mask_token_id,
         "aux_layer_ids": tuple(config.aux_layer_ids),
         "rope_theta": config.rope_theta,
-        "rope_type": "default",
+        "rope_type": (config.rope_scaling or {}).get("rope_type", "default"),
+        "rope_scaling": {k: v for k, v in (config.rope_scaling or {}).items() if k != "rope_type"},
+        "max_position_embeddings": config.max_position_embeddings,
         "is_neox_style": True,
         "attention_value_scale": None,
         "attention_sink_bias": False,

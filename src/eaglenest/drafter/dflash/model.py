@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from eaglenest.drafter.config import ConfigDict, DrafterConfig
-from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from eaglenest.drafter.layers import MLP, YARN_KEYS, RMSNorm, apply_rope, rope_cos_sin
 from eaglenest.drafter.vocab_head import VocabHead
 from eaglenest.settings.families import DRAFTER_VARIANTS
 
@@ -116,6 +117,10 @@ class DFlashConfig(ConfigDict):
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    # The target's rotary schedule past the default (rope_type yarn and its YARN_KEYS: Kimi-K2.5's
+    # x64 from 4,096), trained and exported as the target's; None: the default. A drafter rotating
+    # otherwise than its target decays where the target's scaling starts (VLLM-FAMILIES.md (d)).
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
@@ -131,9 +136,16 @@ class DFlashConfig(ConfigDict):
 
     @classmethod
     def from_drafter(
-        cls, base: DrafterConfig, *, num_hidden_layers: int, block_size: int, mask_token_id: int
+        cls,
+        base: DrafterConfig,
+        *,
+        num_hidden_layers: int,
+        block_size: int,
+        mask_token_id: int,
+        rope_scaling: dict[str, Any] | None = None,
     ) -> DFlashConfig:
-        """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash."""
+        """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash, with
+        the target's rotary scaling (`target_rope_scaling`)."""
         variants = [name for name in DRAFTER_VARIANTS if getattr(base, name)]
         if base.attention != "llama" or base.sliding_window is not None or variants:
             raise ValueError(
@@ -147,7 +159,41 @@ class DFlashConfig(ConfigDict):
             num_hidden_layers=num_hidden_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
+            rope_scaling=rope_scaling,
         )
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, head_dim] of positions [B, T], in the target's schedule."""
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta, scaling=self.rope_scaling)
+
+
+def served_positions(target_config: Any) -> int:
+    """The positions a target serves (its text config's max_position_embeddings; with YaRN the
+    scaled range, as Kimi-K2.5's 262,144), which a DFlash export must cover itself."""
+    return getattr(_text_config(target_config), "max_position_embeddings", 0) or 0
+
+
+def _text_config(target_config: Any) -> Any:
+    if hasattr(target_config, "get_text_config"):
+        return target_config.get_text_config()
+    return target_config
+
+
+def target_rope_scaling(target_config: Any) -> dict[str, Any] | None:
+    """The rotary scaling of a target's (text) config, as DFlash trains and exports it: None for
+    the default schedule, the YaRN keys it sets for yarn (transformers 5 `rope_parameters`, or an
+    older config's `rope_scaling`); another schedule is refused, naming it."""
+    text = _text_config(target_config)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type != "yarn":
+        raise ValueError(
+            f"train.families dflash: the target's rope_type {rope_type!r} is not one DFlash "
+            "trains with (default or yarn, as vLLM's Qwen3 DFlash rotates)"
+        )
+    return {"rope_type": "yarn", **{k: rope[k] for k in YARN_KEYS if rope.get(k) is not None}}
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -262,11 +308,7 @@ class DFlashDrafter(VocabHead):
         ids[..., 0] = input_ids.gather(1, at)
         offsets = torch.arange(size, device=input_ids.device)
         block_positions = (positions.gather(1, at)[..., None] + offsets).reshape(b, n * size)
-        cos, sin = rope_cos_sin(
-            torch.cat([positions, block_positions], dim=1),
-            self.config.head_dim,
-            self.config.rope_theta,
-        )
+        cos, sin = self.config.rope(torch.cat([positions, block_positions], dim=1))
         h = self.embed_tokens(ids.reshape(b, n * size)).to(context.dtype)
         mask = block_attention_mask(anchors, t, size, segments)
         for layer in self.layers:

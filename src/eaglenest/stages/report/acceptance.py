@@ -38,6 +38,10 @@ def section_acceptance(data: RunData) -> Section:
         ):
             if block:
                 section.blocks += [f"<h3>{title} ({engine['engine']})</h3>", block]
+        # A configuration the engine cannot serve here (vLLM's CPU build: no llama or Qwen3
+        # drafter beside an MLA target) is a reason, not an error: the live figures measure it.
+        for k, reason in (engine.get("not_served") or {}).items():
+            section.notes.append(f"K={k}: not served by {engine['engine']} here: {reason}")
     live_baselines = metrics.get("live_baselines") or {}
     if live_baselines:
         section.blocks.append("<h3>Live baselines</h3>")

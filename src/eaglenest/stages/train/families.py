@@ -30,7 +30,12 @@ from eaglenest.drafter.block_loss import SlotStats
 from eaglenest.drafter.dflash.export import export_dflash
 from eaglenest.drafter.dflash.loss import dflash_loss, select_anchors
 from eaglenest.drafter.dflash.loss import position_weights as dflash_slot_weights
-from eaglenest.drafter.dflash.model import DFlashConfig, DFlashDrafter
+from eaglenest.drafter.dflash.model import (
+    DFlashConfig,
+    DFlashDrafter,
+    served_positions,
+    target_rope_scaling,
+)
 from eaglenest.drafter.eagle3.export import export_drafter
 from eaglenest.drafter.eagle3.model import ttt_forward
 from eaglenest.drafter.layers import shift_left
@@ -290,13 +295,20 @@ def build_dflash(
     config = drafter_config(target_config, head, vocab, settings)
     mask = mask_token_id(family, config.vocab_size)
     # DFlash is Qwen3 layers of its own: the EAGLE-3 variants are not its (they would be refused).
-    plain = replace(config, **{name: False for name in DRAFTER_VARIANTS})
+    # Its positions cover the target's: vLLM raises an EAGLE-3 draft's, never a DFlash draft's.
+    positions = max(config.max_position_embeddings, served_positions(target_config))
+    plain = replace(
+        config,
+        max_position_embeddings=positions,
+        **{name: False for name in DRAFTER_VARIANTS},
+    )
     own = family.dflash
     dflash = DFlashConfig.from_drafter(
         plain,
         num_hidden_layers=own.num_hidden_layers,
         block_size=own.block_size,
         mask_token_id=mask,
+        rope_scaling=target_rope_scaling(target_config),
     )
     torch.manual_seed(settings.seed)
     return DFlash(initialised(DFlashDrafter(dflash), head, vocab, settings), settings, family)

@@ -135,6 +135,20 @@ def test_the_engines_acceptance_is_shown_beside_live_and_simulated(tmp_path: Pat
         build(run)
 
 
+def test_a_k_the_engine_cannot_serve_here_is_a_note_with_its_reason(tmp_path: Path):
+    """A DFlash beside an MLA target on vLLM's CPU build: no engine figures, the reason shown."""
+    run = write_run(tmp_path)
+    reason = "an MLA target (DeepSeek-V3, Kimi-K2) on vLLM's CPU build is served only beside ..."
+    engine = {"engine": "vllm", "per_k": {}, "by_depth": {}, "not_served": {"3": reason}}
+    write_json(run / "eval" / "metrics.json", {**EVAL_METRICS, "engine": engine})
+    page, figures = build(run)
+    text = page.read_text()
+    assert "K=3: not served by vllm here: an MLA target (DeepSeek-V3, Kimi-K2)" in text
+    assert "acceptance length K=3 (vllm)" not in figures
+    assert figures["acceptance length K=3 (simulated)"] == 2.41
+    assert missing_references(page) == []
+
+
 def test_the_recipe_the_drafter_was_trained_with_is_shown(tmp_path: Path):
     run = write_run(tmp_path)
     report = json.loads((run / "drafter" / "train_report.json").read_text())
