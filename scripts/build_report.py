@@ -10,6 +10,7 @@ from eaglenest.stages.report.inputs import RunFiles
 from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
 with log_to(snakemake.log[0]):
+    report = ReportSettings.from_json(snakemake.params.settings)
     build_report(
         RunFiles(
             **dict(snakemake.input.items()),
@@ -20,5 +21,5 @@ with log_to(snakemake.log[0]):
         plots={name: getattr(snakemake.output, name) for name in PLOT_NAMES},
         run=snakemake.params.run,
         summary=snakemake.output.summary,
-        device=ReportSettings.from_json(snakemake.params.settings).device,
+        device=report.device,
     )

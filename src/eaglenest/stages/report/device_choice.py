@@ -38,7 +38,7 @@ from eaglenest.settings.report import DeviceTimings
 R_MIN, R_MAX, CURVE_POINTS = 0.002, 0.5, 61
 RESAMPLES = 2000
 SEED = 0
-MEASURE = (
+DEVICE_MEASURE = (
     "tokens per target step on the serving device = emitted tokens per round (vLLM, held-out "
     "prompts, greedy) / (verify cost of K + 1 tokens + drafter forwards per round * drafter / "
     "target forward-time ratio), each family at its best K"
@@ -256,7 +256,7 @@ def device_summary(device: DeviceTimings) -> dict[str, Any]:
 def choose_on_device(families: dict[str, dict], device: DeviceTimings | None) -> dict[str, Any]:
     """report/summary.json's device figures and `choice` (null with `why_none`): the device, the
     measure, each family's figures per K, the curve, the crossovers and the margin."""
-    summary: dict[str, Any] = {"device": None, "measure": MEASURE, "choice": None}
+    summary: dict[str, Any] = {"device": None, "measure": DEVICE_MEASURE, "choice": None}
     if device is None:
         return {**summary, "why_none": WHY_NO_DEVICE}
     acceptance = {family: family_acceptance(family, m) for family, m in families.items()}

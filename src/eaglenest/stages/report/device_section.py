@@ -30,7 +30,7 @@ def margin_text(margin: dict[str, Any] | None) -> str:
     )
 
 
-def chosen_text(summary: dict[str, Any]) -> str:
+def device_choice_text(summary: dict[str, Any]) -> str:
     choice = summary["choice"]
     if choice is None:
         return f"No family chosen: {summary['why_none']}."
@@ -89,7 +89,7 @@ def crossovers_text(crossovers: list[dict[str, Any]]) -> str:
 def section_device_choice(summary: dict[str, Any]) -> Section:
     """The choice on the serving device: figure, text and tables (a note without a device)."""
     section = Section("choice", "Drafter family for the serving device")
-    section.blocks.append(f"<p><strong>{chosen_text(summary)}</strong></p>")
+    section.blocks.append(f"<p><strong>{device_choice_text(summary)}</strong></p>")
     if summary["device"] is None:
         section.notes.append(summary["why_none"])
         return section
