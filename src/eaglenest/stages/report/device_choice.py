@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from eaglenest.formats.metrics import recorded_or_emitted
 from eaglenest.settings.families import family_spec
 from eaglenest.settings.report import DeviceTimings
 
@@ -73,24 +74,24 @@ def _arrays(emitted: Any, rounds: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(emitted, dtype=np.float64), np.asarray(rounds, dtype=np.float64)
 
 
+def totals(family: str, k: str, figures: dict[str, Any], source: str) -> Acceptance | None:
+    """A figure's emitted tokens per round alone (as recorded, else from its tokens, prompts
+    and rounds): one entry, no bootstrap."""
+    tau = recorded_or_emitted(figures)
+    return None if tau is None else Acceptance(family, int(k), *_arrays([tau], [1]), source, False)
+
+
 def engine_acceptance(family: str, k: str, figures: dict[str, Any]) -> Acceptance | None:
     """vLLM's figures of one K: per prompt where kept (emitted_per_prompt, rounds_per_prompt)."""
     emitted, rounds = figures.get("emitted_per_prompt"), figures.get("rounds_per_prompt")
     if emitted and rounds and len(emitted) == len(rounds) and sum(rounds) > 0:
         return Acceptance(family, int(k), *_arrays(emitted, rounds), "vllm", True)
-    tokens, prompts, total = (figures.get(key) for key in ("tokens", "prompts", "rounds"))
-    if tokens is None or prompts is None or not total:
-        return None
-    return Acceptance(family, int(k), *_arrays([tokens - prompts], [total]), "vllm", False)
+    return totals(family, k, figures, "vllm")
 
 
 def live_acceptance(family: str, k: str, live: dict[str, Any], why: str) -> Acceptance | None:
     """Our live loop's figures of one K (totals), for a K vLLM did not serve."""
-    tokens, prompts, rounds = (live.get(key) for key in ("tokens", "prompts", "rounds"))
-    if tokens is None or prompts is None or not rounds:
-        return None
-    source = f"our live loop ({why})"
-    return Acceptance(family, int(k), *_arrays([tokens - prompts], [rounds]), source, False)
+    return totals(family, k, live, f"our live loop ({why})")
 
 
 def family_acceptance(family: str, metrics: dict[str, Any]) -> dict[str, Acceptance]:
