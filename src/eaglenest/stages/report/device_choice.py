@@ -2,10 +2,10 @@
 Drafter families): acceptance from the serving engine, times from the device.
 
 Per family and K: tokens per target step = tau / (v(K) + d * r), where
-- tau: emitted tokens per round in the evaluate stage's vLLM run (the held-out prompts, greedy;
-  eval{suffix}/metrics.json `engine.per_k`): tokens the answers kept past the prefill's one, over
-  the verification rounds; where vLLM did not serve the family at that K, our own live loop's
-  (`live`), and the figure says so;
+- tau: emitted tokens per round in the evaluate stage's vLLM run (greedy), over the depths the
+  run's answers reach (device_acceptance.py: each evaluate.depths cut, weighted as this
+  machine's figures are; the held-out prompts without depth cuts); where vLLM did not serve the
+  family at that K, our own live loop's, and the figure says so;
 - v(K): the device's cost of verifying K + 1 tokens in one target forward over one plain decode
   step (report.device.verify_cost);
 - d: the drafter's forwards per round (EAGLE-3 K, P-EAGLE and DFlash one: FamilySpec.parallel);
@@ -18,8 +18,9 @@ device's drafter_ratio (so their own ratios keep their proportion); the crossove
 where the best family changes, solved exactly (two families' curves meet where
 tau_a (v_b + d_b s_b r) = tau_b (v_a + d_a s_a r), s the family's ratio over the device's).
 The margin of the chosen family over the second at the device's ratio has a bootstrap interval
-over prompts (RESAMPLES draws, seed SEED; each draw takes the same prompts from both families
-when both answered the same held-out prompts, so their difficulty cancels).
+over prompts (RESAMPLES draws at each depth, seeded by SEED, the depth and the prompt count; two
+families decoded at a depth with as many prompts, the same cut prompts, get the same draws, so
+the prompts' difficulty cancels: `paired`).
 
 Without report.device there is no choice: this machine's live loop (choice.py) is reported as
 what it is, its own timings.
@@ -27,89 +28,28 @@ what it is, its own timings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 
-from eaglenest.formats.metrics import recorded_or_emitted
-from eaglenest.settings.families import family_spec
 from eaglenest.settings.report import DeviceTimings
+from eaglenest.stages.report.device_acceptance import Acceptance, family_acceptance
 
 R_MIN, R_MAX, CURVE_POINTS = 0.002, 0.5, 61
 RESAMPLES = 2000
 SEED = 0
 DEVICE_MEASURE = (
-    "tokens per target step on the serving device = emitted tokens per round (vLLM, held-out "
-    "prompts, greedy) / (verify cost of K + 1 tokens + drafter forwards per round * drafter / "
-    "target forward-time ratio), each family at its best K"
+    "tokens per target step on the serving device = emitted tokens per round (vLLM, greedy, over "
+    "the evaluate.depths weighted by the run's generated tokens between each depth and the next) "
+    "/ (verify cost of K + 1 tokens + drafter forwards per round * drafter / target forward-time "
+    "ratio), each family at its best K"
 )
 WHY_NO_DEVICE = (
     "no serving device's timings (report.device): this machine's live loop (Python at batch 1 "
     "on its CPU cores) times a drafter forward at a far larger share of the target's step than "
     "a GPU beside a large target does, so it cannot choose a family for one"
 )
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """One family's emitted tokens and rounds at one K, per prompt (one entry: totals only)."""
-
-    family: str
-    k: int
-    emitted: np.ndarray
-    rounds: np.ndarray
-    source: str  # "vllm", or why our live loop's
-    per_prompt: bool
-
-    @property
-    def tau(self) -> float:
-        return float(self.emitted.sum() / self.rounds.sum())
-
-    def drafter_forwards(self) -> int:
-        return 1 if family_spec(self.family).parallel else self.k
-
-
-def _arrays(emitted: Any, rounds: Any) -> tuple[np.ndarray, np.ndarray]:
-    return np.asarray(emitted, dtype=np.float64), np.asarray(rounds, dtype=np.float64)
-
-
-def totals(family: str, k: str, figures: dict[str, Any], source: str) -> Acceptance | None:
-    """A figure's emitted tokens per round alone (as recorded, else from its tokens, prompts
-    and rounds): one entry, no bootstrap."""
-    tau = recorded_or_emitted(figures)
-    return None if tau is None else Acceptance(family, int(k), *_arrays([tau], [1]), source, False)
-
-
-def engine_acceptance(family: str, k: str, figures: dict[str, Any]) -> Acceptance | None:
-    """vLLM's figures of one K: per prompt where kept (emitted_per_prompt, rounds_per_prompt)."""
-    emitted, rounds = figures.get("emitted_per_prompt"), figures.get("rounds_per_prompt")
-    if emitted and rounds and len(emitted) == len(rounds) and sum(rounds) > 0:
-        return Acceptance(family, int(k), *_arrays(emitted, rounds), "vllm", True)
-    return totals(family, k, figures, "vllm")
-
-
-def live_acceptance(family: str, k: str, live: dict[str, Any], why: str) -> Acceptance | None:
-    """Our live loop's figures of one K (totals), for a K vLLM did not serve."""
-    return totals(family, k, live, f"our live loop ({why})")
-
-
-def family_acceptance(family: str, metrics: dict[str, Any]) -> dict[str, Acceptance]:
-    """K -> the family's acceptance: vLLM's, else our live loop's with the reason."""
-    engine = metrics.get("engine") or {}
-    not_served = engine.get("not_served") or {}
-    found = {}
-    for k in map(str, metrics.get("ks") or []):
-        figures = (engine.get("per_k") or {}).get(k)
-        each = engine_acceptance(family, k, figures) if figures else None
-        if each is None:
-            why = not_served.get(k) or (
-                "vLLM did not serve it" if engine else "no vLLM run: evaluate.engine is not vllm"
-            )
-            each = live_acceptance(family, k, (metrics.get("live") or {}).get(k) or {}, why)
-        if each is not None:
-            found[k] = each
-    return found
 
 
 def steps_per_round(each: Acceptance, device: DeviceTimings, ratio: float) -> float:
@@ -132,9 +72,7 @@ def best_at_device(
         for k, each in per_k.items():
             timed = k in device.verify_cost
             rows[k] = {
-                "emitted_per_round": each.tau,
-                "acceptance_source": each.source,
-                "prompts": len(each.rounds) if each.per_prompt else None,
+                **each.summary(),
                 "drafter_forwards": each.drafter_forwards(),
                 "drafter_ratio": device.ratio(family),
                 "verify_cost": device.verify_cost.get(k),
@@ -206,14 +144,27 @@ def curve(best: dict[str, Acceptance], device: DeviceTimings) -> dict[str, Any]:
     }
 
 
-def resampled_rates(each: Acceptance, device: DeviceTimings, draws: np.ndarray) -> np.ndarray:
-    taus = each.emitted[draws].sum(axis=1) / each.rounds[draws].sum(axis=1)
-    return taus / steps_per_round(each, device, device.ratio(each.family))
+def resampled_rates(each: Acceptance, device: DeviceTimings, draws) -> np.ndarray:
+    return each.resampled_tau(draws) / steps_per_round(each, device, device.ratio(each.family))
+
+
+def bootstrap_draws():
+    """(depth, prompts) -> RESAMPLES rows of prompt indices, drawn once for each pair: every
+    family decoded at a depth with as many prompts (the same cut prompts) gets the same draws."""
+    made: dict[tuple[int, int], np.ndarray] = {}
+
+    def draws(depth: int, prompts: int) -> np.ndarray:
+        if (depth, prompts) not in made:
+            rng = np.random.default_rng([SEED, depth, prompts])
+            made[depth, prompts] = rng.integers(0, prompts, size=(RESAMPLES, prompts))
+        return made[depth, prompts]
+
+    return draws
 
 
 def margin(first: Acceptance, second: Acceptance, device: DeviceTimings) -> dict[str, Any]:
     """first's tokens per target step less second's at the device, with a 95% bootstrap
-    interval over prompts (paired when both answered as many prompts)."""
+    interval over prompts (paired where both answered as many prompts at every depth)."""
     difference = tokens_per_step(first, device) - tokens_per_step(second, device)
     found: dict[str, Any] = {
         "over": second.family,
@@ -227,19 +178,12 @@ def margin(first: Acceptance, second: Acceptance, device: DeviceTimings) -> dict
     if not (first.per_prompt and second.per_prompt):
         found["why_no_interval"] = "no per-prompt figures (vLLM's per-request record) for both"
         return found
-    rng = np.random.default_rng(SEED)
-    paired = len(first.rounds) == len(second.rounds)
-    draws_first = rng.integers(0, len(first.rounds), size=(RESAMPLES, len(first.rounds)))
-    draws_second = (
-        draws_first
-        if paired
-        else rng.integers(0, len(second.rounds), size=(RESAMPLES, len(second.rounds)))
-    )
-    differences = resampled_rates(first, device, draws_first) - resampled_rates(
-        second, device, draws_second
-    )
+    draws = bootstrap_draws()
+    differences = resampled_rates(first, device, draws) - resampled_rates(second, device, draws)
     found["ci95"] = [float(v) for v in np.percentile(differences, [2.5, 97.5])]
-    found["paired"] = paired
+    found["paired"] = [len(d.rounds) for d in first.depths] == [
+        len(d.rounds) for d in second.depths
+    ]
     found["share_ahead"] = float(np.mean(differences > 0))
     return found
 
@@ -254,13 +198,16 @@ def device_summary(device: DeviceTimings) -> dict[str, Any]:
     }
 
 
-def choose_on_device(families: dict[str, dict], device: DeviceTimings | None) -> dict[str, Any]:
+def choose_on_device(
+    families: dict[str, dict], device: DeviceTimings | None, tokens: pl.DataFrame | None = None
+) -> dict[str, Any]:
     """report/summary.json's device figures and `choice` (null with `why_none`): the device, the
-    measure, each family's figures per K, the curve, the crossovers and the margin."""
+    measure, each family's figures per K, the curve, the crossovers and the margin. `tokens`:
+    the run's token lengths, which weigh the depths (device_acceptance.py)."""
     summary: dict[str, Any] = {"device": None, "measure": DEVICE_MEASURE, "choice": None}
     if device is None:
         return {**summary, "why_none": WHY_NO_DEVICE}
-    acceptance = {family: family_acceptance(family, m) for family, m in families.items()}
+    acceptance = {family: family_acceptance(family, m, tokens) for family, m in families.items()}
     best, table = best_at_device(acceptance, device)
     summary.update(device=device_summary(device), by_family=table)
     if not best:

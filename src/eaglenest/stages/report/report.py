@@ -103,7 +103,7 @@ def run_summary(data: RunData, run: str, device: DeviceTimings | None = None) ->
     evaluated = {family: data.families[family].eval for family in data.evaluated_families()}
     here = choose_family(evaluated, data.tokens)
     here["fastest_here"] = here.pop("choice")
-    return {"run": run, **choose_on_device(evaluated, device), "this_machine": here}
+    return {"run": run, **choose_on_device(evaluated, device, data.tokens), "this_machine": here}
 
 
 def _write_bytes(path: Path, content: bytes) -> None:

@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from eaglenest.settings.report import DeviceTimings, ReportSettings, device_timings
 from eaglenest.stages.report.device_choice import WHY_NO_DEVICE, choose_on_device
+
+
+def lengths(*samples: tuple[int, int]) -> pl.DataFrame:
+    """Token lengths of samples given as (prompt_len, n_tokens)."""
+    prompt, total = zip(*samples, strict=True)
+    return pl.DataFrame({"prompt_len": list(prompt), "n_tokens": list(total)})
+
 
 DEVICE = DeviceTimings(
     name="H200",
@@ -138,3 +146,47 @@ def test_the_timings_of_a_gpu_check_file_at_a_batch_under_the_configs(tmp_path: 
     path.write_text(json.dumps({"device_timings": {"by_batch": {"1": {"drafter_ratio": 3}}}}))
     with pytest.raises(ValueError, match=r"^report.device.drafter_ratio: 3 \(from .*\) is outside"):
         device_timings({"file": str(path)})
+
+
+def engine_by_depth(per_depth: dict[int, tuple[list[int], list[int]]]) -> dict:
+    """A family's metrics at K 3 with vLLM's per-prompt figures at each depth cut."""
+    cuts = {
+        str(depth): {"3": {"emitted_per_prompt": emitted, "rounds_per_prompt": rounds}}
+        for depth, (emitted, rounds) in per_depth.items()
+    }
+    heldout = {"emitted_per_round": 9.0}  # the held-out prompts': not read beside depth cuts
+    return {
+        "ks": [3],
+        "by_depth": {"depths": list(per_depth)},
+        "engine": {"per_k": {"3": heldout}, "by_depth": cuts},
+    }
+
+
+def test_the_acceptance_holds_over_the_depths_the_answers_reach():
+    # EAGLE-3 emits 3 a round from the prompt, 1.5 past depth 1024; P-EAGLE 2.4 and 2.2.
+    families = {
+        "eagle3": engine_by_depth({0: ([20, 40], [10, 10]), 1024: ([15, 15], [10, 10])}),
+        "p_eagle": engine_by_depth({0: ([24, 24], [10, 10]), 1024: ([22, 22], [10, 10])}),
+    }
+    device = DeviceTimings("H100", "user", 0.03, {}, {"3": 1.05})
+    # Short answers (positions 20-299) lie below 1024: EAGLE-3, 3 / (1.05 + 3 * 0.03).
+    short = choose_on_device(families, device, lengths((20, 300)))
+    assert short["choice"]["family"] == "eagle3"
+    assert short["choice"]["tokens_per_target_step"] == pytest.approx(3 / 1.14)
+    # One long answer: 1004 of its tokens below depth 1024, 2976 past it; tau is total tokens
+    # over total rounds across them.
+    long = choose_on_device(families, device, lengths((20, 4000)))
+    tau = {
+        family: 3980 / (1004 / near + 2976 / deep)
+        for family, (near, deep) in {"eagle3": (3, 1.5), "p_eagle": (2.4, 2.2)}.items()
+    }
+    figures = long["by_family"]["p_eagle"]["per_k"]["3"]
+    assert figures["emitted_per_round"] == pytest.approx(tau["p_eagle"])
+    assert figures["by_depth"]["1024"] == {"tau": 2.2, "weight": pytest.approx(2976 / 3980)}
+    assert long["choice"]["family"] == "p_eagle"
+    assert long["choice"]["tokens_per_target_step"] == pytest.approx(tau["p_eagle"] / 1.08)
+    margin = long["choice"]["margin"]
+    assert margin["tokens_per_target_step"] == pytest.approx(
+        tau["p_eagle"] / 1.08 - tau["eagle3"] / 1.14
+    )
+    assert margin["paired"] is True and margin["ci95"][0] <= margin["tokens_per_target_step"]
