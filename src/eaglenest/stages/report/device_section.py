@@ -103,7 +103,7 @@ def section_device_choice(summary: dict[str, Any]) -> Section:
     section.blocks.append(f"<p>{crossovers_text(summary['crossovers'])}</p>")
     section.blocks.append(
         "<p>Tokens per target step = tau / (v + d r): tau the emitted tokens per round in vLLM "
-        "(the held-out prompts, greedy), v the device's time of verifying K + 1 tokens over one "
+        "(greedy, over the depths the run's answers reach, weighted as above), v the device's time of verifying K + 1 tokens over one "
         "plain decode step, d the drafter's forwards per round (EAGLE-3 K, P-EAGLE and DFlash "
         "one), r its forward over the target's decode step (report.device; docs/report.md). "
         "The figure: each family at its best K against r, the device's r dashed, the crossovers "
