@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from eaglenest.settings.report import DeviceTimings
-from eaglenest.stages.report.device_acceptance import Acceptance, family_acceptance
+from eaglenest.stages.report.device_acceptance import Acceptance, Draws, family_acceptance
 
 R_MIN, R_MAX, CURVE_POINTS = 0.002, 0.5, 61
 RESAMPLES = 2000
@@ -57,9 +57,9 @@ def steps_per_round(each: Acceptance, device: DeviceTimings, ratio: float) -> fl
     return device.verify_cost[str(each.k)] + each.drafter_forwards() * ratio
 
 
-def tokens_per_step(each: Acceptance, device: DeviceTimings, scale: float = 1.0) -> float:
-    """tau / (v(K) + d r) at the device's ratio of the family times `scale`."""
-    return each.tau / steps_per_round(each, device, scale * device.ratio(each.family))
+def tokens_per_step(each: Acceptance, device: DeviceTimings) -> float:
+    """tau / (v(K) + d r) at the device's ratio of the family."""
+    return each.tau / steps_per_round(each, device, device.ratio(each.family))
 
 
 def best_at_device(
@@ -144,11 +144,11 @@ def curve(best: dict[str, Acceptance], device: DeviceTimings) -> dict[str, Any]:
     }
 
 
-def resampled_rates(each: Acceptance, device: DeviceTimings, draws) -> np.ndarray:
+def resampled_rates(each: Acceptance, device: DeviceTimings, draws: Draws) -> np.ndarray:
     return each.resampled_tau(draws) / steps_per_round(each, device, device.ratio(each.family))
 
 
-def bootstrap_draws():
+def bootstrap_draws() -> Draws:
     """(depth, prompts) -> RESAMPLES rows of prompt indices, drawn once for each pair: every
     family decoded at a depth with as many prompts (the same cut prompts) gets the same draws."""
     made: dict[tuple[int, int], np.ndarray] = {}
