@@ -30,7 +30,7 @@ after a failure:
   branches above one process only, so they are handed world_size 2 over that group: every
   all-reduce sums one rank, `ttt_loss` doubles the loss for DDP's average over the (one) rank, so
   the gradients must be twice a plain step's and the step's reported loss the plain one's;
-- device_timings: bench/device_timings.py on the device (a Llama-3-8B-wide decoder of plain
+- device_timings: bench/_device_timings.py on the device (a Llama-3-8B-wide decoder of plain
   torch in CUDA graphs, at batch 1, 8 and 32): one drafter forward over one target decode step
   and verifying K + 1 tokens over one step, written as device_timings.json under $OUT (and
   `--timings-json`), the file `report.device.file` points the report's family choice at
@@ -753,13 +753,13 @@ def train_step_under(training, processes: Processes, wrapped, batches) -> float:
 
 
 def step_device_timings(ctx: Context, figures: dict) -> None:
-    """bench/device_timings.py on the device: the drafter/target forward-time ratio and the cost
+    """bench/_device_timings.py on the device: the drafter/target forward-time ratio and the cost
     of verifying K + 1 tokens, at a few batch sizes, written as the file report.device.file
     reads (device_timings.json under $OUT, and --timings-json); the file must pass report.device's
     checks (settings/report.py), and the figures at batch 1 are the step's line."""
     from eaglenest.settings.report import device_timings
 
-    path = BENCH_DIR / "device_timings.py"
+    path = BENCH_DIR / "_device_timings.py"
     spec = importlib.util.spec_from_file_location("gpu_check_timings", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -2,15 +2,15 @@
 src/eaglenest/settings/report.py): on this device, one drafter forward over one target decode
 step (`drafter_ratio`) and verifying K + 1 tokens in one target forward over one decode step
 (`verify_cost`), at batch 1 and a few batch sizes. bench/gpu_check.py's device_timings step runs
-it; by hand:
+it (a helper, `_`: bench/run_all.py runs no such file on its own); by hand:
 
-    PYTHONPATH=src python bench/device_timings.py [--device cuda] [--small] [--out PATH]
+    PYTHONPATH=src python bench/_device_timings.py [--device cuda] [--small] [--out PATH]
 
 What is timed is a decoder of plain torch (RMSNorm, grouped-query attention by
-scaled_dot_product_attention over a KV cache of CONTEXT tokens, SwiGLU MLP) at a target's sizes
+scaled_dot_product_attention over a KV cache of `context` tokens, SwiGLU MLP) at a target's sizes
 (`SHAPES`, Llama-3-8B's by default: the widths of a large dense target's layers; a user with
 another target gives their own figures in report.device):
-- the target's decode step: TARGET_LAYERS layers and its LM head over `width` new tokens a
+- the target's decode step: `target_layers` layers and its LM head over `width` new tokens a
   sequence (1: plain decoding; K + 1: verifying K drafts);
 - the drafter's forward (EAGLE-3's, one a drafted token): its fc over three target layers'
   states, one layer, the norm and the draft vocabulary's head over one new token; and the same
