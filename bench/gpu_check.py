@@ -29,7 +29,12 @@ after a failure:
   group of one process only (NCCL refuses two ranks on one device) and the helpers take their DDP
   branches above one process only, so they are handed world_size 2 over that group: every
   all-reduce sums one rank, `ttt_loss` doubles the loss for DDP's average over the (one) rank, so
-  the gradients must be twice a plain step's and the step's reported loss the plain one's.
+  the gradients must be twice a plain step's and the step's reported loss the plain one's;
+- device_timings: bench/_device_timings.py on the device (a Llama-3-8B-wide decoder of plain
+  torch in CUDA graphs, at batch 1, 8 and 32): one drafter forward over one target decode step
+  and verifying K + 1 tokens over one step, written as device_timings.json under $OUT (and
+  `--timings-json`), the file `report.device.file` points the report's family choice at
+  (docs/report.md); the file must pass report.device's checks.
 - vllm_mla_dflash: a DFlash drafter beside an MLA target with YaRN (Kimi-K2.5's kind) in vLLM
   (bench/gpu_vllm_mla.py), in a child process of `--vllm-python` (else this python, when it has
   vLLM; without one the step is skipped): greedy past the unscaled positions equals plain greedy
@@ -37,14 +42,15 @@ after a failure:
 
 Needs only python, torch, transformers (with its pyyaml), safetensors, tqdm and numpy plus the
 project's source: no Snakemake, polars, pandera, jsonschema, httpx or vLLM, no wheel to carry
-(tests/bench/test_gpu_check.py runs it in an environment of only those packages, httpx blocked). Steps have time budgets (`BUDGET_S`, 345 s in all) checked between
+(tests/bench/test_gpu_check.py runs it in an environment of only those packages, httpx blocked). Steps have time budgets (`BUDGET_S`, 645 s in all) checked between
 their parts, and a step that would start after TOTAL_BUDGET_S is not run, so on an H200 the whole
 check ends in well under 8 minutes. The lines and a JSON file (`gpu_check.log`,
 `gpu_check.json`) are written under $OUT when it is set, after every step, so a killed run keeps
 what it has; `--json PATH` writes the JSON there too (bench/run_all.py).
 
 Usage: PYTHONPATH=src python bench/gpu_check.py [--device cuda|cpu] [--small] [--only STEP ...]
-                                                 [--json PATH] [--vllm-python PATH]
+                                                 [--json PATH] [--timings-json PATH]
+                                                 [--vllm-python PATH]
 `--small`: small sizes (the CPU test); `--device cpu`: the CPU against itself (a dry run).
 """
 
@@ -91,6 +97,7 @@ BUDGET_S = {
     "capture": 40,
     "fp8": 10,
     "ddp": 40,
+    "device_timings": 60,
     "vllm_mla_dflash": 240,  # two eager engine starts and a tiny target and drafter
 }
 # No step starts after this many seconds of the check: the whole stays under 8 minutes.
@@ -157,6 +164,7 @@ class Context:
     deadline: float = 0.0  # time.perf_counter() by which the current step should end
     cache: dict[str, Any] = dataclasses.field(default_factory=dict)
     vllm_python: str | None = None  # a python with vLLM (`--vllm-python`)
+    timings_json: Path | None = None  # where device_timings writes its file (also under $OUT)
 
     @property
     def size(self) -> str:
@@ -750,7 +758,34 @@ def train_step_under(training, processes: Processes, wrapped, batches) -> float:
     return train_step(pretend, wrapped, batches, Progress(step=0, started=time.perf_counter()))
 
 
-# --- the runner -------------------------------------------------------------------------------
+# --- device_timings ---------------------------------------------------------------------------
+
+
+def step_device_timings(ctx: Context, figures: dict) -> None:
+    """bench/_device_timings.py on the device: the drafter/target forward-time ratio and the cost
+    of verifying K + 1 tokens, at a few batch sizes, written as the file report.device.file
+    reads (device_timings.json under $OUT, and --timings-json); the file must pass report.device's
+    checks (settings/report.py), and the figures at batch 1 are the step's line."""
+    from eaglenest.settings.report import device_timings
+
+    path = BENCH_DIR / "_device_timings.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_timings", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    timings = module.measure(ctx.device, ctx.size, deadline=ctx.deadline)
+    out = os.environ.get("OUT")
+    paths = [p for p in (ctx.timings_json, Path(out) / "device_timings.json" if out else None) if p]
+    paths = paths or [ctx.root / "device_timings.json"]
+    for each in paths:
+        each.write_text(json.dumps(timings, indent=2) + "\n")
+    by_batch = timings["device_timings"]["by_batch"]
+    for batch, at in by_batch.items():
+        figures[f"drafter_ratio_b{batch}"] = at["drafter_ratio"]
+        figures[f"verify_cost_k3_b{batch}"] = at["verify_cost"].get("3")
+    figures["target_step_ms_b1"] = 1000 * by_batch["1"]["target_step_s"]
+    for batch in by_batch:  # what report.device reads of it, checked as a user's figures are
+        device_timings({"file": str(paths[0]), "batch": int(batch)})
+
 
 # --- vllm_mla_dflash ---------------------------------------------------------------------------
 
@@ -777,6 +812,9 @@ def step_vllm_mla_dflash(ctx: Context, figures: dict) -> None:
     figures.update(module.run(root, python, ctx.cuda, timeout_s=timeout_s))
 
 
+# --- the runner -------------------------------------------------------------------------------
+
+
 STEPS = {
     "gpus": step_gpus,
     "ttt": step_ttt,
@@ -786,6 +824,7 @@ STEPS = {
     "capture": step_capture,
     "fp8": step_fp8,
     "ddp": step_ddp,
+    "device_timings": step_device_timings,
     "vllm_mla_dflash": step_vllm_mla_dflash,
 }
 
@@ -896,6 +935,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="small sizes (the CPU test)")
     parser.add_argument("--only", nargs="+", choices=list(STEPS), metavar="STEP")
     parser.add_argument("--json", type=Path, help="also write the JSON here")
+    parser.add_argument(
+        "--timings-json", type=Path, help="device_timings: also write report.device's file here"
+    )
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--vllm-python", help="a python with vLLM (the vllm_mla_dflash step)")
     parser.add_argument("--ddp-child", type=Path, help=argparse.SUPPRESS)
@@ -915,7 +957,13 @@ def main(argv: list[str] | None = None) -> int:
         report.write()
         return 1
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        ctx = Context(args.device, args.small, Path(tmp), vllm_python=args.vllm_python)
+        ctx = Context(
+            device=args.device,
+            small=args.small,
+            root=Path(tmp),
+            timings_json=args.timings_json,
+            vllm_python=args.vllm_python,
+        )
         for name in args.only or STEPS:
             if time.perf_counter() - report.started > TOTAL_BUDGET_S:
                 record = {"status": "FAIL", "figures": {}, "wall_s": 0.0,

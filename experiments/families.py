@@ -4,9 +4,10 @@ schedule, so the same tokens and steps), each evaluated at every `evaluate.depth
 by our own live loop. Prints one markdown table: per family and depth, vLLM's acceptance length
 and emitted tokens per round, its acceptance rate (accepted / drafted), its rounds and the live
 loop's, the simulated acceptance, the drafter's own time per round and the tokens per target
-step in the live loop (what the report's choice weighs: stages/report/choice.py), and the
-training budget (steps, tokens) and held-out accuracy per draft step; then the family the
-report would choose. The drafter's time needs `evaluate.live: true`.
+step in the live loop (this machine's figures: stages/report/choice.py), and the training
+budget (steps, tokens) and held-out accuracy per draft step; then the family fastest on this
+machine (the report's `this_machine`: the report's choice is the serving device's, with
+report.device, docs/report.md). The drafter's time needs `evaluate.live: true`.
 
     python experiments/families.py --configfile config/tests/long-reasoning.yaml \\
         [--set '{"prompts": {"max_samples": 16}}'] [--workdir DIR] [--cores 2] [--json out.json]
@@ -114,15 +115,16 @@ def table(figures: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def choice_line(run_dir: Path, figures: dict[str, dict[str, Any]]) -> str:
-    """The family the run's report would choose, its depths weighted by the run's answers."""
+    """The family fastest on this machine (the report's `this_machine`, not its choice: that
+    needs the serving device's timings), its depths weighted by the run's answers."""
     shards = sorted((run_dir / "tokens").glob("?????.parquet"))
     tokens = pl.concat([read_token_lengths(p) for p in shards]) if shards else None
     summary = choose_family({f: found["eval"] for f, found in figures.items()}, tokens)
     choice = summary["choice"]
     if choice is None:
-        return f"choice: none ({summary['why_none']})"
+        return f"fastest here: none ({summary['why_none']})"
     return (
-        f"choice: {choice['family']} at K={choice['k']}, "
+        f"fastest here (this machine's timings): {choice['family']} at K={choice['k']}, "
         f"{choice['tokens_per_target_step']:.3f} tokens per target step "
         f"(depth weights {choice['depth_weights']})"
     )

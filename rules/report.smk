@@ -2,6 +2,7 @@
 # `snakemake --report` with its caption from report/, and report/summary.json (the drafter family
 # chosen). Reads every stage's files; see eaglenest.stages.report (report.py builds it from
 # inputs, data, figures, sections, choice and page).
+from eaglenest.settings.report import ReportSettings
 from eaglenest.stages.report.family_files import report_family_files
 
 # Of the families train.families lists, and of any other evaluated already: a family taken out
@@ -65,6 +66,11 @@ rule build_report:
             caption="../report/families.rst",
             category="5. Evaluation",
         ),
+        choice=report(
+            run_path("report/choice.png"),
+            caption="../report/choice.rst",
+            category="5. Evaluation",
+        ),
     log:
         get_log("build_report"),
     conda:
@@ -76,6 +82,9 @@ rule build_report:
         # Optional too: how busy the endpoints were (generate's activity logs).
         generate_activity=[get_activity_log(shard) for shard in SHARDS],
         run=RUN,  # the run's name, the report's title
+        # report.device: the serving device's timings the family choice counts in (a
+        # bench/gpu_check.py file's figures read into it, so a new file reruns the report)
+        settings=settings_json(ReportSettings),
         code_version=code_version("build_report"),
     script:
         "../scripts/build_report.py"

@@ -5,10 +5,12 @@ from eaglenest.common.threads import use_threads
 use_threads(snakemake.threads)
 
 from eaglenest.common.logs import log_to
+from eaglenest.settings.report import ReportSettings
 from eaglenest.stages.report.inputs import RunFiles
 from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
 with log_to(snakemake.log[0]):
+    report = ReportSettings.from_json(snakemake.params.settings)
     build_report(
         RunFiles(
             **dict(snakemake.input.items()),
@@ -19,4 +21,5 @@ with log_to(snakemake.log[0]):
         plots={name: getattr(snakemake.output, name) for name in PLOT_NAMES},
         run=snakemake.params.run,
         summary=snakemake.output.summary,
+        device=report.device,
     )

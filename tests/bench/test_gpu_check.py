@@ -20,7 +20,17 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_check.py"
-STEPS = ("gpus", "ttt", "long_context", "packed", "train", "capture", "fp8", "ddp")
+STEPS = (
+    "gpus",
+    "ttt",
+    "long_context",
+    "packed",
+    "train",
+    "capture",
+    "fp8",
+    "ddp",
+    "device_timings",
+)
 # What the GPU machine has: python, these distributions and what they require.
 GPU_MACHINE = ("torch", "transformers", "safetensors", "tqdm", "numpy")
 BLOCKED = ("snakemake", "polars", "pandera", "jsonschema", "httpx", "vllm", "pyarrow")
@@ -130,6 +140,12 @@ def test_every_step_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp_path:
     assert results["steps"]["ttt"]["figures"]["grad_rel_bf16"] > 0  # bf16 autocast did run
     assert results["steps"]["long_context"]["figures"]["T256_peak_mib"] > 0
     assert results["steps"]["ddp"]["figures"]["ddp"] == "DistributedDataParallel"
+    # The file report.device.file reads, at each batch size, as report.device checks it.
+    from eaglenest.settings.report import device_timings
+
+    timings = device_timings({"file": str(out / "device_timings.json"), "batch": 2})
+    assert 0 < timings.drafter_ratio <= 1 and set(timings.verify_cost) == {"1", "3"}
+    assert timings.name == "cpu, batch 2"
     listed = [json.loads(p.read_text()) for p in dumps.glob("modules-*.json")]
     assert len(listed) >= 2, "the script and its DDP child each list their modules"
     imported = set().union(*map(set, listed))

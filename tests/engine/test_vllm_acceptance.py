@@ -89,6 +89,9 @@ def test_vllm_measures_the_acceptance_our_live_evaluator_measures(
         # our loop (drafts it counts past max_new_tokens); on the demo of make run they match.
         assert abs(vllm["rounds"] - live["rounds"]) <= vllm["prompts"]
         assert len(vllm["per_position_acceptance"]) == int(k)
+        # Per prompt, what the report's choice bootstraps over: emitted tokens and rounds.
+        assert len(vllm["emitted_per_prompt"]) == len(vllm["rounds_per_prompt"]) == vllm["prompts"]
+        assert sum(vllm["emitted_per_prompt"]) == vllm["tokens"] - vllm["prompts"]
         assert abs(metrics["live_vs_engine"][k] - 1) <= 0.03, metrics["live_vs_engine"]
         sampled, again = engine["sampled"]["per_k"][k], engine["by_depth"]["again"][k]
         sampled_again = engine["sampled"]["by_depth"]["again"][k]

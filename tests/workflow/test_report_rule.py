@@ -42,8 +42,16 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
     for name in ("rules", "scripts", "config", "src", "report", "envs"):
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    # The serving device's timings as a user gives them (report.device): the choice is made.
+    device = {"name": "8x H200", "drafter_ratio": 0.03, "verify_cost": {"3": 1.05, "7": 1.2}}
     (tmp_path / "override.yaml").write_text(
-        json.dumps({"run": "synthetic", "prompts": {"max_samples": 12, "shard_size": PER_SHARD}})
+        json.dumps(
+            {
+                "run": "synthetic",
+                "prompts": {"max_samples": 12, "shard_size": PER_SHARD},
+                "report": {"device": device},
+            }
+        )
     )
     write_run(tmp_path)
     command = [sys.executable, "-m", "snakemake", "--cores", "1"]
@@ -64,6 +72,13 @@ def test_report_rule_and_snakemake_report(tmp_path: Path):
     assert "2.41" in page.read_text()
     log = (tmp_path / "logs/synthetic/build_report.log").read_text()
     assert "report of run synthetic" in log
+    # EAGLE-3 alone, no vLLM figures: our live loop's emitted tokens per round at K=3 (2.3)
+    # over 1.05 + 3 * 0.03 target steps, against 2.7 / (1.2 + 7 * 0.03) at K=7.
+    summary = json.loads((tmp_path / "results/synthetic/report/summary.json").read_text())
+    choice = summary["choice"]
+    assert (choice["family"], choice["k"], choice["device"]) == ("eagle3", 3, "8x H200")
+    assert choice["tokens_per_target_step"] == pytest.approx(2.3 / 1.14)
+    assert choice["acceptance_source"].startswith("our live loop (no vLLM run")
 
     result = subprocess.run(
         [*command, target, "--report", "report.zip", *config],

@@ -89,6 +89,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     from eaglenest.settings.evaluate import check_compare
     from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.prompts import check_shard_count
+    from eaglenest.settings.report import check_report_device
     from eaglenest.settings.train import check_families, drafter_window
     from eaglenest.settings.urls import check_config_urls
     from eaglenest.settings.vllm_versions import check_vllm_serves_families
@@ -104,6 +105,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         check_aux_layers(config)
         check_eval_sets(config)
         check_compare(config)
+        check_report_device(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     return config

@@ -134,13 +134,14 @@ class EngineFigures(Record):
     """One K's figures in the serving engine (vLLM's counters), greedy or sampled."""
 
     # The keys of every engine figure (vllm_evaluate.acceptance), written as null when None
-    # (an answer without a per-prompt count of rounds: rounds_per_prompt); the temperature, set,
-    # spread and record by position are added where measured.
+    # (an answer without a per-prompt count of rounds: rounds_per_prompt, emitted_per_prompt);
+    # the temperature, set, spread and record by position are added where measured.
     ALWAYS: ClassVar[frozenset[str]] = frozenset(
         [
             "acceptance_length",
             "rounds",
             "rounds_per_prompt",
+            "emitted_per_prompt",
             "per_position_acceptance",
             "accepted_per_position",
             "drafted_per_position",
@@ -158,6 +159,9 @@ class EngineFigures(Record):
     acceptance_length: float = typed("number", required=True)  # 1 + accepted / drafts
     rounds: int | None = typed("int")  # drafts
     rounds_per_prompt: list[int] | None = typed("any")
+    # Per prompt: the tokens its answer kept past the one the prefill emits (with
+    # rounds_per_prompt, the report's bootstrap over prompts of emitted tokens per round).
+    emitted_per_prompt: list[int] | None = typed("any")
     per_position_acceptance: list[float] | None = typed("numbers")
     accepted_per_position: list[int] | None = typed("any")
     drafted_per_position: list[int] | None = typed("any")

@@ -36,6 +36,7 @@ def engine_figures(k: int, temperature: float = 0.0) -> dict:
         "acceptance_length": 2.5,
         "rounds": 40,
         "rounds_per_prompt": [20, 20],
+        "emitted_per_prompt": [55, 45],
         "per_position_acceptance": [0.7] + [0.4] * (k - 1),
         "accepted_per_position": [28] + [16] * (k - 1),
         "drafted_per_position": [40] * k,

@@ -144,6 +144,10 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
         acceptance_length=1 + spec.get("accepted_tokens", 0) / drafts if drafts else 1.0,
         rounds=drafts,
         rounds_per_prompt=answer.get("rounds_per_prompt"),
+        # Kept with the rounds only (a speculative answer): what the report bootstraps over.
+        emitted_per_prompt=(
+            [len(t) - 1 for t in answer["tokens"]] if answer.get("rounds_per_prompt") else None
+        ),
         per_position_acceptance=[a / drafts if drafts else 0.0 for a in accepted_per_position],
         accepted_per_position=accepted_per_position,
         drafted_per_position=[drafts] * k,

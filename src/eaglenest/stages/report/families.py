@@ -19,28 +19,35 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def choice_text(summary: dict[str, Any]) -> str:
-    """The choice in one sentence (or why there is none)."""
-    choice = summary["choice"]
+    """This machine's fastest family in one sentence (or why none was timed): `summary` is
+    summary.json's `this_machine`. Never the choice: that is the serving device's."""
+    choice = summary["fastest_here"]
     if choice is None:
-        return f"No family chosen: {summary['why_none']}."
+        return f"No family timed on this machine: {summary['why_none']}."
     shares = ", ".join(
         f"{depth}: {100 * share:.0f}%" for depth, share in choice["depth_weights"].items()
     )
     return (
-        f"Chosen: {FAMILY_TITLES[choice['family']]} at K={choice['k']}, "
+        f"Fastest on this machine: {FAMILY_TITLES[choice['family']]} at K={choice['k']}, "
         f"{fmt(choice['tokens_per_target_step'])} tokens per target step "
         f"({fmt(choice['tokens_per_s'])} tokens/s here) at the depths the answers reach "
-        f"(depth: share of the run's generated tokens: {shares})."
+        f"(depth: share of the run's generated tokens: {shares}). This machine's live loop, "
+        "not the serving device's: the choice is below (Drafter family for the serving "
+        "device)."
     )
 
 
 def choice_table(summary: dict[str, Any]) -> str:
-    """Per family and K: the mixed figures the choice compares, the chosen one marked."""
-    chosen = summary["choice"] or {}
+    """Per family and K: this machine's mixed figures (`this_machine`), its fastest marked."""
+    chosen = summary["fastest_here"] or {}
     rows = []
     for family, figures in summary["families"].items():
         for k, at_k in figures["per_k"].items():
-            mark = "chosen" if (family, int(k)) == (chosen.get("family"), chosen.get("k")) else ""
+            mark = (
+                "fastest here"
+                if (family, int(k)) == (chosen.get("family"), chosen.get("k"))
+                else ""
+            )
             if not mark and k == figures["best_k"]:
                 mark = "its best K"
             rows.append(
@@ -113,7 +120,7 @@ def section_families(data: RunData, summary: dict[str, Any]) -> Section | None:
     families = data.evaluated_families()
     if len(families) < 2:
         return None
-    section = Section("families", "Drafter families by depth, and the choice")
+    section = Section("families", "Drafter families by depth, on this machine")
     by_family = {f: depth_figures(data.families[f].eval) for f in families}
     plotted = {}
     for family, per_k in by_family.items():
@@ -121,8 +128,9 @@ def section_families(data: RunData, summary: dict[str, Any]) -> Section | None:
             k: [row.as_dict() for row in rows] for k, rows in per_k.items()
         }
     section.figure = families_figure(plotted)
-    section.blocks.append(f"<p><strong>{choice_text(summary)}</strong></p>")
-    section.blocks.append(choice_table(summary))
+    here = summary["this_machine"]
+    section.blocks.append(f"<p><strong>{choice_text(here)}</strong></p>")
+    section.blocks.append(choice_table(here))
     section.blocks.append("<h3>By depth</h3>")
     rows = []
     for family, per_k in by_family.items():
@@ -134,9 +142,10 @@ def section_families(data: RunData, summary: dict[str, Any]) -> Section | None:
         "its propose and accept calls a round (EAGLE-3 drafts in K forwards, P-EAGLE and DFlash "
         "in one); target ms: the rest of the round, its verification forward; tokens per target "
         "step: emitted tokens per round over the round's time in the target's own greedy steps "
-        "(the decoding speed-up over plain greedy). The choice weights each depth by the share "
-        "of the run's generated tokens that lie from it to the next depth timed, and takes "
-        "total tokens over total time (report/summary.json, docs/report.md).</p>"
+        "(the decoding speed-up over plain greedy) on this machine. Its figure weights each depth "
+        "by the share of the run's generated tokens that lie from it to the next depth timed, "
+        "and takes total tokens over total time (report/summary.json `this_machine`, "
+        "docs/report.md).</p>"
     )
     section.notes += shard_notes(data, families)
     return section

@@ -338,3 +338,27 @@ def families_figure(families: dict[str, dict[str, list[dict]]]) -> Figure:
     axes[0].set_title("acceptance by depth")
     axes[-1].set_title("the choice's measure")
     return figure
+
+
+def device_curve_figure(curve: dict[str, Any], crossovers: list[dict[str, Any]]) -> Figure:
+    """Tokens per target step against the drafter/target forward-time ratio (log axis), each
+    family (its title -> K and figures) at its best K on the device; the device's ratio and the
+    crossovers marked."""
+    figure, (axis,) = new_figure(1, width=6.0)
+    for index, (family, line) in enumerate(curve["families"].items()):
+        axis.plot(
+            curve["ratios"],
+            line["tokens_per_target_step"],
+            color=f"C{index}",
+            label=f"{family} K={line['k']}",
+        )
+    axis.axvline(curve["device_ratio"], color="black", linestyle="--", linewidth=1, label="device")
+    for crossover in crossovers:
+        if curve["ratios"][0] <= crossover["ratio"] <= curve["ratios"][-1]:
+            axis.axvline(crossover["ratio"], color="grey", linestyle=":", linewidth=1)
+    axis.set_xscale("log")
+    axis.set_xlabel("drafter forward / target decode step (r)")
+    axis.set_ylabel("tokens per target step")
+    axis.set_title("the family choice on the serving device")
+    axis.legend(fontsize=7)
+    return figure

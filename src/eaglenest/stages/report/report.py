@@ -11,14 +11,17 @@ a note; a file that is present but malformed is a `ReportInputError` naming the 
 
 Every drafter family the run has (drafter{suffix}/, eval{suffix}/) gets its training and
 acceptance sections; with more than one evaluated, a families section shows them side by side by
-depth. report/summary.json names the family chosen (choice.py), for one family too.
+depth. report/summary.json names the family chosen for the serving device (device_choice.py:
+vLLM's acceptance, report.device's timings; none without them), for one family too, beside this
+machine's own live-loop figures (choice.py, `this_machine`).
 
 This module is the entry (scripts/build_report.py calls `build_report`); the parts live beside it:
 inputs.py (which files, reading and checking them; family_files.py which families), data.py
 (the loaded run and its numbers), figures.py (the plots), sections.py (each part of the page;
 acceptance.py the acceptance one, families.py the families one, sets.py the standard sets and
-the drafters compared, thinking.py the thinking modes), choice.py (the family chosen)
-and page.py (the HTML).
+the drafters compared, thinking.py the thinking modes, device_section.py the choice on the
+device), device_choice.py (the family chosen), choice.py (this machine's figures) and page.py
+(the HTML).
 By hand: `python -m eaglenest.stages.report RUN_DIR` (see __main__.py).
 """
 
@@ -32,9 +35,12 @@ from typing import Any
 
 from eaglenest.common.io import atomic_path, write_json
 from eaglenest.settings.families import family_suffix
+from eaglenest.settings.report import DeviceTimings
 from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.choice import choose_family
 from eaglenest.stages.report.data import RunData
+from eaglenest.stages.report.device_choice import choose_on_device
+from eaglenest.stages.report.device_section import section_device_choice
 from eaglenest.stages.report.families import section_families
 from eaglenest.stages.report.family_files import FAMILY_TITLES
 from eaglenest.stages.report.figures import note_figure, png_bytes
@@ -56,6 +62,7 @@ PLOT_NAMES = (
     "training",
     "acceptance",
     "families",
+    "choice",
 )
 FAMILY_SECTIONS = (section_training, section_acceptance)
 
@@ -84,14 +91,19 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
     families = section_families(data, summary)
     if families is not None:
         sections.append(families)
+    sections.append(section_device_choice(summary))
     thinking = section_thinking(data)  # only when metrics.json records the thinking mode
     return sections + ([thinking] if thinking else []) + sections_sets_and_compare(data)
 
 
-def run_summary(data: RunData, run: str) -> dict[str, Any]:
-    """report/summary.json: the families evaluated and the one chosen (choice.py)."""
+def run_summary(data: RunData, run: str, device: DeviceTimings | None = None) -> dict[str, Any]:
+    """report/summary.json: the families evaluated and the one chosen for the serving `device`
+    (device_choice.py; null without it), and this machine's own live-loop figures
+    (`this_machine`, choice.py: what its fastest family is here, never the choice)."""
     evaluated = {family: data.families[family].eval for family in data.evaluated_families()}
-    return {"run": run, **choose_family(evaluated, data.tokens)}
+    here = choose_family(evaluated, data.tokens)
+    here["fastest_here"] = here.pop("choice")
+    return {"run": run, **choose_on_device(evaluated, device, data.tokens), "this_machine": here}
 
 
 def _write_bytes(path: Path, content: bytes) -> None:
@@ -105,9 +117,11 @@ def build_report(
     plots: dict[str, str | Path] | None = None,
     run: str = "",
     summary: str | Path | None = None,
+    device: DeviceTimings | None = None,
 ) -> dict[str, Any]:
     """Write the report page, one PNG per name in PLOT_NAMES and the run's summary (`summary`,
-    default summary.json beside the page: the family chosen); return the key figures.
+    default summary.json beside the page: the family chosen for `device`, report.device's
+    timings; none without them); return the key figures.
 
     `plots` maps plot names to PNG paths (default: beside the page, `<name>.png`). A section with
     nothing to plot still gets its PNG (a card saying why), so every declared output exists; the
@@ -120,7 +134,7 @@ def build_report(
     if unknown:
         raise ValueError(f"unknown plot names {sorted(unknown)}; known: {list(PLOT_NAMES)}")
     data = load_run(files)
-    run_figures = run_summary(data, run)
+    run_figures = run_summary(data, run, device)
     sections = page_sections(data, run_figures)
     images = {}
     for section in sections:
@@ -157,4 +171,7 @@ def chosen_text(summary: dict[str, Any]) -> str:
     if choice is None:
         return f"none ({summary['why_none']})"
     rate = fmt(choice["tokens_per_target_step"])
-    return f"{FAMILY_TITLES[choice['family']]} K={choice['k']} ({rate} tokens per target step)"
+    return (
+        f"{FAMILY_TITLES[choice['family']]} K={choice['k']} ({rate} tokens per target step on "
+        f"{choice['device']})"
+    )

@@ -1,7 +1,8 @@
 """The report of a run with several drafter families (support/report_run.py: the synthetic run,
 each family's files in drafter{suffix}/ and eval{suffix}/): each family's training and acceptance
-sections, the families side by side by depth with their drafter time, the family chosen in the
-page and in report/summary.json; a run of one other family titles its sections with it."""
+sections, the families side by side by depth with their drafter time, this machine's fastest
+family, the family chosen for a serving device (report.device) in the page and in
+report/summary.json; a run of one other family titles its sections with it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from support.report_run import (
     write_run,
 )
 
+from eaglenest.settings.report import DeviceTimings
 from eaglenest.stages.report.inputs import RunFiles
 from eaglenest.stages.report.report import PLOT_NAMES, build_report
 
@@ -60,7 +62,7 @@ def test_every_family_has_its_sections_and_the_families_stand_side_by_side(tmp_p
     assert ids[ids.index("training") : ids.index("training") + 3] == expected
     expected = ["acceptance", "acceptance_p_eagle", "acceptance_dflash"]
     assert ids[ids.index("acceptance") : ids.index("acceptance") + 3] == expected
-    assert ids[-1] == "families"
+    assert ids[-2:] == ["families", "choice"]
     assert sections["training"].endswith("(EAGLE-3)")
     assert sections["acceptance_dflash"].endswith("(DFlash)")
     text = page.read_text()
@@ -84,30 +86,36 @@ def test_every_family_has_its_sections_and_the_families_stand_side_by_side(tmp_p
     assert eagle3[:10] == ["EAGLE-3", "7", "0", "4", "2.95", "2.9", "–", "12", "10", "8"]
 
 
-def test_the_family_that_holds_at_the_answers_depths_is_chosen(tmp_path: Path):
+def test_this_machines_fastest_family_holds_at_the_answers_depths_and_is_not_the_choice(
+    tmp_path: Path,
+):
     run = three_families(tmp_path)
     page, figures = build(run)
     summary = json.loads((page.parent / "summary.json").read_text())
-    # The synthetic answers run from position 12 to 30-58 tokens: 176 of their tokens lie below
-    # depth 32, 98 past it. EAGLE-3's 12 ms drafter costs it more than it gains near the
-    # prompt, and DFlash holds past depth 32.
-    choice = summary["choice"]
+    # This machine's figures: the synthetic answers run from position 12 to 30-58 tokens: 176
+    # of their tokens lie below depth 32, 98 past it. EAGLE-3's 12 ms drafter costs it more
+    # than it gains near the prompt, and DFlash holds past depth 32.
+    assert summary["choice"] is None and summary["device"] is None
+    here = summary["this_machine"]
+    choice = here["fastest_here"]
     assert (choice["family"], choice["k"]) == ("dflash", 3)
     weights = choice["depth_weights"]
     assert weights == pytest.approx({"0": 176 / 274, "32": 98 / 274})
     expected = 1 / (weights["0"] / (2.0 / 1.5) + weights["32"] / (1.9 / 1.5))
     assert choice["tokens_per_target_step"] == pytest.approx(expected)
-    assert set(summary["families"]) == {"eagle3", "p_eagle", "dflash"}
+    assert set(here["families"]) == {"eagle3", "p_eagle", "dflash"}
     assert summary["run"] == run.name
     text = page.read_text()
-    assert "Chosen: DFlash at K=3" in text
-    assert figures["drafter family chosen"].startswith("DFlash K=3 (")
+    assert "Fastest on this machine: DFlash at K=3" in text
+    assert "No family chosen: no serving device's timings (report.device)" in text
+    assert figures["drafter family chosen"].startswith("none (no serving device's timings")
     # A depth past every answer (they end by 58 tokens) weighs nothing in the choice.
     deeper = {**EAGLE3, 4096: (9.0, 0.001)}
     write_family(run, "eagle3", family_eval([3, 7], deeper))
     summary = json.loads((build(run)[0].parent / "summary.json").read_text())
-    assert summary["families"]["eagle3"]["per_k"]["3"]["depth_weights"]["4096"] == 0
-    assert summary["choice"]["family"] == "dflash"
+    here = summary["this_machine"]
+    assert here["families"]["eagle3"]["per_k"]["3"]["depth_weights"]["4096"] == 0
+    assert here["fastest_here"]["family"] == "dflash"
 
 
 def test_a_family_trained_on_other_shards_is_said(tmp_path: Path):
@@ -128,7 +136,45 @@ def test_a_run_of_one_other_family_names_it(tmp_path: Path):
     assert sections["acceptance"].endswith("(P-EAGLE)")
     assert "families" not in sections and "drafter family chosen" not in figures
     summary = json.loads((page.parent / "summary.json").read_text())
-    assert summary["choice"]["family"] == "p_eagle"
+    assert summary["this_machine"]["fastest_here"]["family"] == "p_eagle"
     # Not yet evaluated: the note names the family's own folder.
     (run / "eval_p_eagle" / "metrics.json").unlink()
     assert "Not evaluated yet: no eval_p_eagle/metrics.json." in build(run)[0].read_text()
+
+
+def with_engine(metrics: dict, emitted: list[int], rounds: list[int]) -> dict:
+    """`metrics` with vLLM's per-prompt figures at each of its K."""
+    figures = {"emitted_per_prompt": emitted, "rounds_per_prompt": rounds, "prompts": len(rounds)}
+    figures |= {"tokens": sum(emitted) + len(rounds), "rounds": sum(rounds)}
+    figures |= {"acceptance_length": 1 + sum(emitted) / sum(rounds)}
+    return {
+        **metrics,
+        "engine": {"engine": "vllm", "per_k": {str(k): figures for k in metrics["ks"]}},
+    }
+
+
+def test_the_family_chosen_for_the_serving_device_from_vllms_acceptance(tmp_path: Path):
+    run = three_families(tmp_path)
+    # vLLM: EAGLE-3 emits 3 a round, P-EAGLE 2.5, DFlash 2 (on this machine DFlash was fastest).
+    write_family(run, "eagle3", with_engine(family_eval([3, 7], EAGLE3), [40, 50], [15, 15]))
+    write_family(
+        run, "p_eagle", with_engine(family_eval([3], P_EAGLE, "p_eagle"), [30, 45], [15, 15])
+    )
+    write_family(run, "dflash", with_engine(family_eval([3], DFLASH, "dflash"), [30, 30], [15, 15]))
+    device = DeviceTimings("8x H200", "user", 0.03, {}, {"3": 1.05, "7": 1.2})
+    page = run / "report" / "index.html"
+    figures = build_report(RunFiles.from_run_dir(run), page, run=run.name, device=device)
+    summary = json.loads((page.parent / "summary.json").read_text())
+    choice = summary["choice"]
+    # EAGLE-3 at K=3: 3 / (1.05 + 3 * 0.03); P-EAGLE 2.5 / 1.08.
+    assert (choice["family"], choice["k"], choice["acceptance_source"]) == ("eagle3", 3, "vllm")
+    assert choice["tokens_per_target_step"] == pytest.approx(3 / 1.14)
+    assert choice["margin"]["over"] == "p_eagle" and len(choice["margin"]["ci95"]) == 2
+    assert summary["device"]["name"] == "8x H200" and summary["device"]["source"] == "user"
+    assert summary["this_machine"]["fastest_here"]["family"] == "dflash"
+    assert figures["drafter family chosen"].startswith("EAGLE-3 K=3 (2.63 tokens per target step")
+    text = page.read_text()
+    assert "Chosen for 8x H200 (timings: user): EAGLE-3 at K=3" in text
+    # The curve is the PNG the rule declares.
+    embedded = re.search(r"data:image/png;base64,([^']+)'", section_html(text, "choice")).group(1)
+    assert base64.b64decode(embedded) == (page.parent / "choice.png").read_bytes()

@@ -48,15 +48,19 @@ def test_report_of_a_finished_run(tmp_path: Path):
     assert missing_references(page) == []
     text = page.read_text()
     # every section drew its plot: the page embeds one image per plot, less the families' (one
-    # family: no families section, as before there were families; its PNG is a card)
-    assert text.count("data:image/png;base64,") == len(PLOT_NAMES) - 1
+    # family: no families section, as before there were families; its PNG is a card) and the
+    # choice's (no report.device: no curve, its PNG a card)
+    assert text.count("data:image/png;base64,") == len(PLOT_NAMES) - 2
     assert "families" not in page_sections(page)
     assert page_sections(page)["training"] == "Training: loss and accuracy per TTT step"
-    # The run's summary names its one family, at the K that emits the most per target step:
-    # K=3 emits 2.3 a 14 ms round (1.75 greedy steps), K=7 2.7 a 21 ms round.
-    choice = json.loads((page.parent / "summary.json").read_text())["choice"]
-    assert (choice["family"], choice["k"]) == ("eagle3", 3)
-    assert choice["tokens_per_target_step"] == pytest.approx(2.3 / 1.75)
+    # Without report.device the summary chooses no family; this machine's figures name the K
+    # that emits the most per target step here: K=3 emits 2.3 a 14 ms round (1.75 greedy
+    # steps), K=7 2.7 a 21 ms round.
+    summary = json.loads((page.parent / "summary.json").read_text())
+    assert summary["choice"] is None and summary["why_none"].startswith("no serving device's")
+    fastest = summary["this_machine"]["fastest_here"]
+    assert (fastest["family"], fastest["k"]) == ("eagle3", 3)
+    assert fastest["tokens_per_target_step"] == pytest.approx(2.3 / 1.75)
     for expected in (
         "2.41",
         "2.87",  # simulated acceptance length K=3, K=7

@@ -1,0 +1,141 @@
+"""Settings of the report: the serving device's timings (`report.device`) that the report's
+choice of drafter family counts in (stages/report/device_choice.py, docs/report.md).
+
+A family's tokens per target step on a device = tau / (v(K) + d * r): tau its emitted tokens per
+round (the evaluate stage's vLLM run), v(K) the time of verifying K + 1 tokens in one target
+forward over one plain decode step's, d its drafter forwards per round (EAGLE-3 K, P-EAGLE and
+DFlash one: settings/families.py `parallel`) and r one drafter forward's time over one target
+decode step's. This machine's own live loop (Python overhead at batch 1 on two cores) says
+nothing of r or v on a GPU beside a large target, so without `report.device` the report chooses
+no family.
+
+The figures come from the config (`source` "user") or from the JSON file bench/gpu_check.py's
+`device_timings` step writes (`report.device.file`, at one of its batch sizes: `source` is the
+file); a figure given in the config wins over the file's. The file is read when the settings are
+built, so its figures are in the report rule's tracked settings: a new file reruns the report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eaglenest.settings import Settings
+from eaglenest.settings.families import FAMILIES
+
+KEY = "report.device"
+
+
+@dataclass(frozen=True)
+class DeviceTimings(Settings):
+    """The serving device's timings, relative to one plain target decode step."""
+
+    name: str  # as the report names the device
+    source: str  # "user", or the bench/gpu_check.py file they were read from
+    drafter_ratio: float  # one drafter forward over one target decode step, in (0, 1]
+    family_ratios: dict[str, float]  # a family's own ratio in place of drafter_ratio
+    verify_cost: dict[str, float]  # K (a string, as JSON has it) -> verify K + 1 over one step
+
+    def ratio(self, family: str) -> float:
+        """The drafter/target forward-time ratio of `family` on this device."""
+        return self.family_ratios.get(family, self.drafter_ratio)
+
+
+@dataclass(frozen=True)
+class ReportSettings(Settings):
+    """`report`: the device timings (None: this machine's alone, no family chosen)."""
+
+    SECTION = "report"
+
+    device: DeviceTimings | None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ReportSettings:
+        section = (config.get("report") or {}).get("device")
+        return cls(device=device_timings(section) if section else None)
+
+
+def read_timings_file(path: str | Path, batch: int) -> dict[str, Any]:
+    """The figures of bench/gpu_check.py's device_timings file at `batch`: name, drafter_ratio,
+    verify_cost (ValueError naming report.device.file and what is missing)."""
+    where = f"{KEY}.file ({path})"
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: cannot read it as JSON: {err}") from None
+    timings = data.get("device_timings", data) if isinstance(data, dict) else {}
+    by_batch = timings.get("by_batch") if isinstance(timings, dict) else None
+    if not by_batch or not isinstance(by_batch, dict):  # a config error: ValueError, as the rest
+        raise ValueError(f"{where}: no device_timings.by_batch (bench/gpu_check.py's step)")
+    if str(batch) not in by_batch:
+        raise ValueError(
+            f"{KEY}.batch: {batch} is not among the file's batch sizes {sorted(by_batch, key=int)}"
+        )
+    at = by_batch[str(batch)]
+    return {
+        "name": f"{timings.get('device', 'device')}, batch {batch}",
+        "drafter_ratio": at.get("drafter_ratio"),
+        "verify_cost": at.get("verify_cost") or {},
+    }
+
+
+def device_timings(section: Mapping[str, Any]) -> DeviceTimings:
+    """report.device as checked timings: the file's figures under the config's."""
+    found: dict[str, Any] = {"name": None, "drafter_ratio": None, "verify_cost": {}}
+    source = "user"
+    if section.get("file"):
+        found = read_timings_file(section["file"], section.get("batch") or 1)
+        source = str(section["file"])
+    timings = DeviceTimings(
+        name=section.get("name") or found["name"] or "the serving device",
+        source=source,
+        drafter_ratio=_given(section.get("drafter_ratio"), found["drafter_ratio"]),
+        family_ratios=dict(section.get("family_ratios") or {}),
+        verify_cost={
+            str(k): v
+            for k, v in {**found["verify_cost"], **(section.get("verify_cost") or {})}.items()
+        },
+    )
+    check_timings(timings)
+    return timings
+
+
+def _given(config_value: Any, file_value: Any) -> Any:
+    return config_value if config_value is not None else file_value
+
+
+def check_timings(timings: DeviceTimings) -> None:
+    """Every ratio in (0, 1], every verify cost at least 1 (verifying K + 1 tokens costs at least
+    the one token's step), each K a positive integer: ValueError naming the key."""
+    where = "" if timings.source == "user" else f" (from {timings.source})"
+    if timings.drafter_ratio is None:
+        raise ValueError(
+            f"{KEY}.drafter_ratio: not given{where}: one drafter forward's time over one target "
+            "decode step's, in (0, 1]"
+        )
+    ratios = {"drafter_ratio": timings.drafter_ratio}
+    for family, ratio in timings.family_ratios.items():
+        if family not in FAMILIES:
+            raise ValueError(f"{KEY}.family_ratios: {family!r} is not one of {', '.join(FAMILIES)}")
+        ratios[f"family_ratios.{family}"] = ratio
+    for key, ratio in ratios.items():
+        if not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+            raise ValueError(f"{KEY}.{key}: {ratio!r}{where} is outside (0, 1]")
+    if not timings.verify_cost:
+        raise ValueError(f"{KEY}.verify_cost: none given{where}: K -> verify K + 1 over one step")
+    for k, cost in timings.verify_cost.items():
+        if not k.isdigit() or int(k) < 1:
+            raise ValueError(f"{KEY}.verify_cost: {k!r}{where} is not a K (a positive integer)")
+        if not isinstance(cost, int | float) or cost < 1:
+            raise ValueError(
+                f"{KEY}.verify_cost.{k}: {cost!r}{where} is below 1 (verifying K + 1 tokens "
+                "takes at least one decode step)"
+            )
+
+
+def check_report_device(config: Mapping[str, Any]) -> None:
+    """report.device, checked when the config is (its file read): ValueError naming the key."""
+    ReportSettings.from_config(config)
