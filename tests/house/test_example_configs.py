@@ -37,25 +37,35 @@ def example_config(name: str) -> dict:
 
 
 def test_kimi_hidden_state_disk_is_what_the_readme_says(tmp_path, caplog):
-    """docs/real-targets.md, Disk: with the example's fp8 aux and top-1 signal, B = 3 aux x 7168 x 1 (fp8) + 3 x 4
-    (their scales) + 4 + 4 (top-1 id and value) + 8 (input_ids) + 1 (loss_mask) bytes a token,
-    against the anchors' 4 x 7168 x 2 and bf16's 57,353, for 10,000 samples of 16,384 tokens.
-    The hidden stage's own size line, planned from a config.json of Kimi-K2.5's nesting and
-    sizes (text_config: 61 layers, so aux layers (2, 30, 58)), must say the same."""
+    """docs/real-targets.md, Disk: with the example's fp8 aux and top-1 signal, B = n aux x 7168 x 1
+    (fp8) + n x 4 (their scales) + 4 + 4 (top-1 id and value) + 8 (input_ids) + 1 (loss_mask) bytes
+    a token, against the anchors' 4 x 7168 x 2 and bf16's 57,353, for 10,000 samples of 16,384
+    tokens. The hidden stage's own size line, planned from a config.json of Kimi-K2.5's nesting and
+    sizes (text_config: 61 layers), must say the same: the example as it is (eagle3 and dflash: the
+    union of vLLM's (2, 30, 58) and z-lab's five, seven layers) and with eagle3 alone (three)."""
     readme = (REPO / "docs" / "real-targets.md").read_text()
-    settings = HiddenSettings.from_config(example_config("kimi-k2.5"))
+    config = example_config("kimi-k2.5")
+    assert config["train"]["families"] == ["eagle3", "dflash"]
     target = write_kimi_config(tmp_path / "kimi-k2.5", KIMI_K25_TEXT)
     tokens = write_tokens(tmp_path / "tokens.parquet", [16_384, 100])
-    with caplog.at_level(logging.INFO, logger="eaglenest.stages.hidden_states.plan"):
-        plan = plan_hidden_shard(tokens, load_text_config(target), settings)
-    assert (plan.layer_ids, plan.hidden_size) == ((2, 30, 58), 7168)
-    per_token = bytes_per_token(plan.specs)
-    assert per_token == 3 * 7168 + 3 * 4 + 4 + 4 + 8 + 1 == 21_533
-    assert f"({per_token} bytes/token)" in caplog.text
-    assert f"{per_token:,}" in readme
-    assert f"{10_000 * 16_384 * per_token / 1e12:.1f} TB" in readme
+    eagle3_only = {**config, "train": {**config["train"], "families": ["eagle3"]}}
+    cases = (
+        (config, (2, 16, 30, 31, 45, 58, 59), 50_221),
+        (eagle3_only, (2, 30, 58), 21_533),
+    )
+    for each, layers, expected in cases:
+        settings = HiddenSettings.from_config(each)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="eaglenest.stages.hidden_states.plan"):
+            plan = plan_hidden_shard(tokens, load_text_config(target), settings)
+        assert (plan.layer_ids, plan.hidden_size) == (layers, 7168)
+        per_token = bytes_per_token(plan.specs)
+        assert per_token == len(layers) * (7168 + 4) + 4 + 4 + 8 + 1 == expected
+        assert f"({per_token} bytes/token)" in caplog.text
+        assert f"{per_token:,}" in readme
+        assert f"{10_000 * 16_384 * per_token / 1e12:.1f} TB" in readme
     anchors = 4 * 7168 * 2
-    assert f"{anchors:,}" in readme and f"{per_token / anchors:.2f}" in readme
+    assert f"{anchors:,}" in readme and f"{21_533 / anchors:.2f}" in readme
     bf16 = replace(settings, dtype="bf16", target_signal="final_hidden")
     assert bytes_per_token(tensor_specs(1, 1, 7168, 3, bf16)) == 57_353
     # With dflash's default layers, the union of seven (tests/unit/settings/test_target_layers.py)
