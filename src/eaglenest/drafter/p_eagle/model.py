@@ -46,8 +46,14 @@ class PEagleDrafter(Eagle3Drafter):
 
     family = "p_eagle"
 
-    def __init__(self, config: DrafterConfig, mask_token_id: int):
-        super().__init__(config)
+    def __init__(
+        self,
+        config: DrafterConfig,
+        mask_token_id: int,
+        num_hidden_layers: int = 1,
+        train_mask_embedding: bool = False,
+    ):
+        super().__init__(config, num_hidden_layers)
         if not 0 <= mask_token_id < config.vocab_size:
             raise ValueError(
                 f"P-EAGLE mask_token_id {mask_token_id} is not a token of the target's "
@@ -59,6 +65,35 @@ class PEagleDrafter(Eagle3Drafter):
         self.mask_hidden = nn.Parameter(
             torch.randn(len(config.aux_layer_ids) * config.target_hidden_size)
         )
+        # What training adds to the target's embedding row of the mask token (module doc):
+        # zero at the start, so the drafter starts from the target's row, whenever that is
+        # loaded.
+        self.mask_embedding_delta = (
+            nn.Parameter(torch.zeros(config.hidden_size)) if train_mask_embedding else None
+        )
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return 1 + len(self.layers)
+
+    @property
+    def train_mask_embedding(self) -> bool:
+        return self.mask_embedding_delta is not None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's embedding, the mask token's row plus the trained delta (wherever the
+        mask token is, as vLLM embeds it with the exported table)."""
+        embeds = self.embed_tokens(input_ids)
+        if self.mask_embedding_delta is None:
+            return embeds
+        is_mask = (input_ids == self.mask_token_id)[..., None]
+        # where() rather than indexing: the delta is in the graph (a zero gradient where no
+        # mask token is), so DDP finds every parameter used.
+        return torch.where(is_mask, embeds + self.mask_embedding_delta, embeds)
+
+    def mask_embedding(self) -> torch.Tensor:
+        """The mask token's input embedding [H] as trained."""
+        return self.embed(torch.tensor([self.mask_token_id], device=self.fc.weight.device))[0]
 
     def parallel_states(
         self,
