@@ -21,7 +21,11 @@ rows that pack several samples (`segments`) see only their own sample's keys; a 
 keeps the keys of the last W rotary positions. That attention, in memory linear in T, is
 eaglenest.drafter.attention's `training_attention`.
 
-Here: the EAGLE-3 decoder layer, the drafter, then the TTT helpers. Its config is
+Layers: EAGLE-3 has the one above. The model takes N (P-EAGLE's 4): layers 1..N-1
+(`LaterLayer`, `layers.{i}`) are pre-norm Llama layers over the previous layer's output h'' [H],
+as vLLM's llama_eagle3.py runs them, each with its own keys; the last one's h'' is the output.
+
+Here: the EAGLE-3 decoder layer and the later layers, the drafter, then the TTT helpers. Its config is
 eaglenest.drafter.config; RMSNorm, rotary embeddings, the TTT stack and the decoding cache,
 attention (Llama, then DeepSeek-V3's MLA) and the MLP are eaglenest.drafter.layers.
 
