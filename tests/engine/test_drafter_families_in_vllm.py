@@ -29,7 +29,7 @@ TRAIN = {
     "lr": 3e-3,
     "warmup_steps": 5,
     "max_batch_tokens": 1024,
-    "ttt_steps": K,  # P-EAGLE's depths
+    "ttt_steps": K,  # P-EAGLE at its defaults: 4 layers, 4 depths (served at K <= 4)
     "eval_every": 4,
     "export_dtype": "float32",  # as the small demo's evaluation runs
     "dflash": {"block_size": BLOCK_SIZE, "max_anchors": 128},

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 
 ALL_FAMILIES = ["eagle3", "p_eagle", "dflash"]
 TITLES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE", "dflash": "DFlash"}
-# A short DFlash recipe: blocks of 4 (K = 3, the demo's ttt_steps and so P-EAGLE's depths), few
-# anchors a row; family-only keys, so EAGLE-3's job keeps its settings.
+# A short DFlash recipe: blocks of 4 (K = 3, the demo's ttt_steps), few anchors a row;
+# family-only keys, so EAGLE-3's job keeps its settings. P-EAGLE at its defaults (4 layers,
+# 4 depths, a trained mask embedding).
 DFLASH = {"block_size": 4, "max_anchors": 32}
 
 
@@ -77,8 +78,8 @@ def test_adding_families_to_a_finished_run_plans_only_their_jobs(finished_run_co
 
 # train section changes (over with_families) -> the families whose training and evaluation rerun
 KEYS_READ_BY = [
-    # EAGLE-3's training-time test: P-EAGLE's depths are set (its default is ttt_steps).
-    ({"step_weight": 0.5, "ttt_steps": 4, "p_eagle": {"depths": 3}}, {"eagle3"}),
+    # EAGLE-3's training-time test: P-EAGLE's depths are set (4; null would be ttt_steps).
+    ({"step_weight": 0.5, "ttt_steps": 4}, {"eagle3"}),
     # An EAGLE-3 variant and activation checkpointing: not DFlash's.
     (
         {"drafter": {"norm_before_fc": False}, "activation_checkpointing": True},
@@ -116,7 +117,7 @@ def test_a_key_only_some_families_read_reruns_only_their_jobs(finished_run_copy:
             "evaluate_drafter": len(families),
             "all": 1,
         }, change
-    # evaluate.ks: P-EAGLE's (up to its 3 depths) change, DFlash's K = block_size - 1 does not.
+    # evaluate.ks: P-EAGLE's (up to its 4 depths) change, DFlash's K = block_size - 1 does not.
     ks = merged(config, {"evaluate": {"ks": [3, 5]}})
     result = snakemake(finished_run_copy, "-n", config=ks)
     assert planned_families(result.stdout) == (set(), {"eagle3", "p_eagle"})
@@ -141,6 +142,8 @@ def eagle3_outputs(dry_run: str) -> list[str]:
 
 
 def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_run_copy: Path):
+    import torch
+
     from eaglenest.drafter.dflash.export import load_dflash
     from eaglenest.drafter.dflash.model import dflash_target_layer_ids
     from eaglenest.drafter.p_eagle.export import load_p_eagle
@@ -165,10 +168,13 @@ def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_ru
     # llama_eagle3.py), DFlash's architecture, block and target layers (qwen3_dflash.py).
     p_eagle = json.loads((results / "drafter_p_eagle" / "config.json").read_text())
     with safe_open(str(results / "drafter_p_eagle" / "model.safetensors"), "pt") as f:
-        assert "mask_hidden" in f.keys()  # noqa: SIM118 (not a dict)
+        names = set(f.keys())
+    # Its 4 layers (vLLM: midlayer. is layers.0.) and the embedding with the trained mask row.
+    assert {"mask_hidden", "embed_tokens.weight", "layers.3.mlp.down_proj.weight"} <= names
     model, depths = load_p_eagle(results / "drafter_p_eagle", head.embed, head.aux_layer_ids)
-    assert depths == SMALL_DEMO["train"]["ttt_steps"]
+    assert (depths, model.num_hidden_layers, p_eagle["num_hidden_layers"]) == (4, 4, 4)
     assert p_eagle["mask_token_id"] == model.mask_token_id
+    assert not torch.equal(model.mask_embedding(), head.embed[model.mask_token_id])
     dflash = json.loads((results / "drafter_dflash" / "config.json").read_text())
     assert dflash["architectures"] == ["DFlashDraftModel"]
     assert dflash["dflash_config"]["block_size"] == DFLASH["block_size"]

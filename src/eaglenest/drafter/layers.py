@@ -140,15 +140,23 @@ def apply_rope(
 class TTTStack:
     """Keys and values of every TTT step so far, [B, kv_heads, T, head_dim] each, and for rows
     that pack several samples the step-0 keys each query may see ([B, 1, T, T]: causal, within
-    its own sample)."""
+    its own sample). This is the first decoder layer's; a drafter of several layers keeps one
+    stack per layer (`layer`), all seeing the same keys."""
 
     def __init__(self, visible: torch.Tensor | None = None) -> None:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.visible = visible
+        self.deeper: dict[int, TTTStack] = {}
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def layer(self, index: int) -> TTTStack:
+        """Decoder layer `index`'s stack (0: this one), made on first use."""
+        if index == 0:
+            return self
+        return self.deeper.setdefault(index, TTTStack(self.visible))
 
 
 class DecodeCache:
@@ -158,9 +166,16 @@ class DecodeCache:
     def __init__(self) -> None:
         self.keys = torch.empty(0)
         self.values = torch.empty(0)
+        self.deeper: dict[int, DecodeCache] = {}  # the later decoder layers' (`layer`)
 
     def __len__(self) -> int:
         return 0 if self.keys.numel() == 0 else self.keys.shape[2]
+
+    def layer(self, index: int) -> DecodeCache:
+        """Decoder layer `index`'s cache (0: this one), made on first use."""
+        if index == 0:
+            return self
+        return self.deeper.setdefault(index, DecodeCache())
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         if len(self) == 0:
@@ -172,16 +187,22 @@ class DecodeCache:
     def truncate(self, length: int) -> None:
         self.keys = self.keys[:, :, :length]
         self.values = self.values[:, :, :length]
+        for cache in self.deeper.values():
+            cache.truncate(length)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DrafterConfig):
+    """Llama's attention over an input of `in_features` (an EAGLE-3 first layer's 2H: embedding
+    and hidden state side by side; a later layer's H)."""
+
+    def __init__(self, config: DrafterConfig, in_features: int | None = None):
         super().__init__()
         self.config = config
         c = config
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        inputs = in_features or 2 * c.hidden_size
+        self.q_proj = nn.Linear(inputs, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(inputs, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(inputs, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.scale = 1.0 / math.sqrt(c.head_dim)  # SDPA's default for the query's head size
 

@@ -55,11 +55,18 @@ class PEagleSettings(Settings):
     """`train.p_eagle`."""
 
     depths: int  # tokens drafted in one forward (train.p_eagle.depths, else train.ttt_steps)
+    num_hidden_layers: int  # decoder layers of the drafter
+    train_mask_embedding: bool  # the mask token's input embedding trained (exported)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PEagleSettings:
         train = config["train"]
-        return cls(depths=train["p_eagle"]["depths"] or train["ttt_steps"])
+        own = train["p_eagle"]
+        return cls(
+            depths=own["depths"] or train["ttt_steps"],
+            num_hidden_layers=own["num_hidden_layers"],
+            train_mask_embedding=own["train_mask_embedding"],
+        )
 
     def trained_size(self) -> int:
         """What `FamilySpec.served_ks` takes of it: the depths."""

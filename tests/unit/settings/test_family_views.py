@@ -29,9 +29,13 @@ CHANGES = {
     "lr": ({"lr": 0.01}, {"eagle3", "p_eagle", "dflash"}),
     "step_weight": ({"step_weight": 0.5}, {"eagle3"}),
     "ttt_inputs": ({"ttt_inputs": "drafter", "families": ["eagle3", "dflash"]}, {"eagle3"}),
-    # P-EAGLE's depths default to ttt_steps: it reads ttt_steps through them, only then.
-    "ttt_steps, depths defaulted": ({"ttt_steps": 5}, {"eagle3", "p_eagle"}),
+    # P-EAGLE's depths null means ttt_steps: it reads ttt_steps through them, only then.
+    "ttt_steps, depths null": (
+        {"ttt_steps": 5, "p_eagle": {"depths": None}},
+        {"eagle3", "p_eagle"},
+    ),
     "ttt_steps, depths set": ({"ttt_steps": 5, "p_eagle": {"depths": 7}}, {"eagle3"}),
+    "ttt_steps, depths default": ({"ttt_steps": 5}, {"eagle3"}),
     "an EAGLE-3 variant": ({"drafter": {"norm_before_fc": False}}, {"eagle3", "p_eagle"}),
     "activation_checkpointing": ({"activation_checkpointing": True}, {"eagle3", "p_eagle"}),
     "a drafter size": ({"drafter": {"intermediate_size": 96}}, {"eagle3", "p_eagle", "dflash"}),
@@ -90,6 +94,19 @@ def test_what_a_family_leaves_out_are_fields_of_the_train_settings():
         own, in_drafter = FAMILY_SPECS[family].not_read
         assert set(own) <= train and set(in_drafter) <= drafter, family
     assert FAMILY_SPECS["eagle3"].not_read == ((), ())
+
+
+def test_p_eagle_defaults_to_its_references_operating_point():
+    """speculators' P-EAGLE and the paper: 4 layers, 4 depths, a trained (mask) embedding."""
+    config = validate_config({"train": {"families": ["p_eagle"]}})
+    own = FAMILY_SPECS["p_eagle"].settings.from_config(config)
+    assert (own.depths, own.num_hidden_layers, own.train_mask_embedding) == (4, 4, True)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        validate_config({"train": {"p_eagle": {"num_hidden_layers": 0}}})
+    # Each is the P-EAGLE job's own: it reruns that job alone.
+    for own_key in ({"num_hidden_layers": 2}, {"train_mask_embedding": False}):
+        before, after = job_settings(BASE), job_settings({**BASE, "p_eagle": own_key})
+        assert {f for f in FAMILIES if before[f] != after[f]} == {"p_eagle"}
 
 
 def test_a_family_evaluation_tracks_the_ks_it_is_measured_at_not_evaluate_ks():

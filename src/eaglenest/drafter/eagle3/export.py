@@ -81,7 +81,8 @@ def _mla_config(config: DrafterConfig) -> dict[str, Any]:
     }
 
 
-def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
+def export_config(config: DrafterConfig, dtype: str, num_hidden_layers: int = 1) -> dict[str, Any]:
+    """config.json of a drafter of `num_hidden_layers` decoder layers (EAGLE-3's: one)."""
     check_exportable(config)
     ids = list(config.aux_layer_ids)
     architecture = (
@@ -90,7 +91,8 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
         else {"architectures": [EAGLE3_ARCHITECTURE], "model_type": "llama"}
     )
     if config.sliding_window is not None:
-        architecture["layer_types"] = ["sliding_attention"]
+        # One entry per decoder layer: vLLM indexes it by the draft layer (llama.py).
+        architecture["layer_types"] = ["sliding_attention"] * num_hidden_layers
         architecture["sliding_window"] = config.sliding_window
     return {
         **architecture,
@@ -101,7 +103,7 @@ def export_config(config: DrafterConfig, dtype: str) -> dict[str, Any]:
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": num_hidden_layers,
         "vocab_size": config.vocab_size,
         "draft_vocab_size": config.draft_vocab_size,
         "rms_norm_eps": config.rms_norm_eps,
@@ -161,10 +163,10 @@ def drafter_config_from_export(config: dict[str, Any]) -> DrafterConfig:
 
 
 def _window_from_export(config: dict[str, Any]) -> int | None:
-    """The window vLLM applies to the drafter's one layer (see the module doc)."""
-    return (
-        config.get("sliding_window") if config.get("layer_types") == ["sliding_attention"] else None
-    )
+    """The window vLLM applies to the drafter's layers, every one (see the module doc)."""
+    types = config.get("layer_types") or []
+    windowed = types == ["sliding_attention"] * config.get("num_hidden_layers", 1)
+    return config.get("sliding_window") if types and windowed else None
 
 
 def _mla_from_export(config: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +183,13 @@ def load_drafter(
 ) -> Eagle3Drafter:
     """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
     drafter_dir = Path(drafter_dir)
-    config = drafter_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
+    exported = json.loads((drafter_dir / "config.json").read_text())
+    if exported.get("num_hidden_layers", 1) != 1:
+        raise ExportError(
+            f"{drafter_dir / 'config.json'}: num_hidden_layers "
+            f"{exported['num_hidden_layers']}, but an EAGLE-3 drafter has one decoder layer"
+        )
+    config = drafter_config_from_export(exported)
     check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
     if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
         raise ExportError(

@@ -21,7 +21,11 @@ rows that pack several samples (`segments`) see only their own sample's keys; a 
 keeps the keys of the last W rotary positions. That attention, in memory linear in T, is
 eaglenest.drafter.attention's `training_attention`.
 
-Here: the EAGLE-3 decoder layer, the drafter, then the TTT helpers. Its config is
+Layers: EAGLE-3 has the one above. The model takes N (P-EAGLE's 4): layers 1..N-1
+(`LaterLayer`, `layers.{i}`) are pre-norm Llama layers over the previous layer's output h'' [H],
+as vLLM's llama_eagle3.py runs them, each with its own keys; the last one's h'' is the output.
+
+Here: the EAGLE-3 decoder layer and the later layers, the drafter, then the TTT helpers. Its config is
 eaglenest.drafter.config; RMSNorm, rotary embeddings, the TTT stack and the decoding cache,
 attention (Llama, then DeepSeek-V3's MLA) and the MLP are eaglenest.drafter.layers.
 
@@ -69,20 +73,42 @@ class DecoderLayer(nn.Module):
         # norm_before_residual: the attention's residual is the normalised hidden state.
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        if isinstance(cache, DecodeCache):
-            hidden = residual + self.self_attn.decode(x, cos, sin, cache)
-        else:
-            hidden = residual + self.self_attn(x, cos, sin, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return residual_block(self, residual, x, cos, sin, cache)
+
+
+class LaterLayer(nn.Module):
+    """A decoder layer after the first (P-EAGLE's layers 1..N-1): a plain pre-norm Llama layer
+    over the previous layer's output [.., H], no embedding, as vLLM's llama_eagle3.py runs its
+    layers > 0 (their attention takes H; their hidden_norm, which vLLM builds but never uses, is
+    left out here and in the export)."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, in_features=config.hidden_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden, cos, sin, cache: TTTStack | DecodeCache) -> torch.Tensor:
+        return residual_block(self, hidden, self.input_layernorm(hidden), cos, sin, cache)
+
+
+def residual_block(layer, residual, x, cos, sin, cache: TTTStack | DecodeCache) -> torch.Tensor:
+    """h' = residual + attention(x);  h'' = h' + mlp(post_attention_layernorm(h'))."""
+    if isinstance(cache, DecodeCache):
+        hidden = residual + layer.self_attn.decode(x, cos, sin, cache)
+    else:
+        hidden = residual + layer.self_attn(x, cos, sin, cache)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 class Eagle3Drafter(VocabHead):
     family = "eagle3"  # train.families' name (settings/families.py): the stages' tables' key
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: DrafterConfig, num_hidden_layers: int = 1):
         super().__init__()
         self.config = config
-        # Training only: recompute the decoder layer in backward instead of keeping its
+        # Training only: recompute each decoder layer in backward instead of keeping its
         # activations (train.activation_checkpointing), for long samples.
         self.checkpoint_layer = False
         c = config
@@ -97,6 +123,12 @@ class Eagle3Drafter(VocabHead):
         )
         self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = DecoderLayer(c)
+        if num_hidden_layers < 1:
+            raise ValueError(f"a drafter has at least one decoder layer, not {num_hidden_layers}")
+        if num_hidden_layers > 1 and c.attention == "mla":
+            raise ValueError("an MLA drafter has one decoder layer (vLLM's deepseek_eagle3.py)")
+        # Layers 1..N-1 under vLLM's names (layers.{i}; the first is midlayer = layers.0).
+        self.layers = nn.ModuleDict({str(i): LaterLayer(c) for i in range(1, num_hidden_layers)})
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_vocab(c)  # d2t/t2d (eaglenest.drafter.vocab_head)
@@ -130,35 +162,25 @@ class Eagle3Drafter(VocabHead):
         positions: torch.Tensor,
         cache: TTTStack | DecodeCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`step` short of the LM head: its input norm(h'') and the next step's hidden state."""
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        """`step` short of the LM head: its input norm(h'') and the next step's hidden state.
+        Every decoder layer runs in turn, each with its own keys (`cache.layer(i)`); the last
+        one's output is h''."""
+        embeds = self.embed(input_ids).to(hidden.dtype)
         c = self.config
         cos, sin = rope_cos_sin(positions, c.rope_dim, c.rope_theta, c.attention == "mla")
-        if self.checkpoint_layer and isinstance(cache, TTTStack) and torch.is_grad_enabled():
-            hidden = self._checkpointed_layer(embeds, hidden, cos, sin, cache)
-        else:
-            hidden = self.midlayer(embeds, hidden, cos, sin, cache)
+        checkpointed = (
+            self.checkpoint_layer and isinstance(cache, TTTStack) and torch.is_grad_enabled()
+        )
+        run = checkpointed_layer if checkpointed else plain_layer
+        hidden = run(self.midlayer, cache, embeds, hidden, cos, sin)
+        for index, layer in self.layers.items():
+            hidden = run(layer, cache.layer(int(index)), hidden, cos, sin)
         normed = self.norm(hidden)
         return normed, normed if self.config.norm_output else hidden
 
-    def _checkpointed_layer(self, embeds, hidden, cos, sin, cache: TTTStack) -> torch.Tensor:
-        """The decoder layer recomputed in backward. The recomputation must see the cache as the
-        step did, so the layer runs on a copy of the earlier steps' keys and values and its own
-        ones are added to the real cache afterwards."""
-        steps = len(cache)
-
-        def layer(embeds, hidden, cos, sin, *earlier):
-            copy = TTTStack(cache.visible)
-            copy.keys, copy.values = list(earlier[:steps]), list(earlier[steps:])
-            out = self.midlayer(embeds, hidden, cos, sin, copy)
-            return out, copy.keys[-1], copy.values[-1]
-
-        hidden, key, value = checkpoint(
-            layer, embeds, hidden, cos, sin, *cache.keys, *cache.values, use_reentrant=False
-        )
-        cache.keys.append(key)
-        cache.values.append(value)
-        return hidden
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input tokens' embeddings: the target's (frozen)."""
+        return self.embed_tokens(input_ids)
 
     def forward(
         self,
@@ -218,6 +240,29 @@ class Eagle3Drafter(VocabHead):
                 shift_left(input_ids, 1 + i), hidden, positions + i, cache
             )
             yield normed
+
+
+def plain_layer(layer: nn.Module, cache: TTTStack | DecodeCache, *inputs) -> torch.Tensor:
+    return layer(*inputs, cache)
+
+
+def checkpointed_layer(layer: nn.Module, cache: TTTStack, *inputs) -> torch.Tensor:
+    """The decoder layer recomputed in backward. The recomputation must see the cache as the
+    step did, so the layer runs on a copy of the earlier steps' keys and values and its own
+    ones are added to the real cache afterwards."""
+    steps = len(cache)
+
+    def run(*tensors):
+        copy = TTTStack(cache.visible)
+        earlier = tensors[len(inputs) :]
+        copy.keys, copy.values = list(earlier[:steps]), list(earlier[steps:])
+        out = layer(*tensors[: len(inputs)], copy)
+        return out, copy.keys[-1], copy.values[-1]
+
+    hidden, key, value = checkpoint(run, *inputs, *cache.keys, *cache.values, use_reentrant=False)
+    cache.keys.append(key)
+    cache.values.append(value)
+    return hidden
 
 
 def ttt_forward(

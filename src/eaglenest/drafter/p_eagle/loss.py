@@ -6,9 +6,9 @@ draft token and (packed rows) t + 1 + d is in t's sample: EAGLE-3's step d's pos
 (stages/train/loss.py). speculators trains depth d on a random share max(0.7^d, 0.2) of the
 positions (COD sampling, to save memory) and averages the loss over all sampled positions; here
 every position is computed and depth d weighted by that share (`cod_depth_weights`): about the
-same loss in expectation, without its sampling noise. Unlike speculators (which trains the
-embedding for P-EAGLE), the embedding stays the target's, frozen and not exported, so vLLM
-embeds the mask token as training did.
+same loss in expectation, without its sampling noise. Speculators trains the embedding for
+P-EAGLE; here the mask token's row alone is trained (train.p_eagle.train_mask_embedding, the
+model's doc), the rest of the embedding stays the target's.
 """
 
 from __future__ import annotations

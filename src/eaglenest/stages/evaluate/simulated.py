@@ -288,7 +288,9 @@ def lookup_predictions(
 # family -> a drafter of the same architecture as a trained one, freshly initialised
 UNTRAINED: dict[str, Callable[[Any], Drafter]] = {
     "eagle3": lambda model: Eagle3Drafter(model.config),
-    "p_eagle": lambda model: PEagleDrafter(model.config, model.mask_token_id),
+    "p_eagle": lambda model: PEagleDrafter(
+        model.config, model.mask_token_id, model.num_hidden_layers, model.train_mask_embedding
+    ),
     "dflash": lambda model: DFlashDrafter(model.config),
 }
 

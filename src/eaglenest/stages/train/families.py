@@ -145,7 +145,12 @@ class PEagle(Recipe):
         export_p_eagle(self.model, out_dir, self.depths, dtype=self.settings.export_dtype)
 
     def description(self):
-        own = {"mask_token_id": self.model.mask_token_id, "depths": self.depths}
+        own = {
+            "mask_token_id": self.model.mask_token_id,
+            "depths": self.depths,
+            "num_hidden_layers": self.model.num_hidden_layers,
+            "train_mask_embedding": self.model.train_mask_embedding,
+        }
         return {**super().description(), **own}
 
 
@@ -280,7 +285,9 @@ def build_p_eagle(
     mask = mask_token_id(family, config.vocab_size)
     check_p_eagle_exportable(config)
     torch.manual_seed(settings.seed)
-    model = initialised(PEagleDrafter(config, mask), head, vocab, settings)
+    own = family.p_eagle
+    drafter = PEagleDrafter(config, mask, own.num_hidden_layers, own.train_mask_embedding)
+    model = initialised(drafter, head, vocab, settings)
     model.checkpoint_layer = settings.activation_checkpointing
     return PEagle(model, settings, family)
 

@@ -54,9 +54,9 @@ def randomised(model: torch.nn.Module) -> torch.nn.Module:
     return model.double().eval()
 
 
-def p_eagle_model() -> PEagleDrafter:
+def p_eagle_model(layers: int = 1, train_mask_embedding: bool = False) -> PEagleDrafter:
     torch.manual_seed(0)
-    return randomised(PEagleDrafter(CONFIG, MASK))
+    return randomised(PEagleDrafter(CONFIG, MASK, layers, train_mask_embedding))
 
 
 def dflash_model() -> DFlashDrafter:
@@ -81,8 +81,11 @@ def vllm_parallel_draft(model: PEagleDrafter, aux, ids, t: int, k: int) -> list[
     return model.draft_to_target(logits[0, t:].argmax(-1)).tolist()
 
 
-def test_the_p_eagle_proposer_drafts_vllms_one_forward_each_round():
-    model, (aux, ids) = p_eagle_model(), sample()
+@pytest.mark.parametrize(
+    "layers, trained", [(1, False), (4, True)], ids=["one layer", "4 layers, mask embedding"]
+)
+def test_the_p_eagle_proposer_drafts_vllms_one_forward_each_round(layers, trained):
+    model, (aux, ids) = p_eagle_model(layers, trained), sample()
     proposer = PEagleProposer(model)
     with torch.no_grad():
         proposer.start(ids[:4].tolist(), aux[:4], int(ids[4]))  # verified up to position 3

@@ -47,7 +47,7 @@ TRAIN = {
     "log_every": 1,
     "export_dtype": "float32",
     "device": "cpu",
-    "p_eagle": {"depths": 3},
+    "p_eagle": {"depths": 3, "num_hidden_layers": 2},  # layers and the mask embedding resumed
     "dflash": {"block_size": 4, "max_anchors": 24},
     "mask_token_id": SIZE["vocab_size"] - 1,  # the synthetic target has no tokenizer
 }
@@ -158,8 +158,12 @@ def test_a_family_trains_resumes_exactly_and_exports_what_it_trained(
     # The journal's last state is the trained model; the export reads back to it, exactly.
     trained = torch.load(whole / "journal" / "state.pt", weights_only=True)["model"]
     embed = load_file(run["target_head"])["embed_tokens.weight"]
-    loaded = load_export(family, whole / "drafter", embed).state_dict()
+    model = load_export(family, whole / "drafter", embed)
+    loaded = model.state_dict()
     assert set(trained) == set(loaded) - {"embed_tokens.weight"}
+    if "mask_embedding_delta" in trained:  # P-EAGLE's: in the exported table's mask row
+        row = embed[model.mask_token_id] + trained.pop("mask_embedding_delta")
+        assert torch.equal(model.mask_embedding(), row) and row.ne(embed[model.mask_token_id]).any()
     for name, tensor in trained.items():
         assert torch.equal(loaded[name], tensor), name
 
@@ -223,4 +227,6 @@ def test_job_settings_of_eagle3_are_the_train_settings_alone():
         assert settings == TrainSettings.from_config(config).of_family(family)
         assert own.name == family
     _, p_eagle = train_job_settings(train_job_settings_json(train, config, "p_eagle"))
-    assert p_eagle.p_eagle.depths == config["train"]["ttt_steps"]
+    assert p_eagle.p_eagle.depths == 4  # speculators' P-EAGLE, not ttt_steps
+    nulled = validate_config({"train": {"families": ["p_eagle"], "p_eagle": {"depths": None}}})
+    assert FamilySettings.of(nulled, "p_eagle").p_eagle.depths == nulled["train"]["ttt_steps"]
