@@ -51,11 +51,12 @@ from torch.utils.checkpoint import checkpoint
 from eaglenest.drafter.config import ConfigDict, DrafterConfig
 from eaglenest.drafter.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 from eaglenest.drafter.vocab_head import VocabHead
-from eaglenest.settings.families import DRAFTER_VARIANTS
+from eaglenest.settings.families import DFLASH_HEADS, DRAFTER_VARIANTS
 
 # The recipe's defaults: speculators' (models/dflash/core.py: block_size 8, max_anchors 512,
 # dflash_decay_gamma 4.0), also NVIDIA Model-Optimizer's DFlash recipe. Block 8 drafts K = 7
-# tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K.
+# tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K. The
+# gamma that follows other blocks is settings/families.py's `dflash_gamma`.
 BLOCK_SIZE = 8
 MAX_ANCHORS = 512
 GAMMA = 4.0
@@ -112,6 +113,10 @@ class DFlashConfig(ConfigDict):
     num_hidden_layers: int
     block_size: int  # the anchor token and block_size - 1 drafted ones
     mask_token_id: int  # a token of the target's vocabulary, embedded by the target
+    # DFLASH_HEADS: "target" = the target's LM head over its whole vocabulary, frozen and never
+    # exported (draft_vocab_size = vocab_size); "draft" = one of its own over the draft vocabulary.
+    # An export recorded before the key existed had its own ("draft").
+    head: str = "draft"
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -126,13 +131,32 @@ class DFlashConfig(ConfigDict):
             )
         if self.num_hidden_layers < 1:
             raise ValueError(f"DFlash num_hidden_layers {self.num_hidden_layers}: at least 1")
+        if self.head not in DFLASH_HEADS:
+            raise ValueError(f"DFlash head {self.head!r}: one of {', '.join(DFLASH_HEADS)}")
+        if self.head == "target" and self.draft_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"DFlash head target predicts the target's {self.vocab_size} ids, not a draft "
+                f"vocabulary of {self.draft_vocab_size}"
+            )
         dflash_target_layer_ids(self.aux_layer_ids)
+
+    @property
+    def target_head(self) -> bool:
+        """The LM head is the target's, frozen, and no export holds it."""
+        return self.head == "target"
 
     @classmethod
     def from_drafter(
-        cls, base: DrafterConfig, *, num_hidden_layers: int, block_size: int, mask_token_id: int
+        cls,
+        base: DrafterConfig,
+        *,
+        num_hidden_layers: int,
+        block_size: int,
+        mask_token_id: int,
+        head: str = "draft",
     ) -> DFlashConfig:
-        """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash."""
+        """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash; with
+        the target's head, over the target's whole vocabulary."""
         variants = [name for name in DRAFTER_VARIANTS if getattr(base, name)]
         if base.attention != "llama" or base.sliding_window is not None or variants:
             raise ValueError(
@@ -141,11 +165,15 @@ class DFlashConfig(ConfigDict):
                 f"(got {base.attention}, window {base.sliding_window}, variants {variants})"
             )
         names = {f.name for f in fields(cls)} & {f.name for f in fields(DrafterConfig)}
+        sizes = {name: getattr(base, name) for name in names}
+        if head == "target":
+            sizes["draft_vocab_size"] = base.vocab_size
         return cls(
-            **{name: getattr(base, name) for name in names},
+            **sizes,
             num_hidden_layers=num_hidden_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
+            head=head,
         )
 
 
@@ -200,7 +228,8 @@ class DFlashLayer(nn.Module):
 
 class DFlashDrafter(VocabHead):
     """Tensor names are vLLM's (`dflash_export`); the embedding is the target's, frozen and
-    never exported (vLLM shares the target's: mask token included)."""
+    never exported (vLLM shares the target's: mask token included), and so is the LM head with
+    `head` target (the references' layout: z-lab's, SpecForge's, speculators')."""
 
     family = "dflash"  # train.families' name (settings/families.py): the stages' tables' key
 
@@ -214,7 +243,16 @@ class DFlashDrafter(VocabHead):
         self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(not c.target_head)
         self.register_vocab(c)  # d2t/t2d, as EAGLE-3's (eaglenest.drafter.vocab_head)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but what comes from the target head file: the embedding, and the LM head
+        when it is the target's."""
+        state = super().trainable_state_dict()
+        if self.config.target_head:
+            state.pop("lm_head.weight")
+        return state
 
     def forward(
         self,
