@@ -457,3 +457,68 @@ def test_blocks_in_chunks_give_the_logits_and_gradients_of_one_call(monkeypatch)
     assert chunked_grads.keys() == whole_grads.keys()
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+# The references' layout: the target's LM head over its whole vocabulary, frozen, never exported.
+TARGET_CONFIG = DFlashConfig.from_drafter(
+    CONFIG, num_hidden_layers=5, block_size=16, mask_token_id=MASK, head="target"
+)
+
+
+def test_the_target_head_layout_exports_no_head_and_reloads_at_5_layers_and_block_16(tmp_path):
+    assert TARGET_CONFIG.draft_vocab_size == CONFIG.vocab_size
+    model = make_model(TARGET_CONFIG)
+    model.set_vocab(
+        torch.zeros(CONFIG.vocab_size, dtype=torch.long),
+        torch.ones(CONFIG.vocab_size, dtype=torch.bool),
+    )
+    export_dflash(model, tmp_path, dtype="float32", gamma=7.0)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["dflash_config"]["block_size"] == 16 and config["num_hidden_layers"] == 5
+    assert config["draft_vocab_size"] == config["vocab_size"] == CONFIG.vocab_size
+    assert config["eaglenest"]["gamma"] == 7.0
+    assert config["eaglenest"]["config"]["head"] == "target"
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    expected = set().union(*(layer_names(i) for i in range(5)))
+    assert names == expected | {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    embed, head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
+    with pytest.raises(ExportError, match="needs the target's LM head"):
+        load_dflash(tmp_path, embed)
+    loaded = load_dflash(tmp_path, embed, lm_head=head)
+    aux, ids = inputs(length=40)
+    anchors = torch.tensor([[3, 20], [2, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(aux.float(), ids, anchors), model.float()(aux.float(), ids, anchors)
+        )
+
+
+def test_the_target_head_and_embedding_get_no_gradient_and_the_loss_is_over_the_whole_vocab():
+    config = replace(TARGET_CONFIG, num_hidden_layers=1, block_size=4)
+    model = make_model(config).train()
+    aux, ids = inputs(batch=1, length=12)
+    loss_mask = torch.zeros(1, 12, dtype=torch.bool)
+    loss_mask[0, 3:11] = True
+    batch = batch_for(ids, aux, loss_mask)  # its target is over the draft vocabulary
+    draft_ids, _ = vocab_maps(DCONFIG)
+    draft_ids = draft_ids + torch.arange(DCONFIG.draft_vocab_size)  # target id of draft id
+    anchors = select_anchors(loss_mask, config.block_size)
+    logits = model(aux, ids, anchors)
+    assert logits.shape[-1] == CONFIG.vocab_size
+    loss, stats = dflash_loss(logits, batch, anchors, draft_ids=draft_ids)
+    loss.backward()
+    assert model.lm_head.weight.grad is None and model.embed_tokens.weight.grad is None
+    assert model.fc.weight.grad.abs().sum() > 0
+    # Slot 1's mean loss: -log of the whole vocabulary's softmax at the target id of the
+    # target's argmax draft token.
+    _, valid = block_targets(batch, anchors, config.block_size)
+    slot_1 = -torch.stack(
+        [
+            logits[0, n, 1].log_softmax(-1)[draft_ids[batch.target_logits[0, a].argmax()]]
+            for n, a in enumerate(anchors[0].tolist())
+            if valid[0, n, 1]
+        ]
+    ).mean()
+    torch.testing.assert_close(stats.loss[0], float(slot_1))
+    assert "lm_head.weight" not in model.trainable_state_dict()
