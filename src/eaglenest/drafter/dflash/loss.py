@@ -121,7 +121,5 @@ def dflash_loss(
         wide = slot.new_full((*slot.shape[:-1], logits.shape[-1]), float("-inf"))
         return wide.index_copy_(-1, draft_ids.to(slot.device), slot)
 
-    slots = (
-        (logits[:, :, j], target_of(targets[:, :, j]), valid[:, :, j]) for j in range(1, size)
-    )
+    slots = ((logits[:, :, j], target_of(targets[:, :, j]), valid[:, :, j]) for j in range(1, size))
     return weighted_slot_loss(slots, weights[1:], denominator, position_loss)

@@ -21,13 +21,15 @@ sampling the K mask slots: block_size = num_speculative_tokens + 1. The block is
 (`_dflash_layer_causal`, qwen3_dflash.py:86-97; the proposer asserts it,
 v1/spec_decode/dflash.py:304-311).
 
-Training (vllm-project/speculators' DFlash, models/dflash/): anchors are positions of the answer
-with room for a whole block (`select_anchors`); the block at anchor a takes [x_a, mask x
-(bs-1)] at positions a .. a+bs-1 and sees the context of positions < a of its own sample and its
-own block, nothing else (`block_attention_mask`): no later real token, no other block. Slot j
-learns the target's distribution at a + j - 1, i.e. its next token x_a+j, weighted
-exp(-(j-1)/gamma) (slot 0, the anchor, untrained), summed and divided by the count of trained
-slots (speculators' `dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py).
+Training (vllm-project/speculators' DFlash, models/dflash/; SpecForge's core/dflash.py): anchors
+are positions of the answer whose next token is in it (`select_anchors`); the block at anchor a
+takes [x_a, mask x (bs-1)] at positions a .. a+bs-1 and sees the context of positions < a of its
+own sample and its own block, nothing else (`block_attention_mask`): no later real token, no
+other block. Slot j learns the target's distribution at a + j - 1, i.e. its next token x_a+j,
+weighted exp(-(j-1)/gamma) (slot 0, the anchor, untrained; slots past the answer, the sample or
+the row untrained), summed and divided by the count of trained slots (speculators'
+`dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py). With `head` target
+(the references' layout) the logits are the target's LM head over its whole vocabulary, frozen.
 
 Cost: a row's N anchors make N·bs queries over T + N·bs keys, through SDPA calls of
 ANCHOR_CHUNK blocks with a boolean mask [chunk·bs, T + chunk·bs] each (speculators builds the

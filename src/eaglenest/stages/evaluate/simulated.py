@@ -303,7 +303,6 @@ UNTRAINED: dict[str, Callable[[Any], Drafter]] = {
 }
 
 
-
 def untrained_like(model: Drafter, seed: int) -> Drafter:
     """The same family's drafter, freshly initialised from `seed`, with its embedding and
     draft vocabulary."""

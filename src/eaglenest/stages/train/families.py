@@ -199,9 +199,7 @@ class DFlash(Recipe):
         return weighted / max(sum(counts), 1)
 
     def export(self, out_dir):
-        export_dflash(
-            self.model, out_dir, dtype=self.settings.export_dtype, gamma=self.own.gamma
-        )
+        export_dflash(self.model, out_dir, dtype=self.settings.export_dtype, gamma=self.own.gamma)
 
 
 # ---- the loss pieces the parallel families share --------------------------------------------

@@ -7,11 +7,10 @@ The real engine: tests/engine/test_drafter_families_in_vllm.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
