@@ -2,7 +2,7 @@
 build, .venv-vllm), on the small demo target of `finished_run`: each drafter trained by the train
 stage itself (`train_drafter(family=...)`, its held-out loss falling), exported as vLLM loads it,
 measured by the evaluate stage (simulated and in our own live loop, `family=`), then decoded by
-vLLM at the K it serves beside the conftest's `plain_decoding` (one request at a time, eager):
+vLLM at K beside the conftest's `plain_decoding` (one request at a time, eager):
 vLLM's output equals plain greedy decoding, ours equals the transformers target's, and each
 prompt takes the rounds in our loop that it takes in vLLM's, within one. Both families are
 decoded by one vLLM process (an engine each, one after the other).
@@ -10,20 +10,24 @@ decoded by one vLLM process (an engine each, one after the other).
 Both train from one capture of the union of their default layers (`union_run`: the run's shards
 captured again with train.families p_eagle and dflash, hidden.aux_layer_ids null), each reading
 its own: P-EAGLE vLLM's three (2, 4, 5), DFlash z-lab's five of the demo's 8 layers (2 to 6, its
-target_layer_ids 1 to 5), which vLLM then captures itself when it serves each."""
+target_layer_ids 1 to 5), which vLLM then captures itself when it serves each.
+DFlash is at its defaults (train.dflash: 5 layers, block 8, the target's LM head, shared by vLLM)
+and served at K = 3, below block_size - 1."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 from support.drafters import evaluate_on_heldout, run_files
 from support.workflow import SMALL_RUN
 
 FAMILIES = ("p_eagle", "dflash")
 K = 3
-BLOCK_SIZE = K + 1  # DFlash serves K = block_size - 1 only; P-EAGLE is measured at the same K
+BLOCK_SIZE = 8  # train.dflash's default, served at K < block_size - 1; P-EAGLE at the same K
 TRAIN = {
     "epochs": 20,
     "lr": 3e-3,
@@ -32,7 +36,7 @@ TRAIN = {
     "ttt_steps": K,  # P-EAGLE at its defaults: 4 layers, 4 depths (served at K <= 4)
     "eval_every": 4,
     "export_dtype": "float32",  # as the small demo's evaluation runs
-    "dflash": {"block_size": BLOCK_SIZE, "max_anchors": 128},
+    "dflash": {"max_anchors": 128},  # its defaults otherwise
 }
 
 
@@ -51,6 +55,7 @@ def trained_and_live(family: str, results: Path, out: Path, plain_args: dict):
 
     target = {"path": str(results / "target")}
     sections = {"train": dict(TRAIN), "target": dict(target)}
+    started = time.perf_counter()
     report = train_drafter(
         train_shards=[results / "hidden" / "00000.safetensors"],
         eval_shards=[results / "hidden" / "00001.safetensors"],
@@ -60,6 +65,7 @@ def trained_and_live(family: str, results: Path, out: Path, plain_args: dict):
         family=FamilySettings.of(validate_config(sections), family),
         **run_files(results),
     )
+    print(f"{family}: trained in {time.perf_counter() - started:.1f} s")
     metrics = evaluate_on_heldout(
         out / "drafter", results, out / "metrics.json", ks=[K], family=family,
         prompts=len(plain_args["prompts"]), max_new_tokens=plain_args["max_new_tokens"],
@@ -115,7 +121,9 @@ def families(
     requests = []
     for family in FAMILIES:
         drafter_dir = found[family]["dir"]
-        loaded = load_family(family, drafter_dir, head.embed, head.aux_layer_ids, (K,))
+        loaded = load_family(
+            family, drafter_dir, head.embed, head.aux_layer_ids, (K,), head.lm_head
+        )
         request = {**engine_request(**arguments, drafter_dir=drafter_dir), "k": K}
         request["speculative_config"] = loaded.speculative_config(request["drafter"], K)
         requests.append(request)
@@ -143,6 +151,9 @@ def test_each_family_trains_and_decodes_in_vllm_as_in_our_live_loop(family: str,
         assert config["dflash_config"]["block_size"] == BLOCK_SIZE
         # z-lab's five of 8 layers (outputs of 1 to 5), of the union captured
         assert config["dflash_config"]["target_layer_ids"] == [1, 2, 3, 4, 5]
+        assert config["num_hidden_layers"] == 5 and config["eaglenest"]["gamma"] == 4.0
+        with safe_open(str(found["dir"] / "model.safetensors"), framework="pt") as f:
+            assert "lm_head.weight" not in set(f.keys())  # vLLM shares the target's
     else:
         assert config["mask_token_id"] == found["report"]["drafter"]["mask_token_id"]
         assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM's, of the union

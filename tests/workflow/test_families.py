@@ -117,10 +117,14 @@ def test_a_key_only_some_families_read_reruns_only_their_jobs(finished_run_copy:
             "evaluate_drafter": len(families),
             "all": 1,
         }, change
-    # evaluate.ks: P-EAGLE's (up to its 4 depths) change, DFlash's K = block_size - 1 does not.
+    # evaluate.ks (the demo's [2, 3]): P-EAGLE's (up to its 4 depths) and DFlash's (up to
+    # block_size - 1 = 3) change with [3, 5]; with [2, 3, 5] only EAGLE-3's do.
     ks = merged(config, {"evaluate": {"ks": [3, 5]}})
     result = snakemake(finished_run_copy, "-n", config=ks)
-    assert planned_families(result.stdout) == (set(), {"eagle3", "p_eagle"})
+    assert planned_families(result.stdout) == (set(), {"eagle3", "p_eagle", "dflash"})
+    ks = merged(config, {"evaluate": {"ks": [2, 3, 5]}})
+    result = snakemake(finished_run_copy, "-n", config=ks)
+    assert planned_families(result.stdout) == (set(), {"eagle3"})
 
 
 def planned_families(dry_run: str) -> tuple[set[str], set[str]]:
@@ -181,7 +185,14 @@ def test_p_eagle_and_dflash_trained_by_snakemake_are_what_vllm_reads(finished_ru
     assert dflash["dflash_config"]["target_layer_ids"] == dflash_target_layer_ids(
         head.aux_layer_ids
     )
-    loaded = load_dflash(results / "drafter_dflash", head.embed, head.aux_layer_ids)
+    # train.dflash's defaults otherwise: 5 layers, the target's LM head (none exported), gamma
+    # following the block (1 + 3 * 4 / 8).
+    assert dflash["num_hidden_layers"] == 5 and dflash["eaglenest"]["gamma"] == 2.5
+    with safe_open(str(results / "drafter_dflash" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # noqa: SIM118 (not a dict)
+    loaded = load_dflash(
+        results / "drafter_dflash", head.embed, head.aux_layer_ids, lm_head=head.lm_head
+    )
     assert loaded.config.mask_token_id == dflash["dflash_config"]["mask_token_id"]
 
     # Trained, not yet evaluated: only their evaluations are left; a family taken out again
@@ -232,8 +243,8 @@ def assert_the_report_of_three_families(results: Path) -> None:
             assert all(live[t] > 0 for t in times), (family, k, live)
             rate = here["families"][family]["per_k"][k]["tokens_per_target_step"]
             assert rate is not None and rate > 0, (family, k)
-    # DFlash at block_size - 1 only (DFLASH: blocks of 4).
-    assert list(here["families"]["dflash"]["per_k"]) == ["3"]
+    # DFlash at the demo's ks up to block_size - 1 (DFLASH: blocks of 4), as vLLM serves it.
+    assert list(here["families"]["dflash"]["per_k"]) == ["2", "3"]
     chosen = here["fastest_here"]
     text = page.read_text()
     assert f"Fastest on this machine: {TITLES[chosen['family']]} at K={chosen['k']}" in text

@@ -108,7 +108,7 @@ def evaluate_job_settings_json(evaluate: str, config: Mapping[str, Any], family:
     (`evaluate`): that for EAGLE-3 (every evaluate.ks), else with the ks the family is measured
     at (its spec's `served_ks`, settings/families.py), so a change of evaluate.ks that leaves
     them as they were reruns none of its evaluation: P-EAGLE's up to its trained depths (else
-    its depths), DFlash's block_size - 1 alone. Its metrics' `configured_ks` are these."""
+    its depths), DFlash's up to block_size - 1. Its metrics' `configured_ks` are these."""
     spec = family_spec(family)
     if spec.settings is None:  # EAGLE-3's: the evaluate section whole, as always
         return evaluate

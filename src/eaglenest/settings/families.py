@@ -73,6 +73,21 @@ class PEagleSettings(Settings):
         return self.depths
 
 
+# DFlash's drafter heads (train.dflash.head): the target's LM head and embedding, frozen and
+# never exported, as z-lab's, SpecForge's and speculators' drafters; or a head of its own over the
+# draft vocabulary, trained and exported with d2t.
+DFLASH_HEADS = ("target", "draft")
+
+
+def dflash_gamma(block_size: int) -> float:
+    """The slot decay gamma that follows the block (train.dflash.gamma null): the line through the
+    DFlash paper's two points (arXiv 2602.06036: gamma 4 at block 8, speculators' default too, and
+    7 at block 16, z-lab's served block), 1 + 3·block_size/8, kept outside them. Ours, not the
+    paper's, between and past those points: the last drafted slot then keeps about the same
+    weight (exp(-(bs - 2)/gamma): 0.22 at 8, 0.14 at 16)."""
+    return 1.0 + 3.0 * block_size / 8.0
+
+
 @dataclass(frozen=True)
 class DFlashSettings(Settings):
     """`train.dflash`."""
@@ -80,11 +95,19 @@ class DFlashSettings(Settings):
     block_size: int  # the anchor and block_size - 1 drafted tokens
     num_hidden_layers: int
     max_anchors: int  # blocks per row and step, drawn among the answer's positions
-    gamma: float  # slot j's loss weight exp(-(j - 1) / gamma)
+    gamma: float  # slot j's loss weight exp(-(j - 1) / gamma): train.dflash.gamma or the block's
+    head: str  # DFLASH_HEADS
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DFlashSettings:
-        return cls(**config["train"]["dflash"])
+        own = dict(config["train"]["dflash"])
+        if own.get("gamma") is None:
+            own["gamma"] = dflash_gamma(own["block_size"])
+        if own.get("head") not in DFLASH_HEADS:
+            raise ValueError(
+                f"train.dflash.head {own.get('head')!r}: one of {', '.join(DFLASH_HEADS)}"
+            )
+        return cls(**own)
 
     def trained_size(self) -> int:
         """What `FamilySpec.served_ks` takes of it: the block size."""
@@ -106,15 +129,18 @@ def ks_up_to_depths(configured: tuple[int, ...], depths: int | None) -> tuple[in
 
 
 def block_served_k(block_size: int) -> int:
-    """The one K a DFlash drafter of `block_size` is served at: vLLM serves it at
-    num_speculative_tokens = block_size - 1 (the bonus token takes the block's first slot,
-    v1/spec_decode/dflash.py)."""
+    """The most tokens a DFlash drafter of `block_size` drafts a round: block_size - 1 (the
+    bonus token takes the block's first slot)."""
     return block_size - 1
 
 
 def block_ks(configured: tuple[int, ...], block_size: int | None) -> tuple[int, ...]:
-    """DFlash: K = block_size - 1 only, whatever evaluate.ks says (`block_served_k`)."""
-    return (block_served_k(block_size),)
+    """DFlash: the evaluate.ks up to block_size - 1, else block_size - 1. vLLM 0.32 serves any
+    num_speculative_tokens K with a DFlash drafter, querying the block [bonus, mask x K] (no
+    check against the drafter's block_size: config/speculative.py, v1/spec_decode/dflash.py);
+    past block_size - 1 the slots were never trained."""
+    top = block_served_k(block_size)
+    return tuple(k for k in configured if k <= top) or (top,)
 
 
 # ---- the target layers each family reads by default (hidden.aux_layer_ids null) -----------

@@ -38,7 +38,9 @@ def test_each_family_is_served_at_its_own_ks():
     assert FAMILY_SPECS["eagle3"].served_ks(configured, None) == configured
     assert FAMILY_SPECS["p_eagle"].served_ks(configured, 3) == (1, 3)  # up to its depths
     assert FAMILY_SPECS["p_eagle"].served_ks((5,), 3) == (3,)  # none: its depths
-    assert FAMILY_SPECS["dflash"].served_ks(configured, 4) == (3,) == (block_served_k(4),)
+    # DFlash: up to block_size - 1 (vLLM 0.32 drafts any K of a DFlash block), else that.
+    assert FAMILY_SPECS["dflash"].served_ks(configured, 4) == (1, 3)
+    assert FAMILY_SPECS["dflash"].served_ks((5, 7), 4) == (3,) == (block_served_k(4),)
 
 
 @pytest.mark.parametrize(

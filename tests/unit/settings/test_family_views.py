@@ -119,8 +119,10 @@ def test_a_family_evaluation_tracks_the_ks_it_is_measured_at_not_evaluate_ks():
         return {f: EvaluateSettings.from_json(text) for f, text in jobs.items()}
 
     before, after = evaluated([1, 3]), evaluated([1, 3, 5])
-    assert [before[f].ks for f in FAMILIES] == [(1, 3), (1, 3), (3,)]
+    # DFlash up to block_size - 1 = 3, as P-EAGLE up to its depths.
+    assert [before[f].ks for f in FAMILIES] == [(1, 3), (1, 3), (1, 3)]
     assert after["eagle3"].ks == (1, 3, 5)
     assert after["p_eagle"] == before["p_eagle"] and after["dflash"] == before["dflash"]
     assert evaluated([5])["p_eagle"].ks == (3,)  # none up to its depths: its depths
-    assert evaluated([2])["p_eagle"].ks == (2,)
+    assert evaluated([5])["dflash"].ks == (3,)  # none up to block_size - 1: that
+    assert evaluated([2])["p_eagle"].ks == (2,) == evaluated([2])["dflash"].ks

@@ -77,16 +77,23 @@ def _block_attention(attn: DFlashAttention, x, cos, sin, keys, values, mask) -> 
 
 @torch.inference_mode()
 def draft_blocks(
-    model: DFlashDrafter, cache: DFlashContext, bonus: torch.Tensor, anchors: torch.Tensor
+    model: DFlashDrafter,
+    cache: DFlashContext,
+    bonus: torch.Tensor,
+    anchors: torch.Tensor,
+    k: int | None = None,
 ) -> torch.Tensor:
-    """The logits [N, block_size, D] (over the draft vocabulary) of N blocks in one forward:
-    block n is [bonus[n], mask x K] at positions anchors[n] .. anchors[n] + K, sees the
+    """The logits [N, K + 1, D] (over the draft vocabulary) of N blocks in one forward:
+    block n is [bonus[n], mask x K] at positions anchors[n] .. anchors[n] + K (K: `k`, at most
+    and by default block_size - 1; vLLM queries K mask slots whatever the block), sees the
     context keys before its anchor and its own block (non-causal), no other block. Slot j >= 1
     drafts the token at anchors[n] + j. Several anchors over one cached context is the
     simulation's use (teacher-forced, every position of a sample); one at cache.length is
     decoding's (`draft_block`)."""
     device = model.fc.weight.device
-    size, n = model.config.block_size, anchors.shape[0]
+    size, n = model.config.block_size if k is None else k + 1, anchors.shape[0]
+    if not 2 <= size <= model.config.block_size:
+        raise ValueError(f"DFlash block_size {model.config.block_size} drafts 1..bs-1, not {k}")
     anchors = anchors.to(device)
     ids = torch.full((1, n * size), model.config.mask_token_id, device=device)
     ids[0, ::size] = bonus.to(device)
@@ -104,8 +111,10 @@ def draft_blocks(
     return model.lm_head(model.norm(h))[0].view(n, size, -1)
 
 
-def draft_block(model: DFlashDrafter, cache: DFlashContext, bonus: int) -> torch.Tensor:
-    """The block's logits [block_size, D] at anchor cache.length (the next position), as vLLM
+def draft_block(
+    model: DFlashDrafter, cache: DFlashContext, bonus: int, k: int | None = None
+) -> torch.Tensor:
+    """The block's logits [K + 1, D] at anchor cache.length (the next position), as vLLM
     drafts after each verification."""
     anchor = torch.tensor([cache.length])
-    return draft_blocks(model, cache, torch.tensor([bonus]), anchor)[0]
+    return draft_blocks(model, cache, torch.tensor([bonus]), anchor, k)[0]

@@ -11,11 +11,15 @@ forward matched vLLM's drafts 64/64).
   (z-lab's key, read by no vLLM code) when known; and `eaglenest`: the trained config.
 - Tensors, unprefixed (vLLM adds `model.`): layers.{i}.self_attn.{q,k,v,o}_proj,
   layers.{i}.self_attn.{q,k}_norm, layers.{i}.mlp.{gate,up,down}_proj,
-  layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm, lm_head, and d2t/t2d when
-  the draft vocabulary is smaller than the target's (none when it is the whole: vLLM creates
-  draft_id_to_target_id only then, qwen3_dflash.py DFlashQwen3ForCausalLM). No embed_tokens:
-  vLLM shares the target's, mask token included, as training did. No mask_hidden: vLLM asserts
-  it away (qwen3_dflash.py:891).
+  layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm, and with a head of its own
+  (`head` draft) lm_head, and d2t/t2d when the draft vocabulary is smaller than the target's
+  (none when it is the whole: vLLM creates draft_id_to_target_id only then, qwen3_dflash.py
+  DFlashQwen3ForCausalLM). No embed_tokens: vLLM shares the target's, mask token included, as
+  training did. With the target's head (`head` target) no lm_head and no d2t either: vLLM finds
+  no lm_head in the checkpoint (`has_own_lm_head` stays False, model_executor/models/utils.py
+  `process_eagle_weight`) and shares the target's (v1/spec_decode/llm_base_proposer.py
+  `_maybe_share_lm_head`), over the whole vocabulary (draft_vocab_size = vocab_size). No
+  mask_hidden: vLLM asserts it away (qwen3_dflash.py:891).
 
 A config that vLLM would read as another drafter than the one trained is refused on export and
 on load (`dflash_config_from_export`): `vllm_dflash_reading` reads it with vLLM's precedence
@@ -79,13 +83,20 @@ def weight_names(config: DFlashConfig) -> set[str]:
         for i in range(config.num_hidden_layers)
         for tensor in LAYER_TENSORS
     }
-    names |= {"fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight"}
+    names |= {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    if not config.target_head:
+        names.add("lm_head.weight")
     return names if is_full_vocab(config) else names | set(INTEGER_TENSORS)
 
 
 def dflash_export_config(
-    config: DFlashConfig, dtype: str, num_target_layers: int | None = None
+    config: DFlashConfig,
+    dtype: str,
+    num_target_layers: int | None = None,
+    gamma: float | None = None,
 ) -> dict[str, Any]:
+    """config.json; `gamma`, the slot decay it was trained with, recorded in its eaglenest
+    section (no reader: the run's record)."""
     out = {
         "architectures": [DFLASH_ARCHITECTURE],
         "model_type": "qwen3",
@@ -113,6 +124,8 @@ def dflash_export_config(
         },
         "eaglenest": {"format": DFLASH_FORMAT, "config": config.to_dict()},
     }
+    if gamma is not None:
+        out["eaglenest"]["gamma"] = gamma
     if num_target_layers is not None:
         out["num_target_layers"] = num_target_layers
     return out
@@ -129,9 +142,10 @@ def export_dflash(
     out_dir: str | Path,
     dtype: str = "bfloat16",
     num_target_layers: int | None = None,
+    gamma: float | None = None,
 ) -> None:
     out_dir = Path(out_dir)
-    config = dflash_export_config(model.config, dtype, num_target_layers)
+    config = dflash_export_config(model.config, dtype, num_target_layers, gamma)
     dflash_config_from_export(config)  # what vLLM would read is what was trained, or no export
     tensors = export_tensors(model, model.config, out_dir, dtype)
     if set(tensors) != weight_names(model.config):
@@ -288,8 +302,10 @@ def load_dflash(
     embed: torch.Tensor,
     expect_layer_ids: list[int] | None = None,
     dtype: torch.dtype = torch.float32,
+    lm_head: torch.Tensor | None = None,
 ) -> DFlashDrafter:
-    """Rebuild a drafter from its export; the embedding comes from the target (head file)."""
+    """Rebuild a drafter from its export; the embedding comes from the target (head file), and
+    so does the LM head [V, H] of a drafter with the target's (`head` target)."""
     drafter_dir = Path(drafter_dir)
     config = dflash_config_from_export(json.loads((drafter_dir / "config.json").read_text()))
     check_captured_layers(drafter_dir, config.aux_layer_ids, expect_layer_ids)
@@ -300,16 +316,30 @@ def load_dflash(
             f"{sorted(weight_names(config) - set(state))}, unexpected "
             f"{sorted(set(state) - weight_names(config))}"
         )
+    if config.target_head:
+        if lm_head is None or tuple(lm_head.shape) != (config.vocab_size, config.hidden_size):
+            raise ExportError(
+                f"{drafter_dir / 'config.json'}: a DFlash drafter with the target's head needs "
+                f"the target's LM head [{config.vocab_size}, {config.hidden_size}] (the target "
+                f"head file), got {None if lm_head is None else tuple(lm_head.shape)}"
+            )
+        state = {**state, "lm_head.weight": lm_head}
     model = DFlashDrafter(config)
     load_export_state(model, config, state, embed, dtype)
     return model.to(dtype)
 
 
-def dflash_speculative_config(drafter_dir: str | Path, config: DFlashConfig) -> dict[str, Any]:
-    """vLLM's `speculative_config` serving the export: K = block_size - 1 drafted tokens (the
-    bonus token takes the block's first slot)."""
+def dflash_speculative_config(
+    drafter_dir: str | Path, config: DFlashConfig, k: int | None = None
+) -> dict[str, Any]:
+    """vLLM's `speculative_config` serving the export at K drafted tokens (the bonus token takes
+    the block's first slot): any K up to block_size - 1, by default that (`block_ks`)."""
+    top = block_served_k(config.block_size)
+    k = top if k is None else k
+    if not 1 <= k <= top:
+        raise ValueError(f"a DFlash drafter of block_size {config.block_size} drafts 1..{top}")
     return {
         "method": FAMILY_SPECS["dflash"].vllm_method,
         "model": str(drafter_dir),
-        "num_speculative_tokens": block_served_k(config.block_size),
+        "num_speculative_tokens": k,
     }

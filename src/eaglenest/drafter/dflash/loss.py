@@ -33,16 +33,20 @@ def select_anchors(
     """[B, N] anchor positions per row, ascending, -1 past each row's own (N = the most any row
     has, at most max_anchors; a random subset where a row has more, drawn from `generator`).
 
-    An anchor a: its block a .. a+bs-1 lies in the loss-masked answer of one sample (room for
-    the whole block, as speculators' `select_anchors` keeps the last block_size positions out),
-    and a token of that sample precedes it (the context is never empty)."""
+    The references' rule (SpecForge's and speculators' DFlash: any answer position): an anchor a
+    is a loss-masked position of a sample that a token of the same sample precedes (the context
+    is never empty) and whose next token is in the answer of that sample, so its slot 1 trains;
+    `block_targets` masks the slots past the answer, the sample or the row. An answer shorter
+    than the block trains, and its last token (the end of turn) is slot 1 of the anchor before
+    it. (An answer's last position would anchor a block with nothing to learn: left out, so it
+    takes none of the max_anchors draws; the loss is the same.)"""
     b = loss_mask.shape[0]
     answer = loss_mask.bool()
-    eligible = answer & shift_left(answer, block_size - 1, False)
+    eligible = answer & shift_left(answer, 1, False)
     has_context = torch.zeros_like(answer)
     has_context[:, 1:] = True
     if segments is not None:
-        eligible = eligible & (shift_left(segments, block_size - 1, -2) == segments)
+        eligible = eligible & (shift_left(segments, 1, -2) == segments)
         has_context[:, 1:] = segments[:, 1:] == segments[:, :-1]
     eligible = eligible & has_context
     rows = []
@@ -70,7 +74,8 @@ def block_targets(
     """The target's log-probabilities [B, N, bs, D] each slot learns (slot j of anchor a: the
     target's distribution at a + j - 1) and where it is trained [B, N, bs]: j >= 1, the
     anchor exists, the token a + j is in the answer (of the anchor's sample) and the target's
-    argmax is a draft token."""
+    argmax is a draft token. Every slot past the answer (a padded row's, a packed row's sample's)
+    or past the row is untrained."""
     b, n = anchors.shape
     t, d = batch.input_ids.shape[1], batch.target_logits.shape[-1]
     offsets = torch.arange(block_size, device=anchors.device)
@@ -95,15 +100,26 @@ def dflash_loss(
     gamma: float = GAMMA,
     position_loss: PositionLoss = hard_cross_entropy,
     denominator: float | None = None,
+    draft_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, SlotStats]:
     """DFlash's loss over the blocks' logits [B, N, bs, D] (`DFlashDrafter.forward`), the batch's
     target signal filled: sum_j w_j (sum of slot j's losses) / (trained slots), w =
     `position_weights`. Statistics per drafted slot (1 .. bs-1: the K drafts, as EAGLE-3's
-    steps). `denominator`: the trained slots over every rank, under DDP."""
+    steps). `denominator`: the trained slots over every rank, under DDP. `draft_ids` (the target
+    id of each draft id): the logits are over the target's whole vocabulary (the target's head),
+    and each slot's target (over the draft vocabulary) is laid onto it, -inf elsewhere, so the
+    softmax is the one vLLM samples from and the argmax the one it drafts."""
     size = logits.shape[2]
     targets, valid = block_targets(batch, anchors, size)
     weights = position_weights(size, gamma)
     if denominator is None:
         denominator = int(valid.sum())
-    slots = ((logits[:, :, j], targets[:, :, j], valid[:, :, j]) for j in range(1, size))
+
+    def target_of(slot: torch.Tensor) -> torch.Tensor:
+        if draft_ids is None:
+            return slot
+        wide = slot.new_full((*slot.shape[:-1], logits.shape[-1]), float("-inf"))
+        return wide.index_copy_(-1, draft_ids.to(slot.device), slot)
+
+    slots = ((logits[:, :, j], target_of(targets[:, :, j]), valid[:, :, j]) for j in range(1, size))
     return weighted_slot_loss(slots, weights[1:], denominator, position_loss)

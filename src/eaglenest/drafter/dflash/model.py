@@ -21,13 +21,15 @@ sampling the K mask slots: block_size = num_speculative_tokens + 1. The block is
 (`_dflash_layer_causal`, qwen3_dflash.py:86-97; the proposer asserts it,
 v1/spec_decode/dflash.py:304-311).
 
-Training (vllm-project/speculators' DFlash, models/dflash/): anchors are positions of the answer
-with room for a whole block (`select_anchors`); the block at anchor a takes [x_a, mask x
-(bs-1)] at positions a .. a+bs-1 and sees the context of positions < a of its own sample and its
-own block, nothing else (`block_attention_mask`): no later real token, no other block. Slot j
-learns the target's distribution at a + j - 1, i.e. its next token x_a+j, weighted
-exp(-(j-1)/gamma) (slot 0, the anchor, untrained), summed and divided by the count of trained
-slots (speculators' `dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py).
+Training (vllm-project/speculators' DFlash, models/dflash/; SpecForge's core/dflash.py): anchors
+are positions of the answer whose next token is in it (`select_anchors`); the block at anchor a
+takes [x_a, mask x (bs-1)] at positions a .. a+bs-1 and sees the context of positions < a of its
+own sample and its own block, nothing else (`block_attention_mask`): no later real token, no
+other block. Slot j learns the target's distribution at a + j - 1, i.e. its next token x_a+j,
+weighted exp(-(j-1)/gamma) (slot 0, the anchor, untrained; slots past the answer, the sample or
+the row untrained), summed and divided by the count of trained slots (speculators'
+`dflash_loss_decay`, losses/utils.py; `compute_metrics`, dflash/metrics.py). With `head` target
+(the references' layout) the logits are the target's LM head over its whole vocabulary, frozen.
 
 Cost: a row's N anchors make N·bs queries over T + N·bs keys, through SDPA calls of
 ANCHOR_CHUNK blocks with a boolean mask [chunk·bs, T + chunk·bs] each (speculators builds the
@@ -53,11 +55,12 @@ from torch.utils.checkpoint import checkpoint
 from eaglenest.drafter.config import ConfigDict, DrafterConfig
 from eaglenest.drafter.layers import MLP, YARN_KEYS, RMSNorm, apply_rope, rope_cos_sin
 from eaglenest.drafter.vocab_head import VocabHead
-from eaglenest.settings.families import DRAFTER_VARIANTS
+from eaglenest.settings.families import DFLASH_HEADS, DRAFTER_VARIANTS
 
 # The recipe's defaults: speculators' (models/dflash/core.py: block_size 8, max_anchors 512,
 # dflash_decay_gamma 4.0), also NVIDIA Model-Optimizer's DFlash recipe. Block 8 drafts K = 7
-# tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K.
+# tokens, the project's default TTT steps for EAGLE-3, so the families compare at one K. The
+# gamma that follows other blocks is settings/families.py's `dflash_gamma`.
 BLOCK_SIZE = 8
 MAX_ANCHORS = 512
 GAMMA = 4.0
@@ -114,6 +117,10 @@ class DFlashConfig(ConfigDict):
     num_hidden_layers: int
     block_size: int  # the anchor token and block_size - 1 drafted ones
     mask_token_id: int  # a token of the target's vocabulary, embedded by the target
+    # DFLASH_HEADS: "target" = the target's LM head over its whole vocabulary, frozen and never
+    # exported (draft_vocab_size = vocab_size); "draft" = one of its own over the draft vocabulary.
+    # An export recorded before the key existed had its own ("draft").
+    head: str = "draft"
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -132,7 +139,19 @@ class DFlashConfig(ConfigDict):
             )
         if self.num_hidden_layers < 1:
             raise ValueError(f"DFlash num_hidden_layers {self.num_hidden_layers}: at least 1")
+        if self.head not in DFLASH_HEADS:
+            raise ValueError(f"DFlash head {self.head!r}: one of {', '.join(DFLASH_HEADS)}")
+        if self.head == "target" and self.draft_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"DFlash head target predicts the target's {self.vocab_size} ids, not a draft "
+                f"vocabulary of {self.draft_vocab_size}"
+            )
         dflash_target_layer_ids(self.aux_layer_ids)
+
+    @property
+    def target_head(self) -> bool:
+        """The LM head is the target's, frozen, and no export holds it."""
+        return self.head == "target"
 
     @classmethod
     def from_drafter(
@@ -143,9 +162,11 @@ class DFlashConfig(ConfigDict):
         block_size: int,
         mask_token_id: int,
         rope_scaling: dict[str, Any] | None = None,
+        head: str = "draft",
     ) -> DFlashConfig:
         """The sizes of an EAGLE-3 drafter config (DrafterConfig.from_target), as DFlash, with
-        the target's rotary scaling (`target_rope_scaling`)."""
+        the target's rotary scaling (`target_rope_scaling`); with the target's head, over the
+        target's whole vocabulary."""
         variants = [name for name in DRAFTER_VARIANTS if getattr(base, name)]
         if base.attention != "llama" or base.sliding_window is not None or variants:
             raise ValueError(
@@ -154,12 +175,16 @@ class DFlashConfig(ConfigDict):
                 f"(got {base.attention}, window {base.sliding_window}, variants {variants})"
             )
         names = {f.name for f in fields(cls)} & {f.name for f in fields(DrafterConfig)}
+        sizes = {name: getattr(base, name) for name in names}
+        if head == "target":
+            sizes["draft_vocab_size"] = base.vocab_size
         return cls(
-            **{name: getattr(base, name) for name in names},
+            **sizes,
             num_hidden_layers=num_hidden_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
             rope_scaling=rope_scaling,
+            head=head,
         )
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +272,8 @@ class DFlashLayer(nn.Module):
 
 class DFlashDrafter(VocabHead):
     """Tensor names are vLLM's (`dflash_export`); the embedding is the target's, frozen and
-    never exported (vLLM shares the target's: mask token included)."""
+    never exported (vLLM shares the target's: mask token included), and so is the LM head with
+    `head` target (the references' layout: z-lab's, SpecForge's, speculators')."""
 
     family = "dflash"  # train.families' name (settings/families.py): the stages' tables' key
 
@@ -261,7 +287,16 @@ class DFlashDrafter(VocabHead):
         self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(not c.target_head)
         self.register_vocab(c)  # d2t/t2d, as EAGLE-3's (eaglenest.drafter.vocab_head)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but what comes from the target head file: the embedding, and the LM head
+        when it is the target's."""
+        state = super().trainable_state_dict()
+        if self.config.target_head:
+            state.pop("lm_head.weight")
+        return state
 
     def forward(
         self,

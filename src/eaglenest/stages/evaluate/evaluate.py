@@ -86,7 +86,9 @@ def evaluate_drafter(
     paired = heldout_tokens if len(heldout_tokens) == len(heldout_hidden) else None
     shards = open_shards(heldout_hidden, head, vocab, tokens=paired)
     pooled = heldout_tokens if hidden is not None and not heldout_hidden else []
-    loaded = load_family(family, drafter_dir, head.embed, head.aux_layer_ids, settings.ks)
+    loaded = load_family(
+        family, drafter_dir, head.embed, head.aux_layer_ids, settings.ks, head.lm_head
+    )
     drafter = loaded.to(device).model
     settings = dataclasses.replace(settings, ks=loaded.ks)
     states = PooledStates.of_job(hidden, runtime, out, pooled, settings.max_batch_tokens)

@@ -5,9 +5,11 @@ vLLM's `speculative_config` for it.
 - eagle3: every `evaluate.ks`, drafted in K forwards.
 - p_eagle: the `evaluate.ks` up to the depths it was trained for (one forward a round; vLLM
   would draft more, from masks it never learnt), else its trained depths.
-- dflash: K = block_size - 1 only, whatever `evaluate.ks` says: vLLM serves a DFlash drafter
-  at num_speculative_tokens = block_size - 1 (the bonus token takes the block's first slot,
-  v1/spec_decode/dflash.py), so no other K is measured in any of the three ways.
+- dflash: the `evaluate.ks` up to block_size - 1, else block_size - 1: vLLM 0.32 drafts any
+  num_speculative_tokens K with a DFlash drafter, one forward of [bonus, mask x K] (no check
+  against the drafter's block: config/speculative.py, v1/spec_decode/dflash.py); slots past
+  block_size - 1 were never trained. A drafter with the target's head (`head` target) takes the
+  target's LM head from the target head file, as vLLM shares the target's.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def load_eagle3_family(
     embed: torch.Tensor,
     expect: list[int] | None,
     ks: tuple[int, ...],
+    lm_head: torch.Tensor | None = None,
 ) -> FamilyDrafter:
     model = load_drafter(drafter_dir, embed, expect_layer_ids=expect)
     why = "evaluate.ks: EAGLE-3 drafts any K, one forward a token"
@@ -90,6 +93,7 @@ def load_p_eagle_family(
     embed: torch.Tensor,
     expect: list[int] | None,
     ks: tuple[int, ...],
+    lm_head: torch.Tensor | None = None,
 ) -> FamilyDrafter:
     model, depths = load_p_eagle(drafter_dir, embed, expect)
     why = f"evaluate.ks up to the {depths} depths P-EAGLE was trained for, in one forward"
@@ -106,15 +110,14 @@ def load_dflash_family(
     embed: torch.Tensor,
     expect: list[int] | None,
     ks: tuple[int, ...],
+    lm_head: torch.Tensor | None = None,
 ) -> FamilyDrafter:
-    model = load_dflash(drafter_dir, embed, expect)
+    model = load_dflash(drafter_dir, embed, expect, lm_head=lm_head)
     k = block_served_k(model.config.block_size)
-    why = f"block_size - 1 = {k} only: vLLM serves DFlash at that K, one forward a block"
+    why = f"evaluate.ks up to block_size - 1 = {k}: vLLM drafts DFlash's block at any K to it"
 
     def block_config_of(path: str | Path, served_k: int) -> dict[str, Any]:
-        if served_k != k:
-            raise ValueError(f"a DFlash drafter of block_size {k + 1} serves K = {k} only")
-        return dflash_speculative_config(path, model.config)
+        return dflash_speculative_config(path, model.config, served_k)
 
     served = spec.served_ks(ks, model.config.block_size)
     return FamilyDrafter(spec.name, model, served, ks, why, block_config_of)
@@ -135,8 +138,10 @@ def load_family(
     embed: torch.Tensor,
     expect_layer_ids: list[int] | None,
     ks: tuple[int, ...],
+    lm_head: torch.Tensor | None = None,
 ) -> FamilyDrafter:
     """The export in `drafter_dir` read with its family's loader (LOADERS), at the K its spec
-    serves of `ks` (`family`: a spec, or its name)."""
+    serves of `ks` (`family`: a spec, or its name). `lm_head`: the target's [V, H], for a
+    drafter that shares it (DFlash's `head` target); the others' loaders never read it."""
     spec = family_spec(family)
-    return LOADERS[spec.name](spec, drafter_dir, embed, expect_layer_ids, ks)
+    return LOADERS[spec.name](spec, drafter_dir, embed, expect_layer_ids, ks, lm_head)

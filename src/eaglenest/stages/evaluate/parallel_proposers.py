@@ -12,9 +12,9 @@ proposer computes, fed the target's aux states of every verified position as vLL
   take their positions. So `accept` only keeps the verified tokens, and `propose` runs that one
   forward.
 - `DFlashProposer` (DFlash). vLLM keeps the context's keys and values of every verified position
-  and queries [bonus, mask x (block_size - 1)] once (v1/spec_decode/dflash.py;
-  eaglenest.drafter.dflash.decode). It drafts exactly block_size - 1 tokens: vLLM serves it at
-  num_speculative_tokens = block_size - 1 only.
+  and queries [bonus, mask x K] once (v1/spec_decode/dflash.py;
+  eaglenest.drafter.dflash.decode), K = num_speculative_tokens, which vLLM 0.32 does not tie to
+  the drafter's block: any K up to block_size - 1 (the slots it was trained for) is drafted.
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ class DFlashProposer:
         self.bonus = first_token
 
     def propose(self, k: int) -> list[int]:
-        if k != self.k:
+        if not 1 <= k <= self.k:
             raise ValueError(
-                f"a DFlash drafter of block_size {self.k + 1} drafts {self.k} tokens a round, "
+                f"a DFlash drafter of block_size {self.k + 1} drafts 1..{self.k} tokens a round, "
                 f"not {k}"
             )
-        logits = draft_block(self.drafter, self.context, self.bonus)
+        logits = draft_block(self.drafter, self.context, self.bonus, k)
         return self.drafter.draft_to_target(logits[1:].argmax(-1)).tolist()
 
     def accept(self, new_tokens: list[int], aux: torch.Tensor) -> None:

@@ -11,8 +11,8 @@ the mask token, never a drafted one, so its chain is its parallel states over th
 (`PEagleDrafter.teacher_forced_states`): at t, depth d sees the depth-0 keys of positions <= t
 and its own chain's masks, the keys of vLLM's one forward after verifying t + 1. DFlash drafts
 the block at anchor t + 1 ([x_t+1, mask x K], the context of positions <= t: what vLLM's
-proposer queries when x_t+1 is the bonus token) in one forward (`block_predictions`), K =
-block_size - 1 only. Both count as EAGLE-3's chains do (`AcceptanceCounts`).
+proposer queries when x_t+1 is the bonus token) in one forward (`block_predictions`), any K up
+to block_size - 1. Both count as EAGLE-3's chains do (`AcceptanceCounts`).
 
 Baselines on the same data: an untrained drafter (same architecture and initialisation seed) and
 prompt lookup (n-gram drafting from the context)."""
@@ -214,11 +214,12 @@ def block_predictions(drafter: DFlashDrafter, batch, start: torch.Tensor, k: int
     block at anchor t + 1 with bonus token x_t+1 (module doc); -3 (no token) elsewhere. A row's
     context keys are computed once, its blocks drafted BLOCK_ATTENTION_CELLS at a time."""
     b, t = start.shape
-    size = drafter.config.block_size
-    if k != block_served_k(size):
+    if not 1 <= k <= block_served_k(drafter.config.block_size):
         raise ValueError(
-            f"a DFlash drafter of block_size {size} drafts K = {block_served_k(size)}, not {k}"
+            f"a DFlash drafter of block_size {drafter.config.block_size} drafts K = "
+            f"1..{block_served_k(drafter.config.block_size)}, not {k}"
         )
+    size = k + 1  # vLLM's block at K: [bonus, mask x K]
     predicted = torch.full((b, t, k), -3, dtype=torch.long)
     # n blocks: n·size queries over t + n·size keys, at most BLOCK_ATTENTION_CELLS pairs.
     chunk = max(
@@ -232,7 +233,7 @@ def block_predictions(drafter: DFlashDrafter, batch, start: torch.Tensor, k: int
         extend_context(drafter, context, batch.aux[row])
         for at in positions.split(chunk):
             bonus = batch.input_ids[row, (at + 1).to(batch.input_ids.device)]
-            logits = draft_blocks(drafter, context, bonus, at + 1)
+            logits = draft_blocks(drafter, context, bonus, at + 1, k)
             drafts = drafter.draft_to_target(logits[:, 1:].argmax(-1))
             predicted[row, at] = drafts.cpu()
     return predicted
@@ -285,13 +286,22 @@ def lookup_predictions(
     return out
 
 
+def untrained_dflash(model: DFlashDrafter) -> DFlashDrafter:
+    """A fresh DFlash drafter; with the target's head, that head (never trained: the twin
+    differs from the trained drafter by what training changes only)."""
+    fresh = DFlashDrafter(model.config)
+    if model.config.target_head:
+        fresh.lm_head.weight.data.copy_(model.lm_head.weight.data)
+    return fresh
+
+
 # family -> a drafter of the same architecture as a trained one, freshly initialised
 UNTRAINED: dict[str, Callable[[Any], Drafter]] = {
     "eagle3": lambda model: Eagle3Drafter(model.config),
     "p_eagle": lambda model: PEagleDrafter(
         model.config, model.mask_token_id, model.num_hidden_layers, model.train_mask_embedding
     ),
-    "dflash": lambda model: DFlashDrafter(model.config),
+    "dflash": untrained_dflash,
 }
 
 

@@ -124,13 +124,21 @@ def recipe_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         ("architecture", architecture),
         ("loss", loss),
         ("drafted steps / their inputs", inputs),
-        ("LM head", get("lm_head_init", "random")),
+        ("LM head", lm_head_row(report)),
         ("initialisation", f"N(0, {fmt(get('init_std'))})" if get("init_std") else "PyTorch's"),
         ("aux noise", fmt(get("aux_noise", 0.0))),
         ("optimiser", optimiser),
         ("schedule", schedule),
         ("batches", batches),
     ]
+
+
+def lm_head_row(report: dict[str, Any]) -> str:
+    """train.lm_head_init, or the target's own head where the drafter predicts with it (DFlash's
+    train.dflash.head target: `drafter.head` of its report)."""
+    if (report.get("drafter") or {}).get("head") == "target":
+        return "the target's, frozen, over its whole vocabulary (not exported)"
+    return report["settings"].get("lm_head_init", "random")
 
 
 def drafted_slots(report: dict[str, Any]) -> tuple[str, str]:

@@ -7,7 +7,8 @@ loss are one code path for all of them.
 - p_eagle: eaglenest.drafter.p_eagle's, its depths in one forward (`parallel_loss`),
   drafter_p_eagle/.
 - dflash: eaglenest.drafter.dflash's, blocks at anchors in the answer (`select_anchors`,
-  `dflash_loss`), drafter_dflash/.
+  `dflash_loss`), drafter_dflash/; by default with the target's LM head, frozen, over the whole
+  vocabulary (train.dflash.head target: `target_vocab`), else a trained draft-vocabulary head.
 
 `RECIPES` holds each family's builder (the families are settings/families.py's).
 
@@ -42,6 +43,7 @@ from eaglenest.drafter.layers import shift_left
 from eaglenest.drafter.p_eagle.export import check_p_eagle_exportable, export_p_eagle
 from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
 from eaglenest.drafter.p_eagle.model import PEagleDrafter
+from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.settings.families import DRAFTER_VARIANTS, family_layer_ids
 from eaglenest.settings.train import FamilySettings, TrainSettings
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
@@ -51,7 +53,6 @@ from eaglenest.target_model.loading import text_config
 
 if TYPE_CHECKING:
     from eaglenest.drafter.batches import Batch
-    from eaglenest.formats.draft_vocab import DraftVocab
     from eaglenest.formats.target_head import TargetHead
 
 
@@ -157,9 +158,18 @@ class PEagle(Recipe):
 class DFlash(Recipe):
     name = "dflash"
 
-    def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
+    def __init__(
+        self,
+        model: nn.Module,
+        settings: TrainSettings,
+        family: FamilySettings,
+        draft_ids: torch.Tensor | None = None,
+    ):
         super().__init__(model, settings, family)
         self.own = family.dflash
+        # With the target's head: the target id of each draft id, where the batch's target
+        # signal (over the draft vocabulary) is laid onto the logits (`dflash_loss`).
+        self.draft_ids = draft_ids
         # Slot 0 (the anchor, the bonus token when served) is never trained: the K drafts.
         self.slot_weights = dflash_slot_weights(self.own.block_size, self.own.gamma)[1:]
 
@@ -178,7 +188,13 @@ class DFlash(Recipe):
         ).to(batch.input_ids.device)
         logits = model(batch.aux, batch.input_ids, anchors, batch.segments)
         loss, slots = dflash_loss(
-            logits, counted, anchors, self.own.gamma, objective_loss(objective), None
+            logits,
+            counted,
+            anchors,
+            self.own.gamma,
+            objective_loss(objective),
+            None,
+            None if self.draft_ids is None else self.draft_ids.to(logits.device),
         )
         return over_ranks(loss, sum(slots.counted), processes), step_stats(
             slots, counted, processes
@@ -186,7 +202,7 @@ class DFlash(Recipe):
 
     def description(self):
         own = {"max_anchors": self.own.max_anchors, "gamma": self.own.gamma}
-        return {**super().description(), **own}
+        return {**super().description(), **own}  # head and block: the config's
 
     def heldout_loss(self, loss_sums, counts):
         # dflash_loss divides by the count of trained slots, unweighted.
@@ -194,7 +210,7 @@ class DFlash(Recipe):
         return weighted / max(sum(counts), 1)
 
     def export(self, out_dir):
-        export_dflash(self.model, out_dir, dtype=self.settings.export_dtype)
+        export_dflash(self.model, out_dir, dtype=self.settings.export_dtype, gamma=self.own.gamma)
 
 
 # ---- the loss pieces the parallel families share --------------------------------------------
@@ -316,9 +332,24 @@ def build_dflash(
         block_size=own.block_size,
         mask_token_id=mask,
         rope_scaling=target_rope_scaling(target_config),
+        head=own.head,
     )
     torch.manual_seed(settings.seed)
-    return DFlash(initialised(DFlashDrafter(dflash), head, vocab, settings), settings, family)
+    if not dflash.target_head:
+        return DFlash(initialised(DFlashDrafter(dflash), head, vocab, settings), settings, family)
+    # The references' layout: every target row of the LM head (and its final norm, as the norm
+    # starts), frozen; the identity vocabulary, so drafts are target ids.
+    frozen = replace(settings, lm_head_init="target_frozen")
+    model = initialised(DFlashDrafter(dflash), head, target_vocab(dflash.vocab_size), frozen)
+    return DFlash(model, settings, family, vocab.draft_ids)
+
+
+def target_vocab(vocab_size: int) -> DraftVocab:
+    """The draft vocabulary that is the target's whole one (draft id = target id)."""
+    return DraftVocab(
+        d2t=torch.zeros(vocab_size, dtype=torch.long),
+        t2d=torch.ones(vocab_size, dtype=torch.bool),
+    )
 
 
 # family -> its drafter, built in its recipe (settings/families.py lists the families)

@@ -151,22 +151,70 @@ def test_a_block_never_sees_a_later_real_token_another_block_or_another_sample()
         torch.testing.assert_close(packed, own)
 
 
-def test_anchors_lie_in_the_answer_with_room_for_the_block_and_context_before():
+def test_anchors_are_answer_positions_whose_next_token_is_in_the_answer_with_context_before():
+    """The references' rule (SpecForge, speculators): no room for the whole block needed."""
     loss_mask = torch.zeros(3, 12, dtype=torch.bool)
-    loss_mask[0, 4:10] = True  # answer 4..9, then padding
+    loss_mask[0, 4:10] = True  # answer 4..9 (9: the end of turn), then padding
     loss_mask[1, 0:12] = True  # an answer from the first token: no context at 0
-    loss_mask[2, 2:5] = True  # too short for a block of 4
-    anchors = select_anchors(loss_mask, block_size=4)
-    assert anchors[0].tolist() == [4, 5, 6, -1, -1, -1, -1, -1]
-    assert anchors[1].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert anchors[2].tolist() == [-1] * 8
-    # Packed rows: a block never runs into the next sample, whose first token has no context.
+    loss_mask[2, 2:4] = True  # an answer of 2 tokens, shorter than any block
+    anchors = select_anchors(loss_mask, block_size=8)
+    assert anchors[0].tolist()[:5] == [4, 5, 6, 7, 8]  # 8: its slot 1 is the end of turn
+    assert anchors[1].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # 11: the row's last
+    assert anchors[2].tolist()[:1] == [2] and (anchors[2, 1:] == -1).all()
+    # Packed rows: a sample's last token anchors nothing (its next is the next sample's), the
+    # next sample's first has no context.
     segments = torch.tensor([[0] * 6 + [1] * 6])
     packed = select_anchors(torch.ones(1, 12, dtype=torch.bool), 3, segments=segments)
-    assert packed[0].tolist() == [1, 2, 3, 7, 8, 9]
+    assert packed[0].tolist() == [1, 2, 3, 4, 7, 8, 9, 10]
     some = select_anchors(loss_mask, 4, max_anchors=2, generator=torch.Generator().manual_seed(0))
-    assert some.shape == (3, 2) and set(some[1].tolist()) <= set(range(1, 9))
+    assert some.shape == (3, 2) and set(some[1].tolist()) <= set(range(1, 11))
     assert some[1, 0] < some[1, 1]
+
+
+def test_the_end_of_turn_is_slot_1_of_the_anchor_before_it_and_slots_past_the_answer_are_masked():
+    aux, ids = inputs(batch=1, length=12)
+    loss_mask = torch.zeros(1, 12, dtype=torch.bool)
+    loss_mask[0, 3:9] = True  # answer 3..8, 8 its end of turn; 9.. padding
+    batch = batch_for(ids, aux, loss_mask)
+    anchors = select_anchors(loss_mask, block_size=4)
+    assert anchors[0].tolist() == [3, 4, 5, 6, 7]
+    targets, valid = block_targets(batch, anchors, 4)
+    assert valid[0, -1].tolist() == [False, True, False, False]  # anchor 7: x_8 at slot 1
+    torch.testing.assert_close(targets[0, -1, 1], batch.target_logits[0, 7])
+    assert valid[0, -2].tolist() == [False, True, True, False]  # anchor 6: x_7, x_8, then out
+    # Past the sample in a packed row, and past the row.
+    packed = replace(batch, loss_mask=torch.ones(1, 12, dtype=torch.bool))
+    packed.segments = torch.tensor([[0] * 6 + [1] * 6])
+    _, valid = block_targets(packed, torch.tensor([[4, 10]]), 4)
+    assert valid[0].tolist() == [[False, True, False, False], [False, True, False, False]]
+
+
+def test_an_answer_of_two_tokens_trains_a_block_of_8():
+    config = replace(DCONFIG, block_size=8)
+    model = make_model(config)
+    aux, ids = inputs(batch=1, length=12)
+    loss_mask = torch.zeros(1, 12, dtype=torch.bool)
+    loss_mask[0, 6:8] = True
+    batch = batch_for(ids, aux, loss_mask)
+    anchors = select_anchors(loss_mask, config.block_size)
+    assert anchors.tolist() == [[6]]
+    loss, stats = dflash_loss(model(aux, ids, anchors), batch, anchors)
+    assert stats.counted == [1, 0, 0, 0, 0, 0, 0]  # x_7 at slot 1, nothing past the answer
+    loss.backward()
+    assert float(loss) > 0 and model.fc.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "own, gamma",
+    [({"block_size": 8}, 4.0), ({"block_size": 16}, 7.0), ({"block_size": 16, "gamma": 2.5}, 2.5)],
+)
+def test_gamma_follows_the_block_unless_set(own, gamma):
+    from eaglenest.settings.families import DFlashSettings
+
+    own = {"num_hidden_layers": 5, "max_anchors": 512, "gamma": None, "head": "target", **own}
+    assert DFlashSettings.from_config({"train": {"dflash": own}}).gamma == gamma
+    with pytest.raises(ValueError, match="train.dflash.head"):
+        DFlashSettings.from_config({"train": {"dflash": {**own, "head": "tied"}}})
 
 
 def test_the_layer_ids_are_translated_as_vllm_adds_one():
@@ -409,3 +457,68 @@ def test_blocks_in_chunks_give_the_logits_and_gradients_of_one_call(monkeypatch)
     assert chunked_grads.keys() == whole_grads.keys()
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+# The references' layout: the target's LM head over its whole vocabulary, frozen, never exported.
+TARGET_CONFIG = DFlashConfig.from_drafter(
+    CONFIG, num_hidden_layers=5, block_size=16, mask_token_id=MASK, head="target"
+)
+
+
+def test_the_target_head_layout_exports_no_head_and_reloads_at_5_layers_and_block_16(tmp_path):
+    assert TARGET_CONFIG.draft_vocab_size == CONFIG.vocab_size
+    model = make_model(TARGET_CONFIG)
+    model.set_vocab(
+        torch.zeros(CONFIG.vocab_size, dtype=torch.long),
+        torch.ones(CONFIG.vocab_size, dtype=torch.bool),
+    )
+    export_dflash(model, tmp_path, dtype="float32", gamma=7.0)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["dflash_config"]["block_size"] == 16 and config["num_hidden_layers"] == 5
+    assert config["draft_vocab_size"] == config["vocab_size"] == CONFIG.vocab_size
+    assert config["eaglenest"]["gamma"] == 7.0
+    assert config["eaglenest"]["config"]["head"] == "target"
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    expected = set().union(*(layer_names(i) for i in range(5)))
+    assert names == expected | {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    embed, head = model.embed_tokens.weight.float(), model.lm_head.weight.float()
+    with pytest.raises(ExportError, match="needs the target's LM head"):
+        load_dflash(tmp_path, embed)
+    loaded = load_dflash(tmp_path, embed, lm_head=head)
+    aux, ids = inputs(length=40)
+    anchors = torch.tensor([[3, 20], [2, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(aux.float(), ids, anchors), model.float()(aux.float(), ids, anchors)
+        )
+
+
+def test_the_target_head_and_embedding_get_no_gradient_and_the_loss_is_over_the_whole_vocab():
+    config = replace(TARGET_CONFIG, num_hidden_layers=1, block_size=4)
+    model = make_model(config).train()
+    aux, ids = inputs(batch=1, length=12)
+    loss_mask = torch.zeros(1, 12, dtype=torch.bool)
+    loss_mask[0, 3:11] = True
+    batch = batch_for(ids, aux, loss_mask)  # its target is over the draft vocabulary
+    draft_ids, _ = vocab_maps(DCONFIG)
+    draft_ids = draft_ids + torch.arange(DCONFIG.draft_vocab_size)  # target id of draft id
+    anchors = select_anchors(loss_mask, config.block_size)
+    logits = model(aux, ids, anchors)
+    assert logits.shape[-1] == CONFIG.vocab_size
+    loss, stats = dflash_loss(logits, batch, anchors, draft_ids=draft_ids)
+    loss.backward()
+    assert model.lm_head.weight.grad is None and model.embed_tokens.weight.grad is None
+    assert model.fc.weight.grad.abs().sum() > 0
+    # Slot 1's mean loss: -log of the whole vocabulary's softmax at the target id of the
+    # target's argmax draft token.
+    _, valid = block_targets(batch, anchors, config.block_size)
+    slot_1 = -torch.stack(
+        [
+            logits[0, n, 1].log_softmax(-1)[draft_ids[batch.target_logits[0, a].argmax()]]
+            for n, a in enumerate(anchors[0].tolist())
+            if valid[0, n, 1]
+        ]
+    ).mean()
+    torch.testing.assert_close(stats.loss[0], float(slot_1))
+    assert "lm_head.weight" not in model.trainable_state_dict()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,7 +117,13 @@ def test_the_dflash_proposer_drafts_the_block_of_the_models_forward_at_its_ancho
         assert proposer.propose(3) == block_at(7)
         proposer.accept(ids[8:9].tolist(), aux[7:8])
         assert proposer.propose(3) == block_at(8)
-    with pytest.raises(ValueError, match="block_size 4 drafts 3 tokens a round, not 7"):
+        # K below block_size - 1: vLLM's block [bonus, mask x K], the forward of a drafter of
+        # block K + 1 with the same weights.
+        shorter = DFlashDrafter(replace(DCONFIG, block_size=3)).double()
+        shorter.load_state_dict(model.state_dict())
+        logits = shorter(aux[None], ids[None], torch.tensor([[8]]))[0, 0]
+        assert proposer.propose(2) == model.draft_to_target(logits[1:].argmax(-1)).tolist()
+    with pytest.raises(ValueError, match="block_size 4 drafts 1..3 tokens a round, not 7"):
         proposer.propose(7)
 
 
@@ -131,16 +138,17 @@ def test_the_dflash_simulation_drafts_at_every_position_what_the_proposer_drafts
     start[0, 2:11] = True
     batch = SimpleNamespace(aux=aux[None], input_ids=ids[None])
     with torch.no_grad():
-        predicted = block_predictions(model, batch, start, 3)
-        for t in range(len(ids)):
-            if not start[0, t]:
-                assert (predicted[0, t] == -3).all()
-                continue
-            proposer = DFlashProposer(model)
-            proposer.start(ids[: t + 1].tolist(), aux[: t + 1], int(ids[t + 1]))
-            assert predicted[0, t].tolist() == proposer.propose(3), t
-    with pytest.raises(ValueError, match="drafts K = 3, not 2"):
-        block_predictions(model, batch, start, 2)
+        for k in (3, 2):  # K = block_size - 1, and below it
+            predicted = block_predictions(model, batch, start, k)
+            for t in range(len(ids)):
+                if not start[0, t]:
+                    assert (predicted[0, t] == -3).all()
+                    continue
+                proposer = DFlashProposer(model)
+                proposer.start(ids[: t + 1].tolist(), aux[: t + 1], int(ids[t + 1]))
+                assert predicted[0, t].tolist() == proposer.propose(k), (k, t)
+    with pytest.raises(ValueError, match=r"drafts K = 1..3, not 4"):
+        block_predictions(model, batch, start, 4)
 
 
 def test_the_untrained_baseline_is_a_fresh_drafter_of_the_same_family():
@@ -161,14 +169,15 @@ def exports(tmp_path: Path) -> dict[str, Path]:
 def test_each_family_is_served_at_its_own_k_with_its_own_speculative_config(tmp_path):
     dirs, embed = exports(tmp_path), p_eagle_model().embed_tokens.weight.float()
     dflash = load_family("dflash", dirs["dflash"], embed, [2, 4, 5], (2, 7))
-    assert (dflash.ks, dflash.configured_ks) == ((3,), (2, 7))
+    assert (dflash.ks, dflash.configured_ks) == ((2,), (2, 7))  # up to block_size - 1
+    assert load_family("dflash", dirs["dflash"], embed, None, (7,)).ks == (3,)
     assert isinstance(dflash.proposer(), DFlashProposer)
-    assert dflash.speculative_config("d", 3) == {
+    assert dflash.speculative_config("d", 2) == {
         "method": "dflash",
         "model": "d",
-        "num_speculative_tokens": 3,
+        "num_speculative_tokens": 2,
     }
-    with pytest.raises(ValueError, match="serves K = 3 only"):
+    with pytest.raises(ValueError, match="drafts 1..3"):
         dflash.speculative_config("d", 7)
     p_eagle = load_family("p_eagle", dirs["p_eagle"], embed, [2, 4, 5], (2, 3, 7))
     assert p_eagle.ks == (2, 3) and isinstance(p_eagle.proposer(), PEagleProposer)

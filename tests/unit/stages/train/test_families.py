@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from support.synthetic_run import write_synthetic_run
 
 from eaglenest.common.config import validate_config
+from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.families import FAMILIES
 from eaglenest.settings.train import FamilySettings, TrainSettings
 
@@ -119,7 +120,9 @@ def heldout_losses(out: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["split"] == "heldout"]
 
 
-def load_export(family: str, drafter_dir: Path, embed: torch.Tensor) -> torch.nn.Module:
+def load_export(
+    family: str, drafter_dir: Path, embed: torch.Tensor, lm_head: torch.Tensor
+) -> torch.nn.Module:
     if family == "eagle3":
         from eaglenest.drafter.eagle3.export import load_drafter
 
@@ -132,7 +135,7 @@ def load_export(family: str, drafter_dir: Path, embed: torch.Tensor) -> torch.nn
         return model
     from eaglenest.drafter.dflash.export import load_dflash
 
-    return load_dflash(drafter_dir, embed)
+    return load_dflash(drafter_dir, embed, lm_head=lm_head)  # train.dflash.head target
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -143,7 +146,10 @@ def test_a_family_trains_resumes_exactly_and_exports_what_it_trained(
     report = train(run, family, whole)
     assert report["family"] == family and report["steps"] == TRAIN["max_steps"]
     losses = heldout_losses(whole)
-    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0], losses
+    # DFlash learns through the target's LM head, frozen over all 256 ids (train.dflash.head
+    # target): in 24 steps its loss falls less than a trained head's (3.76 -> 3.47 measured).
+    falls_to = 0.95 if family == "dflash" else 0.8
+    assert len(losses) >= 3 and losses[-1] < falls_to * losses[0], losses
     assert report["heldout_acc"][0] > 0.3, report["heldout_acc"]
 
     stopped = tmp_path / "stopped"
@@ -157,11 +163,14 @@ def test_a_family_trains_resumes_exactly_and_exports_what_it_trained(
 
     # The journal's last state is the trained model; the export reads back to it, exactly.
     trained = torch.load(whole / "journal" / "state.pt", weights_only=True)["model"]
-    embed = load_file(run["target_head"])["embed_tokens.weight"]
-    model = load_export(family, whole / "drafter", embed)
+    head = TargetHead.load(run["target_head"])
+    model = load_export(family, whole / "drafter", head.embed, head.lm_head)
     loaded = model.state_dict()
-    assert set(trained) == set(loaded) - {"embed_tokens.weight"}
+    # The target's, never trained nor exported: the embedding, and DFlash's LM head.
+    from_target = {"embed_tokens.weight"} | ({"lm_head.weight"} if family == "dflash" else set())
+    assert set(trained) == set(loaded) - from_target
     if "mask_embedding_delta" in trained:  # P-EAGLE's: in the exported table's mask row
+        embed = head.embed
         row = embed[model.mask_token_id] + trained.pop("mask_embedding_delta")
         assert torch.equal(model.mask_embedding(), row) and row.ne(embed[model.mask_token_id]).any()
     for name, tensor in trained.items():
