@@ -23,7 +23,10 @@ families decoded at a depth with as many prompts, the same cut prompts, get the 
 the prompts' difficulty cancels: `paired`).
 
 Without report.device there is no choice: this machine's live loop (choice.py) is reported as
-what it is, its own timings.
+what it is, its own timings. The curve and its crossovers are still drawn from vLLM's acceptance,
+under a stated assumption in place of the device's figures (ASSUMED: verifying K + 1 tokens costs
+one decode step, as on a GPU at low concurrency; every family's K picked at r = ASSUMED_RATIO), so
+a user reads off the ratio where the families cross and sees where their own device falls.
 """
 
 from __future__ import annotations
@@ -50,6 +53,29 @@ WHY_NO_DEVICE = (
     "on its CPU cores) times a drafter forward at a far larger share of the target's step than "
     "a GPU beside a large target does, so it cannot choose a family for one"
 )
+
+
+# Without report.device: the curve's assumption (a GPU at low concurrency verifies K + 1 tokens in
+# about one decode step's time; beside a large target a drafter forward is a few percent of it).
+ASSUMED_VERIFY_COST = 1.0
+ASSUMED_RATIO = 0.05
+ASSUMED = (
+    f"no device timings: verifying K + 1 tokens taken to cost one decode step (v = "
+    f"{ASSUMED_VERIFY_COST:g}, a GPU at low concurrency), every family's drafter at the same "
+    f"ratio r, each at its best K at r = {ASSUMED_RATIO:g}; no family is chosen from it"
+)
+
+
+def assumed_device(acceptance: dict[str, dict[str, Acceptance]]) -> DeviceTimings:
+    """The stand-in device of the curve without report.device (ASSUMED)."""
+    ks = {k for per_k in acceptance.values() for k in per_k}
+    return DeviceTimings(
+        name="assumed",
+        source=ASSUMED,
+        drafter_ratio=ASSUMED_RATIO,
+        family_ratios={},
+        verify_cost={k: ASSUMED_VERIFY_COST for k in sorted(ks, key=int)},
+    )
 
 
 def steps_per_round(each: Acceptance, device: DeviceTimings, ratio: float) -> float:
@@ -205,9 +231,15 @@ def choose_on_device(
     measure, each family's figures per K, the curve, the crossovers and the margin. `tokens`:
     the run's token lengths, which weigh the depths (device_acceptance.py)."""
     summary: dict[str, Any] = {"device": None, "measure": DEVICE_MEASURE, "choice": None}
-    if device is None:
-        return {**summary, "why_none": WHY_NO_DEVICE}
     acceptance = {family: family_acceptance(family, m, tokens) for family, m in families.items()}
+    if device is None:
+        summary["why_none"] = WHY_NO_DEVICE
+        assumed = assumed_device(acceptance)
+        best, table = best_at_device(acceptance, assumed)
+        if best:
+            curve_of = {**curve(best, assumed), "device_ratio": None, "assumed": ASSUMED}
+            summary.update(by_family=table, curve=curve_of, crossovers=crossovers(best, assumed))
+        return summary
     best, table = best_at_device(acceptance, device)
     summary.update(device=device_summary(device), by_family=table)
     if not best:

@@ -90,14 +90,16 @@ def section_device_choice(summary: dict[str, Any]) -> Section:
     """The choice on the serving device: figure, text and tables (a note without a device)."""
     section = Section("choice", "Drafter family for the serving device")
     section.blocks.append(f"<p><strong>{device_choice_text(summary)}</strong></p>")
-    if summary["device"] is None:
-        section.notes.append(summary["why_none"])
-        return section
-    section.blocks.append(figures_table(summary.get("by_family") or {}))
-    if summary["choice"] is None:
+    if summary.get("by_family"):
+        section.blocks.append(figures_table(summary["by_family"]))
+    if "curve" not in summary:
         section.notes.append(summary["why_none"])
         return section
     curve = summary["curve"]
+    if curve.get("assumed"):
+        section.notes.append(
+            f"{summary['why_none']}. The figure and the table: {curve['assumed']}."
+        )
     titled = {FAMILY_TITLES[f]: line for f, line in curve["families"].items()}
     section.figure = device_curve_figure({**curve, "families": titled}, summary["crossovers"])
     section.blocks.append(f"<p>{crossovers_text(summary['crossovers'])}</p>")
@@ -106,7 +108,7 @@ def section_device_choice(summary: dict[str, Any]) -> Section:
         "(greedy, over the depths the run's answers reach, weighted as above), v the device's time of verifying K + 1 tokens over one "
         "plain decode step, d the drafter's forwards per round (EAGLE-3 K, P-EAGLE and DFlash "
         "one), r its forward over the target's decode step (report.device; docs/report.md). "
-        "The figure: each family at its best K against r, the device's r dashed, the crossovers "
-        "dotted.</p>"
+        "The figure: each family at its best K against r, the device's r dashed (with "
+        "report.device), the crossovers dotted.</p>"
     )
     return section

@@ -352,7 +352,10 @@ def device_curve_figure(curve: dict[str, Any], crossovers: list[dict[str, Any]])
             color=f"C{index}",
             label=f"{family} K={line['k']}",
         )
-    axis.axvline(curve["device_ratio"], color="black", linestyle="--", linewidth=1, label="device")
+    if curve["device_ratio"] is not None:  # None: no device's timings, an assumed curve
+        axis.axvline(
+            curve["device_ratio"], color="black", linestyle="--", linewidth=1, label="device"
+        )
     for crossover in crossovers:
         if curve["ratios"][0] <= crossover["ratio"] <= curve["ratios"][-1]:
             axis.axvline(crossover["ratio"], color="grey", linestyle=":", linewidth=1)

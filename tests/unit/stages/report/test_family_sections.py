@@ -66,8 +66,9 @@ def test_every_family_has_its_sections_and_the_families_stand_side_by_side(tmp_p
     assert sections["training"].endswith("(EAGLE-3)")
     assert sections["acceptance_dflash"].endswith("(DFlash)")
     text = page.read_text()
-    # Every family's plot on the page; the vocabulary once, with the first family.
-    assert text.count("data:image/png;base64,") == 4 + 3 + 3 + 1
+    # Every family's plot on the page; the vocabulary once, with the first family; the families'
+    # and the choice's curve (no report.device: under the stated assumption, no device line).
+    assert text.count("data:image/png;base64,") == 4 + 3 + 3 + 1 + 1
     assert text.count("<h3>Draft vocabulary</h3>") == 1
     assert missing_references(page) == []
     # The families' plot is the PNG the rule declares (not a card).

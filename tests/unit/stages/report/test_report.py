@@ -48,9 +48,9 @@ def test_report_of_a_finished_run(tmp_path: Path):
     assert missing_references(page) == []
     text = page.read_text()
     # every section drew its plot: the page embeds one image per plot, less the families' (one
-    # family: no families section, as before there were families; its PNG is a card) and the
-    # choice's (no report.device: no curve, its PNG a card)
-    assert text.count("data:image/png;base64,") == len(PLOT_NAMES) - 2
+    # family: no families section, as before there were families; its PNG is a card); the
+    # choice's curve is drawn without report.device too, under its stated assumption
+    assert text.count("data:image/png;base64,") == len(PLOT_NAMES) - 1
     assert "families" not in page_sections(page)
     assert page_sections(page)["training"] == "Training: loss and accuracy per TTT step"
     # Without report.device the summary chooses no family; this machine's figures name the K
@@ -58,6 +58,13 @@ def test_report_of_a_finished_run(tmp_path: Path):
     # steps), K=7 2.7 a 21 ms round.
     summary = json.loads((page.parent / "summary.json").read_text())
     assert summary["choice"] is None and summary["why_none"].startswith("no serving device's")
+    # ... and still draws the curve from the acceptance, under its stated assumption (v = 1).
+    curve = summary["curve"]
+    assert curve["device_ratio"] is None and curve["assumed"].startswith("no device timings")
+    line = curve["families"]["eagle3"]
+    at = summary["by_family"]["eagle3"]["per_k"][str(line["k"])]
+    for r, rate in zip(curve["ratios"], line["tokens_per_target_step"], strict=True):
+        assert rate == pytest.approx(at["emitted_per_round"] / (1 + at["drafter_forwards"] * r))
     fastest = summary["this_machine"]["fastest_here"]
     assert (fastest["family"], fastest["k"]) == ("eagle3", 3)
     assert fastest["tokens_per_target_step"] == pytest.approx(2.3 / 1.75)
