@@ -20,17 +20,22 @@ from support.workflow import (
 from eaglenest.cli import main
 from eaglenest.common.config import merged_config
 from eaglenest.run.plan import DEMO_RATES, Assumptions, Rates, format_plan, plan_run
+from eaglenest.run.store import with_captured_layers
 
 KIMI = str(REPO / "config" / "examples" / "kimi-k2.5.yaml")
 DEMO = str(REPO / "config" / "config.yaml")
 KIMI_HIDDEN = 7168
+KIMI_LAYERS = 61
 GPU_RATES = Rates(
     generate_tokens_per_s=2500, capture_tokens_per_s=50_000, train_tokens_per_s=20_000
 )
 
 
 def kimi_plan(samples: int | None = None, cache_gb: float = 1000.0):
-    config = merged_config([KIMI])
+    # The example trains eagle3 and dflash: the capture keeps the union of their layers, seven of
+    # Kimi-K2.5's 61 (vLLM's 2, 30, 58 and z-lab's five), as `eaglenest plan --num-layers 61`.
+    config = with_captured_layers(merged_config([KIMI]), KIMI_LAYERS)
+    assert config["hidden"]["aux_layer_ids"] == [2, 16, 30, 31, 45, 58, 59]
     if samples:
         config["prompts"]["max_samples"] = samples
     return plan_run(config, Assumptions(16_384, KIMI_HIDDEN, GPU_RATES, cache_gb))
@@ -60,18 +65,18 @@ def test_an_mla_target_plans_an_mla_eagle3_and_a_dflash_beside_it(tmp_path):
 
 def test_kimi_disk_is_the_documented_arithmetic_and_scales_with_the_samples():
     ten_k, half_m = kimi_plan(), kimi_plan(500_000)
-    assert ten_k.hidden_bytes_per_token == 21_533
+    assert ten_k.hidden_bytes_per_token == 50_221  # docs/real-targets.md: 7 fp8 layers, top-1
     assert (ten_k.shards, ten_k.train_shards, ten_k.eval_shards) == (50, 49, 1)
     assert half_m.shards == 2500
     files = {plan.samples: {row.mode: row for row in plan.stores} for plan in (ten_k, half_m)}
-    assert files[10_000]["files"].hidden_bytes == pytest.approx(10_000 * 16_384 * 21_533)
-    assert files[10_000]["files"].hidden_bytes == pytest.approx(3.53e12, rel=1e-3)
-    assert files[500_000]["files"].hidden_bytes == pytest.approx(50 * 3.528e12, rel=1e-3)
+    assert files[10_000]["files"].hidden_bytes == pytest.approx(10_000 * 16_384 * 50_221)
+    assert files[10_000]["files"].hidden_bytes == pytest.approx(8.228e12, rel=1e-3)
+    assert files[500_000]["files"].hidden_bytes == pytest.approx(50 * 8.228e12, rel=1e-3)
     for plan in (ten_k, half_m):
         rows = {row.mode: row for row in plan.stores}
         assert rows["none"].hidden_bytes == 0 and rows["none"].extract_jobs == 0
-        shard_bytes = 200 * 16_384 * 21_533
-        assert rows["budget"].stored_shards == math.floor(1000e9 / shard_bytes) == 14
+        shard_bytes = 200 * 16_384 * 50_221
+        assert rows["budget"].stored_shards == math.floor(1000e9 / shard_bytes) == 6
         assert rows["budget"].hidden_bytes <= 1000e9
 
 
@@ -81,14 +86,14 @@ def test_kimi_hours_follow_the_rates_and_the_epochs():
     tokens = 10_000 * 16_384
     assert hours["hidden"] == pytest.approx(tokens / 50_000 / 3600)  # one capture server
     assert hours["generate"] == pytest.approx(tokens / 2500 / 3600)  # one endpoint
-    # 10 epochs over the 49 training shards on 8 GPUs.
-    assert hours["train"] == pytest.approx(tokens * 49 / 50 * 10 / (20_000 * 8) / 3600)
+    # 10 epochs over the 49 training shards on 8 GPUs, for each of the example's two families.
+    assert hours["train"] == pytest.approx(2 * tokens * 49 / 50 * 10 / (20_000 * 8) / 3600)
     stores = {row.mode: row for row in plan.stores}
     shard_h = tokens / 50 / 50_000 / 3600
     assert stores["files"].capture_hours == pytest.approx(50 * shard_h)
     assert stores["none"].capture_hours == pytest.approx((49 * 10 + 1) * shard_h)
-    assert stores["budget"].capture_hours == pytest.approx((14 + 35 * 10 + 1) * shard_h)
-    two_servers = merged_config([KIMI])
+    assert stores["budget"].capture_hours == pytest.approx((6 + 43 * 10 + 1) * shard_h)
+    two_servers = with_captured_layers(merged_config([KIMI]), KIMI_LAYERS)
     two_servers["vllm"]["capture_urls"] = ["http://node-a:8765", "http://node-b:8765"]
     plan = plan_run(two_servers, Assumptions(16_384, KIMI_HIDDEN, GPU_RATES, 1000.0))
     halved = {row.stage: row.hours for row in plan.stages}["hidden"]
@@ -97,19 +102,23 @@ def test_kimi_hours_follow_the_rates_and_the_epochs():
 
 def test_the_command_prints_every_stage_and_mode(capsys):
     code = main(["plan", "--configfile", KIMI, "--set", "prompts.max_samples=500000",
-                 "--hidden-size", str(KIMI_HIDDEN), "--capture-tokens-per-s", "50000"])  # fmt: skip
+                 "--hidden-size", str(KIMI_HIDDEN), "--num-layers", str(KIMI_LAYERS),
+                 "--capture-tokens-per-s", "50000"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
     assert "500,000 samples in 2,500 shards" in out
     for stage in ("generate", "samples", "hidden", "train", "evaluate", "report"):
         assert f"\n{stage} " in out
-    assert "176.4 TB" in out and "not built yet" not in out
+    assert "411.4 TB" in out and "not built yet" not in out
     assert format_plan(kimi_plan(500_000)).splitlines()[0] == out.splitlines()[0]
 
 
 def test_the_command_asks_for_a_hidden_size_it_cannot_read(capsys):
     assert main(["plan", "--configfile", KIMI]) == 2
     assert "--hidden-size" in capsys.readouterr().out
+    # The example's two families capture the union of their layers: how many needs the target's.
+    assert main(["plan", "--configfile", KIMI, "--hidden-size", str(KIMI_HIDDEN)]) == 2
+    assert "--num-layers N" in capsys.readouterr().out
 
 
 def test_the_rates_come_from_a_finished_runs_files(finished_run):

@@ -169,6 +169,7 @@ def stage_rows(
     train_shards, eval_shards = len(split.training), len(split.heldout)
     shards = train_shards + eval_shards
     rates, epochs = assumptions.rates, config["train"]["epochs"]
+    families = len(config["train"]["families"])
     hidden = config["hidden"]
     verify = hidden["backend"] == "vllm" and hidden["verify_samples"] > 0
     files = {name: tokens * b for name, b in DEMO_BYTES_PER_TOKEN.items()}
@@ -219,13 +220,14 @@ def stage_rows(
         ),
         StageRow(
             "train",
-            {"train_drafter": 1},
+            {"train_drafter": families},  # one job a family, each over every training token
             train_shards,
             0.0,
-            hours(train_tokens, rates.train_tokens_per_s, scale.processes),
-            f"{epochs} epochs on {scale.processes} process(es)",
+            families * hours(train_tokens, rates.train_tokens_per_s, scale.processes),
+            f"{epochs} epochs on {scale.processes} process(es), {families} famil"
+            f"{'y' if families == 1 else 'ies'} at the one rate",
         ),
-        StageRow("evaluate", {"evaluate_drafter": 1}, eval_shards, 0.0, None),
+        StageRow("evaluate", {"evaluate_drafter": families}, eval_shards, 0.0, None),
         StageRow("report", {"build_report": 1}, shards, 0.0, None),
     ]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from eaglenest.run.plan import DEFAULT_CACHE_GB, DEMO_RATES, Assumptions, Rates, plan_run
 from eaglenest.run.plan_text import format_plan
-from eaglenest.run.store import target_hidden_size
+from eaglenest.run.store import target_hidden_size, with_captured_layers
 
 
 def add_arguments(parser: Any) -> None:
@@ -23,6 +23,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--samples", type=whole_number, help="prompts.max_samples")
     parser.add_argument("--tokens-per-sample", type=float, help="default: generation.max_tokens/2")
     parser.add_argument("--hidden-size", type=int, help="default: the target's config")
+    parser.add_argument(
+        "--num-layers",
+        type=int,
+        help="the target's decoder layers, which set the captured layers' count where "
+        "hidden.aux_layer_ids is null; default: the target's config",
+    )
     parser.add_argument("--cache-gb", type=float, help="hidden.cache_gb of the budget mode")
     for name, help_text in (
         ("generate", "per endpoint"),
@@ -60,6 +66,7 @@ NUMBERS = (
     "samples",
     "tokens_per_sample",
     "hidden_size",
+    "num_layers",
     "cache_gb",
     "generate_tokens_per_s",
     "capture_tokens_per_s",
@@ -96,6 +103,8 @@ def run(args: Any) -> int:
         samples = [] if args.samples is None else [f"prompts.max_samples={args.samples}"]
         config = overridden(yaml.safe_load(yaml.safe_dump(config)), list(args.set) + samples)
         validate_config(config)
+        if args.num_layers:
+            config = with_captured_layers(config, args.num_layers)
         hidden_size = args.hidden_size or target_hidden_size(config)
         tokens_per_sample = args.tokens_per_sample or config["generation"]["max_tokens"] / 2
         cache_gb = args.cache_gb or config["hidden"].get("cache_gb") or DEFAULT_CACHE_GB

@@ -44,9 +44,23 @@ def captured_layer_count(config: Mapping[str, Any]) -> int:
         return 3
     layers = config["demo_target"]["num_layers"] if config["demo_target"]["enabled"] else None
     if layers is None:
-        flags = "--set hidden.aux_layer_ids=[...] (the layers)"
+        flags = "--num-layers N (its decoder layers) or --set hidden.aux_layer_ids=[...]"
         layers = target_text_config(config, flags).num_hidden_layers
     return len(captured_layer_ids(None, settings.layer_rules, layers))
+
+
+def with_captured_layers(config: Mapping[str, Any], num_hidden_layers: int) -> dict[str, Any]:
+    """`config` with a null hidden.aux_layer_ids set to what the capture would keep of a target
+    of `num_hidden_layers` (`eaglenest plan --num-layers`, for a target not on disk)."""
+    from eaglenest.settings.families import captured_layer_ids
+    from eaglenest.settings.hidden_states import HiddenSettings
+
+    hidden = config["hidden"]
+    if hidden["aux_layer_ids"] is not None:
+        return dict(config)
+    rules = HiddenSettings.from_config(config).layer_rules
+    layers = list(captured_layer_ids(None, rules, num_hidden_layers))
+    return {**config, "hidden": {**hidden, "aux_layer_ids": layers}}
 
 
 def target_hidden_size(config: Mapping[str, Any]) -> int:
