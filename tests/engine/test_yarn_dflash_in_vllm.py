@@ -79,7 +79,7 @@ def test_a_dflash_beside_a_yarn_target_decodes_past_the_unscaled_range_in_vllm(
         max_new_tokens=MAX_NEW_TOKENS, family="dflash",
     )  # fmt: skip
     head = TargetHead.load(run_files(results)["target_head"])
-    loaded = load_family("dflash", drafter, head.embed, head.aux_layer_ids, (K,))
+    loaded = load_family("dflash", drafter, head.embed, head.aux_layer_ids, (K,), head.lm_head)
     engine = evaluate_in_vllm(
         prompts=prompts,
         drafter_dir=drafter,
