@@ -243,6 +243,10 @@ class DepthEngineFigures(DecodedFigures):
     identical_to_plain: bool | None = typed("any")
     temperature: float | None = typed("any")
     ci95: list[float] | None = typed("any")
+    # Each prompt's rounds and emitted tokens (past the prefill's one), where the engine kept them:
+    # what the report's choice bootstraps over at each depth (report/device_acceptance.py).
+    rounds_per_prompt: list[int] | None = typed("any")
+    emitted_per_prompt: list[int] | None = typed("any")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -98,6 +98,8 @@ def _engine_row(figures: dict[str, Any] | None) -> DepthEngineFigures | None:
         # Its temperature and its spread over prompts (stages/evaluate/spread.py), where measured.
         temperature=figures.get("temperature"),
         ci95=(figures.get("spread") or {}).get("ci95"),
+        rounds_per_prompt=figures.get("rounds_per_prompt"),
+        emitted_per_prompt=figures.get("emitted_per_prompt"),
     )
 
 

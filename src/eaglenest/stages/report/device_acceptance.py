@@ -3,8 +3,8 @@ emitted tokens per round (tau) from the evaluate stage's vLLM run, per K, over t
 run's answers reach, prompt by prompt for the bootstrap.
 
 Per K, from eval{suffix}/metrics.json:
-- vLLM at each of `by_depth.depths` where the engine decoded the depth cuts (`engine.by_depth`),
-  else the held-out prompts (`engine.per_k`, as depth 0); per prompt its emitted tokens (past the
+- vLLM at each depth where the engine decoded the depth cuts (the depth table's `engine` rows,
+  `by_depth.per_k`), else the held-out prompts (`engine.per_k`, as depth 0); per prompt its emitted tokens (past the
   prefill's one) and its rounds (`emitted_per_prompt`, `rounds_per_prompt`), else the totals
   alone (no bootstrap);
 - where vLLM has no figure at that K (it did not serve the family: `engine.not_served`, or no
@@ -109,14 +109,14 @@ def counts(figures: dict[str, Any] | None) -> tuple[list, list, bool] | None:
 
 
 def engine_by_depth(metrics: dict[str, Any], k: str) -> dict[int, tuple]:
-    """depth -> vLLM's counts at K: the depth cuts', else the held-out prompts' as depth 0."""
-    engine = metrics.get("engine") or {}
-    cuts = engine.get("by_depth") or {}
+    """depth -> vLLM's counts at K: the depth table's engine rows (`by_depth.per_k`), else the
+    held-out prompts' (`engine.per_k`) as depth 0."""
+    rows = ((metrics.get("by_depth") or {}).get("per_k") or {}).get(k) or []
     found = {}
-    for depth in (metrics.get("by_depth") or {}).get("depths") or []:
-        each = counts((cuts.get(str(depth)) or {}).get(k))
-        if each is not None:
-            found[int(depth)] = each
+    for row in rows:
+        if (each := counts(row.get("engine"))) is not None:
+            found[int(row["depth"])] = each
+    engine = metrics.get("engine") or {}
     if not found and (each := counts((engine.get("per_k") or {}).get(k))) is not None:
         found[0] = each
     return found

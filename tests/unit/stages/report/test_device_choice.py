@@ -149,16 +149,17 @@ def test_the_timings_of_a_gpu_check_file_at_a_batch_under_the_configs(tmp_path: 
 
 
 def engine_by_depth(per_depth: dict[int, tuple[list[int], list[int]]]) -> dict:
-    """A family's metrics at K 3 with vLLM's per-prompt figures at each depth cut."""
-    cuts = {
-        str(depth): {"3": {"emitted_per_prompt": emitted, "rounds_per_prompt": rounds}}
+    """A family's metrics at K 3 with vLLM's per-prompt figures at each depth cut, laid out as the
+    evaluate stage writes them: the depth table's engine rows."""
+    rows = [
+        {"depth": depth, "engine": {"emitted_per_prompt": emitted, "rounds_per_prompt": rounds}}
         for depth, (emitted, rounds) in per_depth.items()
-    }
+    ]
     heldout = {"emitted_per_round": 9.0}  # the held-out prompts': not read beside depth cuts
     return {
         "ks": [3],
-        "by_depth": {"depths": list(per_depth)},
-        "engine": {"per_k": {"3": heldout}, "by_depth": cuts},
+        "by_depth": {"depths": list(per_depth), "per_k": {"3": rows}},
+        "engine": {"per_k": {"3": heldout}},
     }
 
 
