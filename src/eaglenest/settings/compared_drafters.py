@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglenest.settings.families import MASK_TOKEN_KEYS, block_served_k
+from eaglenest.settings.families import MASK_TOKEN_KEYS, block_ks
 
 # The largest DFlash block a compared drafter may have: z-lab serves 16, speculators trains 8.
 MAX_BLOCK_SIZE = 64
@@ -57,17 +57,19 @@ class ComparedDrafter:
 
     directory: str
     method: dict[str, Any]  # vLLM's speculative_config less model and num_speculative_tokens
-    block_ks: tuple[int, ...] | None  # the K it drafts at whatever evaluate.ks says (DFlash)
+    block_size: int | None  # a DFlash drafter's: it drafts K up to block_size - 1
     described: str  # what config.json said, for metrics.json
 
     def ks(self, configured: tuple[int, ...]) -> tuple[int, ...]:
-        return self.block_ks or configured
+        """The K it is decoded at: a DFlash drafter's as the run's own (`block_ks`: the
+        configured K up to block_size - 1, else that), so the two compare at one K."""
+        return configured if self.block_size is None else block_ks(configured, self.block_size)
 
     def speculative_config(self, drafter_dir: str | Path, k: int) -> dict[str, Any]:
         return {**self.method, "model": str(drafter_dir), "num_speculative_tokens": k}
 
 
-def _dflash_ks(config: dict[str, Any], where: str) -> tuple[int, ...]:
+def _dflash_block(config: dict[str, Any], where: str) -> int:
     block = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
     if isinstance(block, bool) or not isinstance(block, int) or block < 2:
         raise CompareError(f"{where}: a DFlash drafter without a block_size of 2 or more")
@@ -77,7 +79,7 @@ def _dflash_ks(config: dict[str, Any], where: str) -> tuple[int, ...]:
             f"{where}: block_size {block:,} is past {MAX_BLOCK_SIZE}, the most a drafter "
             "compared here may draft in one block"
         )
-    return (block_served_k(block),)
+    return block
 
 
 def _checked_fields(config: Any, where: str) -> dict[str, Any]:
@@ -121,13 +123,13 @@ def compared_drafter(directory: str | Path, key: str = "evaluate.compare") -> Co
                 f"{', '.join(SPECULATORS_METHODS)}"
             )
         method = SPECULATORS_METHODS[kind]
-        block = _dflash_ks(config, where) if method["method"] in BLOCK_METHODS else None
+        block = _dflash_block(config, where) if method["method"] in BLOCK_METHODS else None
         return ComparedDrafter(str(directory), method, block, f"speculators {kind}")
     names = " ".join(config.get("architectures") or [])
     found = [marker for marker in ARCHITECTURE_METHODS if marker in names.lower()]
     marker = "dflash" if "dflash_config" in config else next(iter(found), None)
     if marker in BLOCK_METHODS:
-        block = _dflash_ks(config, where)
+        block = _dflash_block(config, where)
         return ComparedDrafter(str(directory), ARCHITECTURE_METHODS[marker], block, names)
     if marker is not None:
         parallel = config.get("parallel_drafting") and any(k in config for k in MASK_TOKEN_KEYS)

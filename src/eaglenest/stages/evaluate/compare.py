@@ -5,8 +5,8 @@ run's drafter (vllm_evaluate.engine_metrics), into eval_compare/{name}.json.
 
 vLLM's speculative method is read from the drafter's config.json as vLLM would serve it
 (settings/compared_drafters.py, which the config check runs on each directory before any job).
-A DFlash drafter drafts block_size - 1 tokens whatever evaluate.ks says (settings/families.py
-`block_served_k`); the others every K of evaluate.ks. A drafter vLLM's CPU build does not serve beside the target is a
+A DFlash drafter drafts the evaluate.ks up to its block_size - 1 (else that: settings/families.py
+`block_ks`, as the run's own DFlash); the others every K of evaluate.ks. A drafter vLLM's CPU build does not serve beside the target is a
 reason in `engine.not_served`, as for the run's own families.
 """
 

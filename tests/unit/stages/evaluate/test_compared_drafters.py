@@ -33,7 +33,7 @@ CASES = {
     "speculators_dflash": (
         {"speculators_model_type": "dflash", "block_size": 8},
         {"method": "dflash"},
-        (7,),
+        (3, 7),  # a block of 8 serves both, as the run's own DFlash
     ),
     "eaglenest_export": (
         {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"},
@@ -53,7 +53,7 @@ CASES = {
     "z_lab_dflash": (
         {"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 4}},
         {"method": "dflash"},
-        (3,),
+        (3,),  # a block of 4: K up to 3
     ),
     "eagle1": ({"architectures": ["EagleLlamaForCausalLM"]}, {"method": "eagle"}, None),
 }
