@@ -13,9 +13,10 @@ Per family and K: tokens per target step = tau / (v(K) + d * r), where
   or the family's own in family_ratios).
 
 Each family counts at its best K on the device, the highest is chosen. The curve: each family at
-that K against r from R_MIN to R_MAX (log-spaced), every family's ratio scaled by r over the
-device's drafter_ratio (so their own ratios keep their proportion); the crossovers: the r in (0, 1]
-where the best family changes, solved exactly (two families' curves meet where
+its best K at each r from R_MIN to R_MAX (log-spaced; a K-forward drafter's K falls as r grows),
+every family's ratio scaled by r over the device's drafter_ratio (so their own ratios keep their
+proportion); the crossovers: the r in (0, 1] where the best family changes, and a family's
+k_changes where its best K does, solved exactly (two (family, K) lines meet where
 tau_a (v_b + d_b s_b r) = tau_b (v_a + d_a s_a r), s the family's ratio over the device's).
 The margin of the chosen family over the second at the device's ratio has a bootstrap interval
 over prompts (RESAMPLES draws at each depth, seeded by SEED, the depth and the prompt count; two
@@ -31,6 +32,7 @@ a user reads off the ratio where the families cross and sees where their own dev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -62,7 +64,8 @@ ASSUMED_RATIO = 0.05
 ASSUMED = (
     f"no device timings: verifying K + 1 tokens taken to cost one decode step (v = "
     f"{ASSUMED_VERIFY_COST:g}, a GPU at low concurrency), every family's drafter at the same "
-    f"ratio r, each at its best K at r = {ASSUMED_RATIO:g}; no family is chosen from it"
+    f"ratio r, each at its best K at each r (the table's at r = {ASSUMED_RATIO:g}); no family is "
+    "chosen from it"
 )
 
 
@@ -132,41 +135,100 @@ def rate_at(each: Acceptance, device: DeviceTimings, r: float) -> float:
     return each.tau / (v + d * r)
 
 
-def leader(best: dict[str, Acceptance], device: DeviceTimings, r: float) -> str:
-    return max(best, key=lambda family: rate_at(best[family], device, r))
+def timed_options(
+    acceptance: dict[str, dict[str, Acceptance]], device: DeviceTimings
+) -> dict[str, list[Acceptance]]:
+    """Each family's K with a verify cost on the device (the K it may pick at any r)."""
+    options = {
+        family: [each for k, each in per_k.items() if k in device.verify_cost]
+        for family, per_k in acceptance.items()
+    }
+    return {family: found for family, found in options.items() if found}
 
 
-def crossovers(best: dict[str, Acceptance], device: DeviceTimings) -> list[dict[str, Any]]:
-    """The r in (0, 1] where the best family changes, in order: the family best below, above."""
-    families = list(best)
+def best_k_at(options: list[Acceptance], device: DeviceTimings, r: float) -> Acceptance:
+    """The family's K with the most tokens per target step at r (the lowest K on a tie)."""
+    return max(sorted(options, key=lambda each: each.k), key=lambda e: rate_at(e, device, r))
+
+
+def leader(options: dict[str, list[Acceptance]], device: DeviceTimings, r: float) -> Acceptance:
+    """The family, at its best K at r, with the most tokens per target step at r."""
+    return max(
+        (best_k_at(found, device, r) for found in options.values()),
+        key=lambda each: rate_at(each, device, r),
+    )
+
+
+def changes(
+    lines: list[Acceptance], device: DeviceTimings, best: Callable[[float], Acceptance]
+) -> list[tuple[float, Acceptance, Acceptance]]:
+    """The r in (0, 1] where `best(r)` changes, with the best just below and just above. The
+    best of straight-line rates changes only where two of them meet, so every meeting point of
+    two `lines` is tried: exact, not sampled."""
     points = sorted(
-        r
-        for i, a in enumerate(families)
-        for b in families[i + 1 :]
-        if (r := crossing(best[a], best[b], device)) is not None and 0 < r <= 1
+        {
+            r
+            for i, a in enumerate(lines)
+            for b in lines[i + 1 :]
+            if (r := crossing(a, b, device)) is not None and 0 < r <= 1
+        }
     )
     found = []
     for r in points:
-        below = leader(best, device, r * (1 - 1e-9))
-        above = leader(best, device, r * (1 + 1e-9))
-        if below != above and (not found or found[-1]["ratio"] != r):
-            found.append({"ratio": r, "below": below, "above": above})
+        below, above = best(r * (1 - 1e-9)), best(r * (1 + 1e-9))
+        if (below.family, below.k) != (above.family, above.k):
+            found.append((r, below, above))
     return found
 
 
-def curve(best: dict[str, Acceptance], device: DeviceTimings) -> dict[str, Any]:
-    """Each family at its best K against r, R_MIN to R_MAX log-spaced."""
+def crossovers(options: dict[str, list[Acceptance]], device: DeviceTimings) -> list[dict[str, Any]]:
+    """The r in (0, 1] where the best family changes, in order: the family best below and above,
+    each at its best K there (K re-picked along r)."""
+    lines = [each for found in options.values() for each in found]
+    found = []
+    for r, below, above in changes(lines, device, lambda r: leader(options, device, r)):
+        if below.family != above.family:
+            found.append(
+                {
+                    "ratio": r,
+                    "below": below.family,
+                    "above": above.family,
+                    "k_below": below.k,
+                    "k_above": above.k,
+                }
+            )
+    return found
+
+
+def k_changes(found: list[Acceptance], device: DeviceTimings) -> list[dict[str, Any]]:
+    """The r in (0, 1] where a family's best K changes (a K-forward drafter's K falls as r grows)."""
+    return [
+        {"ratio": r, "k_below": below.k, "k_above": above.k}
+        for r, below, above in changes(found, device, lambda r: best_k_at(found, device, r))
+    ]
+
+
+def curve(
+    options: dict[str, list[Acceptance]], best: dict[str, Acceptance], device: DeviceTimings
+) -> dict[str, Any]:
+    """Each family at its best K at each r against r, R_MIN to R_MAX log-spaced: `k` its best K
+    at the device's ratio, `ks` at each r, `k_changes` where that K changes."""
     ratios = np.geomspace(R_MIN, R_MAX, CURVE_POINTS)
+    families = {}
+    for family, found in options.items():
+        at = [best_k_at(found, device, float(r)) for r in ratios]
+        families[family] = {
+            "k": best[family].k,
+            "ks": [each.k for each in at],
+            "k_changes": k_changes(found, device),
+            "tokens_per_target_step": [
+                rate_at(each, device, float(r)) for each, r in zip(at, ratios, strict=True)
+            ],
+        }
     return {
         "ratios": [float(r) for r in ratios],
         "device_ratio": device.drafter_ratio,
-        "families": {
-            family: {
-                "k": each.k,
-                "tokens_per_target_step": [rate_at(each, device, r) for r in ratios],
-            }
-            for family, each in best.items()
-        },
+        "families": families,
     }
 
 
@@ -237,8 +299,10 @@ def choose_on_device(
         assumed = assumed_device(acceptance)
         best, table = best_at_device(acceptance, assumed)
         if best:
-            curve_of = {**curve(best, assumed), "device_ratio": None, "assumed": ASSUMED}
-            summary.update(by_family=table, curve=curve_of, crossovers=crossovers(best, assumed))
+            options = timed_options(acceptance, assumed)
+            curve_of = {**curve(options, best, assumed), "device_ratio": None, "assumed": ASSUMED}
+            found = crossovers(options, assumed)
+            summary.update(by_family=table, curve=curve_of, crossovers=found)
         return summary
     best, table = best_at_device(acceptance, device)
     summary.update(device=device_summary(device), by_family=table)
@@ -256,5 +320,6 @@ def choose_on_device(
         "timings_source": device.source,
         "margin": margin(first, best[ranked[1]], device) if len(ranked) > 1 else None,
     }
-    summary.update(curve=curve(best, device), crossovers=crossovers(best, device))
+    options = timed_options(acceptance, device)
+    summary.update(curve=curve(options, best, device), crossovers=crossovers(options, device))
     return summary

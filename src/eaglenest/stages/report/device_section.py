@@ -80,7 +80,8 @@ def crossovers_text(crossovers: list[dict[str, Any]]) -> str:
     if not crossovers:
         return "The best family is the same at every ratio in (0, 1]."
     changes = "; ".join(
-        f"at r = {fmt(c['ratio'])} from {FAMILY_TITLES[c['below']]} to {FAMILY_TITLES[c['above']]}"
+        f"at r = {fmt(c['ratio'])} from {FAMILY_TITLES[c['below']]} (K={c['k_below']}) to "
+        f"{FAMILY_TITLES[c['above']]} (K={c['k_above']})"
         for c in crossovers
     )
     return f"The best family changes {changes}."
@@ -108,7 +109,7 @@ def section_device_choice(summary: dict[str, Any]) -> Section:
         "(greedy, over the depths the run's answers reach, weighted as above), v the device's time of verifying K + 1 tokens over one "
         "plain decode step, d the drafter's forwards per round (EAGLE-3 K, P-EAGLE and DFlash "
         "one), r its forward over the target's decode step (report.device; docs/report.md). "
-        "The figure: each family at its best K against r, the device's r dashed (with "
+        "The figure: each family at its best K at each r against r, the device's r dashed (with "
         "report.device), the crossovers dotted.</p>"
     )
     return section

@@ -342,15 +342,15 @@ def families_figure(families: dict[str, dict[str, list[dict]]]) -> Figure:
 
 def device_curve_figure(curve: dict[str, Any], crossovers: list[dict[str, Any]]) -> Figure:
     """Tokens per target step against the drafter/target forward-time ratio (log axis), each
-    family (its title -> K and figures) at its best K on the device; the device's ratio and the
-    crossovers marked."""
+    family (its title -> K and figures) at its best K at each r (the label lists the K from the
+    left); the device's ratio and the crossovers marked."""
     figure, (axis,) = new_figure(1, width=6.0)
     for index, (family, line) in enumerate(curve["families"].items()):
         axis.plot(
             curve["ratios"],
             line["tokens_per_target_step"],
             color=f"C{index}",
-            label=f"{family} K={line['k']}",
+            label=f"{family} K={'→'.join(map(str, dict.fromkeys(line['ks'])))}",
         )
     if curve["device_ratio"] is not None:  # None: no device's timings, an assumed curve
         axis.axvline(

@@ -69,7 +69,55 @@ def test_the_family_chosen_on_the_device_and_its_curve_by_hand():
     # EAGLE-3 meets P-EAGLE where 3 (1.1 + r) = 2 (1.1 + 3 r): r = 1.1 / 3; P-EAGLE meets
     # DFlash at r = 0.22 / 1.8 below EAGLE-3 (no change of the best), EAGLE-3 meets DFlash past 1.
     assert summary["crossovers"] == [
-        {"ratio": pytest.approx(1.1 / 3), "below": "eagle3", "above": "p_eagle"}
+        {
+            "ratio": pytest.approx(1.1 / 3),
+            "below": "eagle3",
+            "above": "p_eagle",
+            "k_below": 3,
+            "k_above": 3,
+        }
+    ]
+
+
+def per_k_metrics(by_k: dict[str, tuple[list[int], list[int]]]) -> dict:
+    """A family's metrics with vLLM's per-prompt figures (emitted, rounds) at each K."""
+    per_k = {}
+    for k, (emitted, rounds) in by_k.items():
+        figures = {"emitted_per_prompt": emitted, "rounds_per_prompt": rounds, "prompts": 2}
+        per_k[k] = figures | {"tokens": sum(emitted) + 2, "rounds": sum(rounds)}
+    return {"ks": [int(k) for k in by_k], "engine": {"per_k": per_k, "not_served": {}}}
+
+
+def test_the_curve_re_picks_each_familys_k_along_the_ratio_by_hand():
+    # EAGLE-3: tau 3 at K=3, 4 at K=7 (K forwards a round); DFlash: 2.5 at K=3, 3 at K=7 (one).
+    families = {
+        "eagle3": per_k_metrics({"3": ([15, 15], [5, 5]), "7": ([20, 20], [5, 5])}),
+        "dflash": per_k_metrics({"3": ([10, 15], [5, 5]), "7": ([15, 15], [5, 5])}),
+    }
+    device = DeviceTimings("H200", "user", 0.2, {}, {"3": 1.0, "7": 1.0})
+    summary = choose_on_device(families, device)
+    # At the device's r = 0.2: EAGLE-3 K=3 3 / 1.6 beats its K=7 4 / 2.4; DFlash K=7 3 / 1.2.
+    assert summary["by_family"]["eagle3"]["best_k"] == 3
+    assert (summary["choice"]["family"], summary["choice"]["k"]) == ("dflash", 7)
+    # EAGLE-3's K=7 and K=3 meet where 4 (1 + 3r) = 3 (1 + 7r): r = 1/9.
+    eagle3 = summary["curve"]["families"]["eagle3"]
+    assert eagle3["k"] == 3
+    assert eagle3["k_changes"] == [{"ratio": pytest.approx(1 / 9), "k_below": 7, "k_above": 3}]
+    ratios = summary["curve"]["ratios"]
+    assert eagle3["ks"] == [7 if r < 1 / 9 else 3 for r in ratios]
+    assert eagle3["tokens_per_target_step"][0] == pytest.approx(4 / (1 + 7 * ratios[0]))
+    assert summary["curve"]["families"]["dflash"]["k_changes"] == []
+    # EAGLE-3 at K=7 meets DFlash at K=7 where 4 (1 + r) = 3 (1 + 7r): r = 1/17. At its K of
+    # the device's ratio (3) alone, EAGLE-3 would meet DFlash nowhere in (0, 1] (3 (1 + r) =
+    # 3 (1 + 3r) at r = 0): the crossover is there only because K is re-picked along r.
+    assert summary["crossovers"] == [
+        {
+            "ratio": pytest.approx(1 / 17),
+            "below": "eagle3",
+            "above": "dflash",
+            "k_below": 7,
+            "k_above": 7,
+        }
     ]
 
 

@@ -62,9 +62,16 @@ def test_report_of_a_finished_run(tmp_path: Path):
     curve = summary["curve"]
     assert curve["device_ratio"] is None and curve["assumed"].startswith("no device timings")
     line = curve["families"]["eagle3"]
-    at = summary["by_family"]["eagle3"]["per_k"][str(line["k"])]
-    for r, rate in zip(curve["ratios"], line["tokens_per_target_step"], strict=True):
-        assert rate == pytest.approx(at["emitted_per_round"] / (1 + at["drafter_forwards"] * r))
+    per_k = summary["by_family"]["eagle3"]["per_k"]
+    for r, k, rate in zip(curve["ratios"], line["ks"], line["tokens_per_target_step"], strict=True):
+        at = {each: per_k[str(each)] for each in (3, 7)}
+        rates = {
+            each: f["emitted_per_round"] / (1 + f["drafter_forwards"] * r) for each, f in at.items()
+        }
+        assert rate == pytest.approx(rates[k]) == pytest.approx(max(rates.values()))
+    assert (
+        line["ks"][0] == 7 and line["ks"][-1] == 3
+    )  # K falls as the drafter's forward weighs more
     fastest = summary["this_machine"]["fastest_here"]
     assert (fastest["family"], fastest["k"]) == ("eagle3", 3)
     assert fastest["tokens_per_target_step"] == pytest.approx(2.3 / 1.75)
