@@ -113,6 +113,30 @@ def test_a_kimi_k25_layout_target_runs_through_vllm_and_every_stage(kimi_run):
     print(f"timings: {kimi_run['timings']}")
 
 
+def test_a_dflash_trains_from_the_same_capture_and_our_live_loop_measures_it(kimi_run):
+    """The example's second family from the one capture: a DFlash at its references' defaults
+    (5 Qwen3 layers, block 8, the target's frozen head: no head exported) reading the captured
+    layers. vLLM's CPU build serves no DFlash beside an MLA target: metrics.json says why at every
+    K, our live loop decodes it to greedy's tokens, and the report's curve counts it from there."""
+    run = kimi_run["run"]
+    drafter = json.loads((run / "drafter_dflash" / "config.json").read_text())
+    assert drafter["num_hidden_layers"] == 5 and drafter["block_size"] == 8
+    # z-lab's rule spreads five layers over 1..N-3: on this 4-layer target the one layer 1 (its
+    # convention: the captured input of layer 2), read from the capture of layers 1, 2 and 3.
+    assert drafter["dflash_config"]["target_layer_ids"] == [1]
+    metrics = json.loads((run / "eval_dflash" / "metrics.json").read_text())
+    engine = metrics["engine"]
+    assert engine["per_k"] == {} and set(engine["not_served"]) == {"3", "7"}
+    assert all("MLA" in why for why in engine["not_served"].values()), engine["not_served"]
+    for k in ("3", "7"):
+        live = metrics["live"][k]
+        assert live["identical_to_greedy"] and live["acceptance_length"] >= 1.0
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    dflash = summary["by_family"]["dflash"]["per_k"]
+    assert all(f["acceptance_source"].startswith("our live loop") for f in dflash.values())
+    assert summary["by_family"]["eagle3"]["per_k"]["3"]["acceptance_source"] == "vllm"
+
+
 def test_nothing_is_left_to_run(kimi_run):
     """A rerun with the same config plans nothing (the wrapped target included)."""
     result = snakemake(kimi_run["workdir"], "-n", config=kimi_run["config"])
