@@ -273,7 +273,11 @@ from eaglenest.settings.eval_sets import (
     eval_set_names,
     eval_set_settings,
 )
-from eaglenest.settings.evaluate import CompareSettings, compare_drafters
+from eaglenest.settings.evaluate import (
+    CompareSettings,
+    PlainSettings,
+    compare_drafters,
+)
 
 EVAL_SETS = eval_set_names(config)
 
@@ -298,6 +302,15 @@ def get_eval_set_outputs():
 # The sets are decoded in vLLM only: without evaluate.engine vllm they are prepared, and neither
 # an input nor a param of the evaluation (a run without them keeps its params).
 DECODED_SETS = EVAL_SETS if config["evaluate"]["engine"] == "vllm" else []
+
+
+PLAIN_DECODING = run_path("eval_plain/decoding.json")
+
+
+def get_plain_decoding():
+    """The run's plain decoding in vLLM (rule decode_plain), read by every evaluation there;
+    nothing without evaluate.engine vllm, so no such job."""
+    return PLAIN_DECODING if config["evaluate"]["engine"] == "vllm" else []
 
 
 def get_decoded_sets():

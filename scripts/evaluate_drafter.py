@@ -41,4 +41,6 @@ with log_to(snakemake.log[0]), claim_gpus(getattr(snakemake.resources, "gpu", 0)
             ThinkingSettings.from_json(snakemake.params.thinking),
             list(snakemake.input.train_tokens),
         ),
+        # with evaluate.engine vllm: the run's plain decoding (the decode_plain job's)
+        plain=snakemake.input.plain or None,
     )

@@ -98,6 +98,19 @@ def test_own_live_and_vllm_need_the_same_rounds_at_every_depth_of_the_long_run(l
         check_depth_rows(f"{family} {k}", rows)
 
 
+def test_one_plain_engine_serves_every_familys_evaluation(long_run):
+    """The plain decoding is the decode_plain job's, once for the three families: no evaluate
+    job starts a plain engine, each starts its K's."""
+    logs = sorted((long_run["workdir"] / "logs" / RUN).rglob("*.log"))
+    texts = {path.name: path.read_text(errors="replace") for path in logs}
+    plain = {name: text.count("vLLM (plain) ready") for name, text in texts.items()}
+    assert {name: n for name, n in plain.items() if n} == {"decode_plain.log": 1}, plain
+    suffixes = ["" if family == "eagle3" else f"_{family}" for family in FAMILIES]
+    for suffix in suffixes:
+        assert re.search(r"vLLM \(k\d+\) ready", texts[f"evaluate_drafter{suffix}.log"])
+    assert (long_run["run"] / "eval_plain" / "decoding.json").is_file()
+
+
 def check_depth_rows(k: str, rows: list[dict]) -> None:
     for row in rows:
         live, engine, simulated = row["live"], row["engine"], row["simulated"]

@@ -31,7 +31,12 @@ EXPECTED = {
     "kimi-k2.5": {
         "shards": 50,
         # the capture server holds the 8 GPUs; its shard jobs only send requests and pack
-        "gpus": {"extract_hidden_states": 0, "train_drafter": 8, "evaluate_drafter": 8},
+        "gpus": {
+            "extract_hidden_states": 0,
+            "train_drafter": 8,
+            "evaluate_drafter": 8,
+            "decode_plain": 8,
+        },
         "hidden": {
             "backend": "vllm",
             "dtype": "fp8",
@@ -55,7 +60,12 @@ EXPECTED = {
     },
     "qwen3-8b": {
         "shards": 20,
-        "gpus": {"extract_hidden_states": 1, "train_drafter": 1, "evaluate_drafter": 1},
+        "gpus": {
+            "extract_hidden_states": 1,
+            "train_drafter": 1,
+            "evaluate_drafter": 1,
+            "decode_plain": 1,
+        },
         "hidden": {
             "backend": "transformers",
             "dtype": "fp8",
@@ -209,7 +219,7 @@ def test_example_plans_the_whole_job(name, plans):
     shards = expected["shards"]
     per_shard = ("generate_responses", "prepare_samples", "extract_hidden_states")
     once = ("prepare_prompts", "probe_endpoints", "build_draft_vocab", "save_target_head")
-    once += ("build_report", "all")
+    once += ("build_report", "all", "decode_plain")  # evaluate.engine vllm: one plain decoding
     per_family = {r: expected.get("families", 1) for r in ("train_drafter", "evaluate_drafter")}
     assert planned_jobs(plan.dry_run) == (
         {r: shards for r in per_shard} | {r: 1 for r in once} | per_family

@@ -185,6 +185,9 @@ def stage_rows(
         "save_target_head": 1,
     }
     train_tokens = tokens * train_shards / shards * epochs
+    # With the engine, one plain decoding for every family's evaluation (decode_plain).
+    engine = config["evaluate"]["engine"] == "vllm"
+    evaluate_jobs = {"decode_plain": int(engine), "evaluate_drafter": families}
     return [
         StageRow(
             "demo target",
@@ -227,7 +230,7 @@ def stage_rows(
             f"{epochs} epochs on {scale.processes} process(es), {families} famil"
             f"{'y' if families == 1 else 'ies'} at the one rate",
         ),
-        StageRow("evaluate", {"evaluate_drafter": families}, eval_shards, 0.0, None),
+        StageRow("evaluate", evaluate_jobs, eval_shards, 0.0, None),
         StageRow("report", {"build_report": 1}, shards, 0.0, None),
     ]
 

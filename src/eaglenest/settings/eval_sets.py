@@ -89,8 +89,8 @@ def check_eval_sets(config: Mapping[str, Any], workdir: str | Path = ".") -> Non
 
 @dataclass(frozen=True)
 class SetDecodeSettings(Settings):
-    """What the evaluate stage decodes the sets with (the param `sets` of evaluate_drafter and
-    evaluate_compare, absent when evaluate.sets is empty, so a run without sets keeps its params):
+    """What the evaluate stage decodes the sets with (the param `sets` of decode_plain,
+    evaluate_drafter and evaluate_compare, absent when evaluate.sets is empty, so a run without sets keeps its params):
     the sets' names, in config order, and how the target renders a chat, as generation renders
     its prompts (the tokenizer's chat template with target.chat_template_kwargs)."""
 

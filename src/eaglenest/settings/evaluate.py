@@ -83,6 +83,28 @@ class CompareSettings(Settings):
         )
 
 
+@dataclass(frozen=True)
+class PlainSettings(Settings):
+    """What the run's plain decoding in vLLM reads (the rule decode_plain, once per run for every
+    evaluation: stages/evaluate/plain.py): the fields of EvaluateSettings its request is made of,
+    no K, so a change of evaluate.ks (or of anything else it does not read) reruns the K engines'
+    jobs only."""
+
+    depths: tuple[int, ...]
+    live_prompts: int
+    live_max_new_tokens: int
+    device: str
+    seed: int  # train.seed
+    sampled_temperature: float | None  # generation.temperature (the sampled figures)
+    vllm: VllmEngine
+    target: TargetSettings  # path and trust_remote_code
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PlainSettings:
+        evaluate = CompareSettings.from_config(config)
+        return cls(**{name: getattr(evaluate, name) for name in cls.__dataclass_fields__})
+
+
 def compare_drafters(config: Mapping[str, Any]) -> dict[str, str]:
     """`evaluate.compare`: name -> the directory of a drafter trained elsewhere ({} when none).
     Not a field of EvaluateSettings: a drafter added there runs its own job, rerunning nothing."""

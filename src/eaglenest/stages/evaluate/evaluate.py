@@ -40,12 +40,10 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, family_spec
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.stages.evaluate.depths import cut_at_depths, depth_table
+from eaglenest.stages.evaluate.depths import depth_table
 from eaglenest.stages.evaluate.families import FamilyDrafter, load_family
-from eaglenest.stages.evaluate.live import (
-    heldout_prompts,
-    live_metrics,
-)
+from eaglenest.stages.evaluate.live import live_metrics
+from eaglenest.stages.evaluate.plain import engine_inputs, read_plain
 from eaglenest.stages.evaluate.sets import EngineSets
 from eaglenest.stages.evaluate.simulated import simulate_all
 from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
@@ -70,10 +68,12 @@ def evaluate_drafter(
     family: FamilySpec | str = FAMILY_SPECS["eagle3"],
     sets: EngineSets | None = None,
     thinking: ThinkingEvaluation | None = None,
+    plain: str | Path | None = None,
 ) -> dict[str, Any]:
     """The evaluate stage: simulated, live (evaluate.live) and vLLM (evaluate.engine) figures of
     the `family` drafter (its spec or name) in `drafter_dir`, at the K its spec serves; `sets`:
-    standard sets (sets.py) decoded in vLLM; `thinking`: also the other thinking mode's prompts.
+    standard sets (sets.py) decoded in vLLM; `thinking`: also the other thinking mode's prompts;
+    `plain`: the run's plain decoding in vLLM (plain.py's file; decoded here when None).
     With `hidden` (hidden.store none/budget) and no `heldout_hidden`, the held-out states come
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     family = family_spec(family)
@@ -100,13 +100,12 @@ def evaluate_drafter(
         if states is not None:
             states.close()
     simulated_by_depth = simulated.pop("by_depth", {})
-    continuation = settings.live_max_new_tokens
-    cuts = cut_at_depths(heldout_tokens, settings.depths, settings.live_prompts, continuation)
+    # The prompts, cuts and the other thinking mode's prompts (`thinking`), as plain.py's job
+    # builds them for the run's plain decoding.
+    inputs = engine_inputs(heldout_tokens, settings, thinking)
+    prompts, cuts, groups = inputs.prompts, inputs.cuts, inputs.groups
+    model_dtype = inputs.model_dtype  # float32 on a CPU, as the capture and the demo run there
     log_cuts_and_simulated(cuts, simulated)
-    # vLLM and transformers in float32 on a CPU, as the capture and the demo run there.
-    model_dtype = "float32" if device == "cpu" else "auto"
-    prompts = heldout_prompts(heldout_tokens, settings.live_prompts)
-    groups = thinking.groups(prompts) if thinking else {}  # the other thinking mode's prompts
     live: dict[str, Any] = {}
     if settings.live:
         live_args = (settings, target_path, device, model_dtype, trust_remote_code)
@@ -115,7 +114,9 @@ def evaluate_drafter(
         live = live_metrics(loaded.proposer, prompts, *live_args)
     engine: dict[str, Any] = {}
     if settings.engine == "vllm":
-        engine_args = (settings, runtime, model_dtype, loaded, family, sets, groups)
+        # The run's plain decoding (decode_plain's file), checked to answer this job's request.
+        plain_answer = read_plain(plain, inputs, settings, runtime, sets) if plain else None
+        engine_args = (settings, runtime, model_dtype, loaded, family, sets, groups, plain_answer)
         engine = engine_figures(drafter_dir, prompts, cuts, live.get("live"), *engine_args)
     # The other thinking mode's figures, taken out of the live loop's groups and the engine's.
     decoded = {**live, **engine}
@@ -208,13 +209,15 @@ def engine_figures(
     family: FamilySpec,
     sets: EngineSets | None,
     groups: dict[str, list[list[int]]] | None = None,
+    plain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """metrics.json's `engine` (vLLM's figures), `live_vs_engine` beside the `live` figures, and
     `sets` (the standard sets' figures, taken out of the engine's) when there are sets; `groups`
-    (the other thinking mode's prompts) decoded by the same engines, under `by_depth`."""
+    (the other thinking mode's prompts) decoded by the same engines, under `by_depth`; `plain`:
+    the run's plain decoding (plain.py), decoded here when None."""
     # A refusal is a reason for a parallel family: EAGLE-3 has an MLA drafter for MLA targets.
     engine_args = (runtime, model_dtype, loaded.speculative_config, family.parallel, sets)
-    engine_args = (*engine_args, groups)
+    engine_args = (*engine_args, groups, plain)
     figures = {"engine": engine_metrics(drafter_dir, prompts, cuts, settings, *engine_args)}
     if live:
         figures["live_vs_engine"] = live_vs_engine(live, figures["engine"]["per_k"])

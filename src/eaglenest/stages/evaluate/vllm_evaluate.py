@@ -1,7 +1,9 @@
 """Acceptance measured by the serving engine (`evaluate.engine: vllm`): the held-out prompts are
 decoded by vLLM at temperature 0 once plainly and once per K with the exported drafter (its
 family's `speculative_config`: EAGLE-3, P-EAGLE, DFlash), each in a fresh engine, the engines
-one after another in one process (vllm_engine/decode.py under vLLM's interpreter).
+one after another in one process (vllm_engine/decode.py under vLLM's interpreter). In the
+pipeline the plain decoding is the run's one, made once for every evaluation (plain.py, the rule
+decode_plain) and passed as `plain`; without it, it is decoded here first.
 
 Per K: vLLM's acceptance length (1 + accepted / drafts), its per-position acceptance
 (accepted at position i / drafts), the tokens, the wall time, and whether the speculative
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.formats.metrics import EngineFigures, emitted_per_round
-from eaglenest.settings.evaluate import EvaluateSettings
+from eaglenest.settings.evaluate import CompareSettings, EvaluateSettings, PlainSettings
 from eaglenest.settings.vllm import VllmEngine, VllmRuntime
 from eaglenest.stages.evaluate.depths import DepthCut
 from eaglenest.stages.evaluate.sets import EngineSets
@@ -42,6 +44,9 @@ from eaglenest.vllm_engine.process import (
 )
 
 log = logging.getLogger(__name__)
+
+# The settings the engines read: the evaluate job's, a compared drafter's, the plain decoding's.
+EngineReadSettings = EvaluateSettings | CompareSettings | PlainSettings
 
 DECODE_MODULE = "eaglenest.vllm_engine.decode"
 HELDOUT = "heldout"  # the set name of the held-out prompts' figures (and of their depth cuts)
@@ -166,7 +171,7 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
 def engine_request(
     *,
     prompts: list[list[int]],
-    drafter_dir: str | Path,
+    drafter_dir: str | Path | None,
     target_path: str | Path,
     max_new_tokens: int,
     model_dtype: str,
@@ -178,12 +183,14 @@ def engine_request(
 ) -> dict[str, Any]:
     """What vllm_engine/decode.py is asked (less `k`: None for plain decoding, else the draft length).
     `groups`: further prompts by name (the depth cuts), each decoded by the same engine; every
-    prompt list greedily, and sampled too when `sampling` has a temperature."""
+    prompt list greedily, and sampled too when `sampling` has a temperature. `drafter_dir` None:
+    a request for the plain engine only (`plain_request`), which names no drafter."""
     every = [*prompts, *[p for group in (groups or {}).values() for p in group]]
     longest = max((len(p) for p in every), default=0)
+    drafter = {} if drafter_dir is None else {"drafter": str(Path(drafter_dir).resolve())}
     return {
         "target": str(target_path),
-        "drafter": str(Path(drafter_dir).resolve()),
+        **drafter,
         "prompts": prompts,
         "groups": groups or {},
         "max_new_tokens": max_new_tokens,
@@ -200,6 +207,22 @@ def engine_request(
     }
 
 
+def sized_request(
+    request: dict[str, Any], sets: EngineSets | None, runtime: VllmRuntime
+) -> dict[str, Any]:
+    """`request` sized for the sets' longest turns (sets.py), as it is without sets."""
+    return sets.sized(request, runtime.max_model_len) if sets is not None else request
+
+
+def plain_request(request: dict[str, Any], sets: EngineSets | None) -> dict[str, Any]:
+    """The plain engine's request for the K engines' `request` (sized, before the sets' groups):
+    the same prompts, groups, lengths, sampling, target and engine arguments, k None and no
+    drafter (the plain engine reads none: stages/evaluate/plain.py decodes it once per run);
+    with `sets`, their conversations too, answered turn by turn."""
+    plain = {key: value for key, value in request.items() if key != "drafter"}
+    return sets.plain_request(plain) if sets is not None else {**plain, "k": None}
+
+
 def decode_sets_plainly(
     request: dict[str, Any],
     sets: EngineSets | None,
@@ -212,8 +235,8 @@ def decode_sets_plainly(
     sets' later turns follow its answers). Without: both as they are."""
     if sets is None:
         return request, plain
-    request = sets.sized(request, runtime.max_model_len)
-    plain = plain or decode(sets.plain_request(request), runtime, work_dir)
+    request = sized_request(request, sets, runtime)
+    plain = plain or decode(plain_request(request, sets), runtime, work_dir)
     return {**request, "groups": {**request["groups"], **sets.groups(plain)}}, plain
 
 
@@ -244,25 +267,18 @@ def evaluate_in_vllm(
     `refusal_is_a_reason` its reason under `not_served` (K -> reason), its figures absent.
     `sets`: the standard sets, decoded by the same engines (sets.py), their figures under `sets`.
     `sampling`: every prompt list also decoded sampled, its figures under `sampled`."""
-    request = engine_request(
-        prompts=prompts,
-        drafter_dir=drafter_dir,
-        target_path=target_path,
-        max_new_tokens=max_new_tokens,
-        model_dtype=model_dtype,
-        engine=engine,
-        runtime=runtime,
-        trust_remote_code=trust_remote_code,
-        groups=depth_prompts,
-        sampling=sampling,
-    )
+    arguments = {"target_path": target_path, "max_new_tokens": max_new_tokens, "engine": engine}
+    arguments |= {"model_dtype": model_dtype, "runtime": runtime, "sampling": sampling}
+    arguments |= {"trust_remote_code": trust_remote_code, "depth_prompts": depth_prompts}
+    request = request_of(prompts, drafter_dir, arguments)
     work_dir = Path(tempfile.mkdtemp(prefix="eaglenest-vllm-eval-"))
     by_depth: dict[str, dict[str, Any]] = {depth: {} for depth in depth_prompts or {}}
     not_served: dict[str, str] = {}
     try:
         request, plain = decode_sets_plainly(request, sets, plain, runtime, work_dir)
         configs = ([] if plain else [None]) + list(ks)
-        requests = [{**request, "k": k} for k in configs]
+        requests = [{**request, "k": k} for k in ks]
+        requests = ([] if plain else [plain_request(request, None)]) + requests
         for each in requests if speculative_config else ():
             if each["k"] is not None:
                 each["speculative_config"] = speculative_config(request["drafter"], each["k"])
@@ -373,38 +389,74 @@ def sampled_section(at: dict[str, dict[str, Any]], sampling: Sampling) -> dict[s
     return {"sampled": {**settings, **at[sampling.key()]}}
 
 
+def engine_arguments(
+    settings: EngineReadSettings,
+    runtime: VllmRuntime | None,
+    model_dtype: str,
+    cuts: list[DepthCut],
+    groups: dict[str, list[list[int]]] | None = None,
+) -> dict[str, Any]:
+    """evaluate_in_vllm's arguments that a stage's settings give (the held-out prompts', the
+    drafter's and the K's apart): the target, lengths, engine, sampling and the prompt groups
+    (each depth cut, then `groups`), for every engine of the run, the plain one's included."""
+    return {
+        "target_path": resolve_target_dir(settings.target.path),
+        "max_new_tokens": settings.live_max_new_tokens,
+        "model_dtype": model_dtype,
+        "engine": settings.vllm,
+        "runtime": runtime,
+        "trust_remote_code": settings.target.trust_remote_code,
+        "depth_prompts": {**{str(c.depth): c.prompts for c in cuts if c.prompts}, **(groups or {})},
+        "sampling": Sampling(settings.sampled_temperature or 0.0, settings.seed),
+    }
+
+
+def request_of(
+    prompts: list[list[int]], drafter_dir: str | Path | None, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """The K engines' request (before the sets size it) for `arguments` (evaluate_in_vllm's)."""
+    return engine_request(
+        prompts=prompts,
+        drafter_dir=drafter_dir,
+        target_path=arguments["target_path"],
+        max_new_tokens=arguments["max_new_tokens"],
+        model_dtype=arguments["model_dtype"],
+        engine=arguments["engine"],
+        runtime=arguments["runtime"],
+        trust_remote_code=arguments.get("trust_remote_code", False),
+        groups=arguments.get("depth_prompts"),
+        sampling=arguments.get("sampling", Sampling()),
+    )
+
+
 def engine_metrics(
     drafter_dir: str | Path,
     prompts: list[list[int]],
     cuts: list[DepthCut],
-    settings: EvaluateSettings,
+    settings: EngineReadSettings,
     runtime: VllmRuntime | None,
     model_dtype: str,
     speculative_config: Callable[[str, int], dict[str, Any]] | None = None,
     refusal_is_a_reason: bool = False,
     sets: EngineSets | None = None,
     groups: dict[str, list[list[int]]] | None = None,
+    plain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """vLLM's figures (evaluate.engine: vllm) from the held-out prompts, each depth cut and the
     standard sets, with the emitted tokens per round of every K on the one definition
-    (`evaluate_in_vllm` for the last three arguments); greedy, and sampled at the generation
+    (`evaluate_in_vllm` for the last four arguments); greedy, and sampled at the generation
     temperature (settings.sampled_temperature) with seeds from train.seed. `groups`: further
-    prompt groups by name (the other thinking mode's), filed beside the depths in `by_depth`."""
+    prompt groups by name (the other thinking mode's), filed beside the depths in `by_depth`.
+    `plain`: the run's plain decoding (plain.py), decoded here when None."""
     engine = evaluate_in_vllm(
         prompts=prompts,
         drafter_dir=drafter_dir,
-        target_path=resolve_target_dir(settings.target.path),
         ks=settings.ks,
-        max_new_tokens=settings.live_max_new_tokens,
-        model_dtype=model_dtype,
-        engine=settings.vllm,
-        runtime=runtime,
-        trust_remote_code=settings.target.trust_remote_code,
-        depth_prompts={**{str(c.depth): c.prompts for c in cuts if c.prompts}, **(groups or {})},
+        **engine_arguments(settings, runtime, model_dtype, cuts, groups),
         speculative_config=speculative_config,
         refusal_is_a_reason=refusal_is_a_reason,
         sets=sets,
-        sampling=Sampling(settings.sampled_temperature or 0.0, settings.seed),
+        plain=plain,
     )
     greedy_and_sampled = [engine, *([engine["sampled"]] if engine.get("sampled") else [])]
     for figures in greedy_and_sampled:
