@@ -44,6 +44,11 @@ from eaglenest.stages.evaluate.vllm_evaluate import (
 
 log = logging.getLogger(__name__)
 
+# Request keys that place the engine (vllm.* runtime settings, untracked by the rules) and do not
+# change a greedy plain decoding that fits: a run that changes them and retrains a drafter keeps
+# its plain decoding.
+PLACEMENT_KEYS = frozenset({"tensor_parallel_size", "gpu_memory_utilization", "max_model_len"})
+
 
 @dataclass(frozen=True)
 class EngineInputs:
@@ -119,13 +124,15 @@ def read_plain(
 ) -> dict[str, Any]:
     """The plain decoding in `path` (decode_plain's file), as vllm_evaluate's `plain`, once the
     request it answered is the one this job would have decoded (prompts, groups, lengths,
-    sampling, target, engine arguments, sets); another is a ValueError naming the file and the
+    sampling, target, engine arguments, sets; not PLACEMENT_KEYS); another is a ValueError naming the file and the
     keys that differ (a bug: rules/evaluate.smk gives both jobs the same settings)."""
     record = json.loads(Path(path).read_text())
     answered = record.pop("request", None) or {}
     expected = run_plain_request(inputs, settings, runtime, sets)
     differing = sorted(
-        key for key in {*answered, *expected} if answered.get(key) != expected.get(key)
+        key
+        for key in {*answered, *expected} - PLACEMENT_KEYS
+        if answered.get(key) != expected.get(key)
     )
     if differing:
         raise ValueError(
