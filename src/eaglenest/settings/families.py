@@ -72,6 +72,10 @@ class PEagleSettings(Settings):
         """What `FamilySpec.served_ks` takes of it: the depths."""
         return self.depths
 
+    def train_fields_not_read(self) -> tuple[str, ...]:
+        """TrainSettings fields these settings make its training ignore (beyond `not_read`)."""
+        return ()
+
 
 # DFlash's drafter heads (train.dflash.head): the target's LM head and embedding, frozen and
 # never exported, as z-lab's, SpecForge's and speculators' drafters; or a head of its own over the
@@ -112,6 +116,11 @@ class DFlashSettings(Settings):
     def trained_size(self) -> int:
         """What `FamilySpec.served_ks` takes of it: the block size."""
         return self.block_size
+
+    def train_fields_not_read(self) -> tuple[str, ...]:
+        """With the target's head (frozen, its rows whole) train.lm_head_init is never read: a
+        change of it reruns no such DFlash job."""
+        return ("lm_head_init",) if self.head == "target" else ()
 
 
 # ---- the K each family is served at --------------------------------------------------------

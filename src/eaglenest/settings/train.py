@@ -112,11 +112,16 @@ class TrainSettings(Settings):
         recorded = {k: v for k, v in values if k != "target" and not isinstance(v, NotTracked)}
         return recorded | {"drafter": self.drafter.overrides()}
 
-    def of_family(self, family: str) -> TrainSettings:
+    def of_family(
+        self, family: str, settings: PEagleSettings | DFlashSettings | None = None
+    ) -> TrainSettings:
         """The view of these settings a family's training reads: the fields its spec does not
-        read (settings/families.py `not_read`) NotTracked (left out of its job's params, an
+        read (settings/families.py `not_read`), and those its own `settings` (train.<family>)
+        make it ignore (`train_fields_not_read`), NotTracked (left out of its job's params, an
         error where read)."""
         own, drafter = family_spec(family).not_read
+        if settings is not None:
+            own = (*own, *settings.train_fields_not_read())
         left_out = {name: self.not_tracked(name) for name in own}
         view = {name: self.drafter.not_tracked(name) for name in drafter}
         return dataclasses.replace(
@@ -198,6 +203,10 @@ class FamilySettings(Settings):
         mask = config["train"]["mask_token_id"]
         return cls(name=name, aux_layer_ids=layers, mask_token_id=mask, target=target, **own)
 
+    def own_settings(self) -> PEagleSettings | DFlashSettings | None:
+        """train.<name>: the family's own settings (None for EAGLE-3)."""
+        return getattr(self, self.name) if family_spec(self.name).settings is not None else None
+
     @classmethod
     def eagle3(cls) -> FamilySettings:
         return cls(
@@ -221,7 +230,8 @@ def train_job_settings_json(train: str, config: Mapping[str, Any], family: str) 
     if family_spec(family).settings is None:  # EAGLE-3 reading layers of its own choice
         values = {"train": json.loads(train), "family": json.loads(own.to_json())}
         return json.dumps(values, sort_keys=True)
-    view = json.loads(TrainSettings.from_json(train).of_family(family).to_json())
+    view = TrainSettings.from_json(train).of_family(family, own.own_settings())
+    view = json.loads(view.to_json())
     return json.dumps({"train": view, "family": json.loads(own.to_json())}, sort_keys=True)
 
 

@@ -43,6 +43,8 @@ CHANGES = {
     "the attention": ({"drafter": {"attention": "mla"}}, {"eagle3"}),
     "an MLA size": ({"drafter": {"kv_lora_rank": 16}}, {"eagle3"}),
     "DFlash's block": ({"dflash": {"block_size": 4}}, {"dflash"}),
+    # DFlash's default head is the target's, frozen whole: it never reads lm_head_init.
+    "lm_head_init": ({"lm_head_init": "target_frozen"}, {"eagle3", "p_eagle"}),
 }
 
 
@@ -69,8 +71,8 @@ def test_a_family_job_reads_back_its_view_and_a_left_out_key_fails_naming_it():
     for family in FAMILIES:
         settings, own = train_job_settings(train_job_settings_json(whole.to_json(), config, family))
         assert own.name == family
-        assert settings == whole.of_family(family)
-        assert settings.of_family(family) == settings  # a view of a view is itself
+        assert settings == whole.of_family(family, own.own_settings())
+        assert settings.of_family(family, own.own_settings()) == settings  # a view's view: itself
         left_out = set(FAMILY_SPECS[family].not_read[0]) | {
             f"drafter.{n}" for n in FAMILY_SPECS[family].not_read[1]
         }
@@ -85,6 +87,20 @@ def test_a_family_job_reads_back_its_view_and_a_left_out_key_fails_naming_it():
     # The variants left out are not set over the target's config: DFlash's are its own.
     assert "fc_norm" not in dflash.drafter.overrides()
     assert whole.of_family("eagle3") == whole
+
+
+def test_a_dflash_with_its_own_head_reads_lm_head_init_and_one_with_the_targets_does_not():
+    def dflash_job(head: str, lm_head_init: str) -> str:
+        train = {**BASE, "dflash": {"head": head}, "lm_head_init": lm_head_init}
+        return job_settings(train)["dflash"]
+
+    assert dflash_job("draft", "target") != dflash_job("draft", "random")
+    assert dflash_job("target", "target") == dflash_job("target", "random")
+    config = validate_config({"train": {**BASE, "lm_head_init": "random"}})
+    job = train_job_settings_json(TrainSettings.from_config(config).to_json(), config, "dflash")
+    settings, _ = train_job_settings(job)
+    with pytest.raises(AttributeError, match=r"train\.lm_head_init is not among"):
+        str(settings.lm_head_init)
 
 
 def test_what_a_family_leaves_out_are_fields_of_the_train_settings():

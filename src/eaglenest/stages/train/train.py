@@ -369,7 +369,7 @@ def train_drafter(
     family = FamilySettings.from_json(family) if isinstance(family, str) else family
     family = family or FamilySettings.eagle3()
     # What the family reads, as its job tracks it: the report and checkpoints record that.
-    settings = settings.of_family(family.name)
+    settings = settings.of_family(family.name, family.own_settings())
     hidden = HiddenSettings.from_json(hidden) if isinstance(hidden, str) else hidden
     runtime = VllmRuntime.from_json(runtime) if isinstance(runtime, str) else runtime
     training = set_up_training(

@@ -233,7 +233,8 @@ def test_job_settings_of_eagle3_are_the_train_settings_alone():
     assert train_job_settings_json(train, config, "eagle3") == train
     for family in FAMILIES:
         settings, own = train_job_settings(train_job_settings_json(train, config, family))
-        assert settings == TrainSettings.from_config(config).of_family(family)
+        whole = TrainSettings.from_config(config)
+        assert settings == whole.of_family(family, own.own_settings())
         assert own.name == family
     _, p_eagle = train_job_settings(train_job_settings_json(train, config, "p_eagle"))
     assert p_eagle.p_eagle.depths == 4  # speculators' P-EAGLE, not ttt_steps
