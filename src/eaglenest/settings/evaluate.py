@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglenest.settings import Settings
 from eaglenest.settings.compared_drafters import check_compared_directory
 from eaglenest.settings.families import family_spec
 from eaglenest.settings.target import TargetSettings
 from eaglenest.settings.vllm import VllmEngine
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass(frozen=True)
@@ -53,37 +56,6 @@ class EvaluateSettings(Settings):
 
 
 @dataclass(frozen=True)
-class CompareSettings(Settings):
-    """What a drafter of evaluate.compare is decoded with: the prompts, depths, K and sampling of
-    the run's own drafter in vLLM (the fields of EvaluateSettings that the engine reads)."""
-
-    ks: tuple[int, ...]
-    depths: tuple[int, ...]
-    live_prompts: int
-    live_max_new_tokens: int
-    device: str
-    seed: int  # train.seed
-    sampled_temperature: float | None  # generation.temperature (the sampled figures)
-    vllm: VllmEngine
-    target: TargetSettings  # path and trust_remote_code
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> CompareSettings:
-        evaluate = EvaluateSettings.from_config(config)
-        return cls(
-            ks=evaluate.ks,
-            depths=evaluate.depths,
-            live_prompts=evaluate.live_prompts,
-            live_max_new_tokens=evaluate.live_max_new_tokens,
-            device=evaluate.device,
-            seed=evaluate.seed,
-            sampled_temperature=evaluate.sampled_temperature,
-            vllm=VllmEngine.from_config(config),
-            target=evaluate.target,
-        )
-
-
-@dataclass(frozen=True)
 class PlainSettings(Settings):
     """What the run's plain decoding in vLLM reads (the rule decode_plain, once per run for every
     evaluation: stages/evaluate/plain.py): the fields of EvaluateSettings its request is made of,
@@ -100,9 +72,20 @@ class PlainSettings(Settings):
     target: TargetSettings  # path and trust_remote_code
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> PlainSettings:
-        evaluate = CompareSettings.from_config(config)
-        return cls(**{name: getattr(evaluate, name) for name in cls.__dataclass_fields__})
+    def from_config(cls, config: Mapping[str, Any]) -> Self:
+        evaluate = EvaluateSettings.from_config(config)
+        fields = {name: getattr(evaluate, name) for name in cls.__dataclass_fields__}
+        # the vllm section whatever evaluate.engine says: these jobs exist only with vLLM
+        return cls(**{**fields, "vllm": VllmEngine.from_config(config)})
+
+
+@dataclass(frozen=True)
+class CompareSettings(PlainSettings):
+    """What a drafter of evaluate.compare is decoded with: the prompts, depths, K and sampling of
+    the run's own drafter in vLLM (the fields of EvaluateSettings that the engine reads): the
+    plain decoding's and the K."""
+
+    ks: tuple[int, ...]
 
 
 def compare_drafters(config: Mapping[str, Any]) -> dict[str, str]:
