@@ -62,7 +62,9 @@ def run_pipeline(
     run = run_config(files)["run"]
     if target:
         shutil.copytree(target, workdir / "results" / run / "target", dirs_exist_ok=True)
-    command = snakemake_command("--until", "evaluate_drafter", cores=cores, configfiles=files)
+    # --rerun-incomplete: a study stopped mid-job resumes (training from its journal)
+    until = ("--until", "evaluate_drafter", "--rerun-incomplete")
+    command = snakemake_command(*until, cores=cores, configfiles=files)
     print(f"families study: {' '.join(command[2:])} (in {workdir})", flush=True)
     env = {**os.environ, "PYTHONPATH": str(workdir / "src")}  # the copy's code
     subprocess.run(command, cwd=workdir, env=env, check=True)
