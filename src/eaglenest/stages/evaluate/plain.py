@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 # change a greedy plain decoding that fits: a run that changes them and retrains a drafter keeps
 # its plain decoding.
 PLACEMENT_KEYS = frozenset({"tensor_parallel_size", "gpu_memory_utilization", "max_model_len"})
+# Those of them that change the engine's speed: a plain decoding placed otherwise (or on another
+# host) gives its tokens and no speed-up.
+TIMED_PLACEMENT_KEYS = ("tensor_parallel_size", "gpu_memory_utilization")
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ def decode_plain(
         shutil.rmtree(work_dir, ignore_errors=True)
     tokens = sum(len(t) for t in answer["tokens"])
     log.info("plain decoding: %d tokens in %.1f s", tokens, answer["wall_s"])
-    write_json(out, {**answer, "request": request})
+    write_json(out, {**answer, "host": socket.gethostname(), "request": request})
     return answer
 
 
@@ -124,10 +128,13 @@ def read_plain(
 ) -> dict[str, Any]:
     """The plain decoding in `path` (decode_plain's file), as vllm_evaluate's `plain`, once the
     request it answered is the one this job would have decoded (prompts, groups, lengths,
-    sampling, target, engine arguments, sets; not PLACEMENT_KEYS); another is a ValueError naming the file and the
-    keys that differ (a bug: rules/evaluate.smk gives both jobs the same settings)."""
+    sampling, target, engine arguments, sets; not PLACEMENT_KEYS); another is a ValueError naming
+    the file and the keys that differ (a bug: rules/evaluate.smk gives both jobs the same
+    settings). Decoded on another host or placement (a cluster's nodes), its wall times are
+    dropped (`untimed`): a speed-up from two machines' clocks compares nothing."""
     record = json.loads(Path(path).read_text())
     answered = record.pop("request", None) or {}
+    host = record.pop("host", None)
     expected = run_plain_request(inputs, settings, runtime, sets)
     differing = sorted(
         key
@@ -140,4 +147,27 @@ def read_plain(
             f"differs in {', '.join(differing)}): decode_plain and the evaluate jobs must read "
             "the same settings (rules/evaluate.smk); delete the file to decode it again"
         )
+    apart = (
+        [f"host {host}, this job's {socket.gethostname()}"]
+        if host not in (None, socket.gethostname())
+        else []
+    )
+    apart += [
+        f"{key} {answered.get(key)}, this job's {expected.get(key)}"
+        for key in TIMED_PLACEMENT_KEYS
+        if answered.get(key) != expected.get(key)
+    ]
+    if apart:
+        reason = f"{path} was decoded apart ({'; '.join(apart)}): no speed-up against it"
+        log.warning("%s", reason)
+        return {**untimed(record), "untimed": reason}
     return record
+
+
+def untimed(answer: Any) -> Any:
+    """`answer` with every wall time (its own, its groups', its sets', sampled) None."""
+    if isinstance(answer, dict):
+        return {k: None if k == "wall_s" else untimed(v) for k, v in answer.items()}
+    if isinstance(answer, list):
+        return [untimed(v) for v in answer]
+    return answer

@@ -220,10 +220,15 @@ def merge(answers: list[dict[str, Any]], wall_s: float | None = None) -> dict[st
     rounds = [r for a in answers for r in (a.get("rounds_per_prompt") or [])]
     return {
         "tokens": [t for a in answers for t in a["tokens"]],
-        "wall_s": wall_s if wall_s is not None else sum(a["wall_s"] for a in answers),
+        "wall_s": wall_s if wall_s is not None else summed([a["wall_s"] for a in answers]),
         "spec": spec,
         "rounds_per_prompt": rounds or None,
     }
+
+
+def summed(times: list[float | None]) -> float | None:
+    """The sum of wall times, None when one is unknown (a plain decoding timed apart)."""
+    return None if None in times else sum(times)  # type: ignore[arg-type]
 
 
 def tagged(

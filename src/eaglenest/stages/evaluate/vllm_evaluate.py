@@ -163,7 +163,7 @@ def acceptance(answer: dict[str, Any], plain: dict[str, Any], k: int) -> dict[st
         identical_to_plain=answer["tokens"] == plain["tokens"],
         spec_wall_s=answer["wall_s"],
         plain_wall_s=plain["wall_s"],
-        speedup=plain["wall_s"] / max(answer["wall_s"], 1e-9),
+        speedup=None if plain["wall_s"] is None else plain["wall_s"] / max(answer["wall_s"], 1e-9),
     )
     return figures.to_json()
 
@@ -303,7 +303,11 @@ def evaluate_in_vllm(
         "engine": "vllm",
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
-        "plain": {"tokens": sum(len(t) for t in plain["tokens"]), "wall_s": plain["wall_s"]},
+        "plain": {
+            "tokens": sum(len(t) for t in plain["tokens"]),
+            "wall_s": plain["wall_s"],
+            **({"untimed": plain["untimed"]} if plain.get("untimed") else {}),
+        },
         "per_k": per_k,
         "by_depth": by_depth,
         "not_served": not_served,

@@ -9,6 +9,7 @@ tests/workflow/ (the workflow with evaluate.engine vllm: tests/engine/test_long_
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +30,7 @@ from eaglenest.settings.vllm import VllmRuntime
 from eaglenest.stages.evaluate.plain import engine_inputs, read_plain, run_plain_request
 from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
 from eaglenest.stages.evaluate.vllm_evaluate import (
+    acceptance,
     engine_arguments,
     request_of,
     sized_request,
@@ -164,11 +166,49 @@ def test_an_evaluation_refuses_a_plain_decoding_of_another_request(
     )
     with pytest.raises(ValueError, match=r"decoding\.json.*differs in max_new_tokens\)"):
         read_plain(path, inputs, shorter, runtime, None)
-    # The engine's placement (vllm.* runtime, untracked) changes no greedy token: still read.
-    placed = {**request, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5}
-    path.write_text(json.dumps({**answer, "request": {**placed, "max_model_len": 4096}}))
+    # The engine's placement (vllm.* runtime, untracked) changes no greedy token: still read
+    # (untimed where it changes the speed: the next test).
+    path.write_text(json.dumps({**answer, "request": {**request, "max_model_len": 4096}}))
     assert read_plain(path, inputs, settings, runtime, None) == answer
+    placed = {**request, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.5}
+    path.write_text(json.dumps({**answer, "request": placed}))
+    assert read_plain(path, inputs, settings, runtime, None)["tokens"] == answer["tokens"]
     other = {**request, "prompts": request["prompts"][:1]}
     path.write_text(json.dumps({**answer, "request": other}))
     with pytest.raises(ValueError, match=rf"{path}: .* differs in prompts"):
         read_plain(path, inputs, settings, runtime, None)
+
+
+def test_a_plain_decoding_timed_apart_gives_no_speedup(
+    demo_target_dir: Path, heldout_tokens: Path, tmp_path: Path
+):
+    """decode_plain on another node (a cluster) or at another tensor-parallel size than the
+    evaluation's K engines: its tokens still check the K engines' outputs, but a speed-up from
+    two machines' clocks is no figure: every wall time of the file is dropped, metrics.json's
+    speedup is null and `engine.plain.untimed` says why. The same host and placement: timed."""
+    config = run_config(demo_target_dir, depths=[])
+    settings = PlainSettings.from_config(config)
+    runtime = VllmRuntime.from_config(config)
+    request = plain_request_of(settings, config, heldout_tokens, None)
+    thinking = ThinkingEvaluation(ThinkingSettings.from_config(config), [])
+    inputs = engine_inputs([heldout_tokens], settings, thinking)
+    answer = {"tokens": [[5, 6], [7]], "wall_s": 1.5, "groups": {"0": {"wall_s": 0.5}}}
+    path = tmp_path / "decoding.json"
+    spec = {"tokens": [[5, 6], [7]], "wall_s": 0.5, "spec": {"drafts": 2, "accepted_tokens": 1}}
+
+    path.write_text(json.dumps({**answer, "host": socket.gethostname(), "request": request}))
+    here = read_plain(path, inputs, settings, runtime, None)
+    assert here == answer and acceptance(spec, here, 3)["speedup"] == pytest.approx(3.0)
+
+    path.write_text(json.dumps({**answer, "host": "node-17", "request": request}))
+    apart = read_plain(path, inputs, settings, runtime, None)
+    assert apart["tokens"] == answer["tokens"] and apart["groups"]["0"]["wall_s"] is None
+    assert "host node-17" in apart["untimed"] and str(path) in apart["untimed"]
+    figures = acceptance(spec, apart, 3)
+    assert figures["identical_to_plain"] and figures["acceptance_length"] == 1.5
+    assert figures["speedup"] is None and figures["plain_wall_s"] is None
+
+    wider = {**request, "tensor_parallel_size": 8}
+    path.write_text(json.dumps({**answer, "host": socket.gethostname(), "request": wider}))
+    placed = read_plain(path, inputs, settings, runtime, None)
+    assert placed["wall_s"] is None and "tensor_parallel_size 8, this job's 1" in placed["untimed"]
