@@ -7,7 +7,9 @@ loop's, the simulated acceptance, the drafter's own time per round and the token
 step in the live loop (this machine's figures: stages/report/choice.py), and the training
 budget (steps, tokens) and held-out accuracy per draft step; then the family fastest on this
 machine (the report's `this_machine`: the report's choice is the serving device's, with
-report.device, docs/report.md). The drafter's time needs `evaluate.live: true`.
+report.device, docs/report.md) and the report's device curve under its stated assumption (each
+family's tokens per target step against the drafter/target ratio, and the crossovers). The
+drafter's time needs `evaluate.live: true`.
 
     python experiments/families.py --configfile config/tests/long-reasoning.yaml \\
         [--set '{"prompts": {"max_samples": 16}}'] [--workdir DIR] [--cores 2] [--json out.json]
@@ -36,6 +38,7 @@ from run_data import REPO, copy_workflow, deep_update, run_config, snakemake_com
 
 from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.report.choice import choose_family, depth_figures
+from eaglenest.stages.report.device_choice import choose_on_device
 from eaglenest.stages.report.inputs import read_token_lengths
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -116,11 +119,15 @@ def table(figures: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def choice_line(run_dir: Path, figures: dict[str, dict[str, Any]]) -> str:
+def run_tokens(run_dir: Path) -> pl.DataFrame | None:
+    """The run's token lengths, which weigh the depths (as the report weighs them)."""
+    shards = sorted((run_dir / "tokens").glob("?????.parquet"))
+    return pl.concat([read_token_lengths(p) for p in shards]) if shards else None
+
+
+def choice_line(tokens: pl.DataFrame | None, figures: dict[str, dict[str, Any]]) -> str:
     """The family fastest on this machine (the report's `this_machine`, not its choice: that
     needs the serving device's timings), its depths weighted by the run's answers."""
-    shards = sorted((run_dir / "tokens").glob("?????.parquet"))
-    tokens = pl.concat([read_token_lengths(p) for p in shards]) if shards else None
     summary = choose_family({f: found["eval"] for f, found in figures.items()}, tokens)
     choice = summary["choice"]
     if choice is None:
@@ -130,6 +137,29 @@ def choice_line(run_dir: Path, figures: dict[str, dict[str, Any]]) -> str:
         f"{choice['tokens_per_target_step']:.3f} tokens per target step "
         f"(depth weights {choice['depth_weights']})"
     )
+
+
+def device_lines(tokens: pl.DataFrame | None, figures: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's device curve without device timings (report/summary.json's `curve` and
+    `crossovers` under its stated assumption): each family's tokens per target step at the
+    curve's first ratio, the one nearest 0.05 and its last, and where the leader changes."""
+    summary = choose_on_device({f: found["eval"] for f, found in figures.items()}, None, tokens)
+    curve = summary.get("curve")
+    if not curve:
+        return [f"device curve: none ({summary.get('why_none')})"]
+    ratios = curve["ratios"]
+    picks = [0, min(range(len(ratios)), key=lambda i: abs(ratios[i] - 0.05)), len(ratios) - 1]
+    at = " / ".join(f"{ratios[i]:.3g}" for i in picks)
+    lines = [f"device curve ({curve['assumed']}); tokens per target step at r = {at}:"]
+    for family, found in curve["families"].items():
+        rates = " / ".join(f"{found['tokens_per_target_step'][i]:.2f}" for i in picks)
+        lines.append(f"  {family} (K {found['k']} at r = 0.05): {rates}")
+    for cross in summary.get("crossovers") or []:
+        lines.append(
+            f"  crossover at r = {cross['ratio']:.3f}: {cross['below']} K={cross['k_below']} "
+            f"below, {cross['above']} K={cross['k_above']} above"
+        )
+    return lines
 
 
 def main() -> None:
@@ -154,7 +184,9 @@ def main() -> None:
         if not figures:
             raise SystemExit(f"families study: no drafter*/ with eval*/ in {run_dir}")
         print("\n".join(table(figures)), flush=True)
-        print(choice_line(run_dir, figures), flush=True)
+        tokens = run_tokens(run_dir)
+        print(choice_line(tokens, figures), flush=True)
+        print("\n".join(device_lines(tokens, figures)), flush=True)
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
