@@ -38,7 +38,7 @@ from run_data import REPO, copy_workflow, deep_update, run_config, snakemake_com
 
 from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.report.choice import choose_family, depth_figures
-from eaglenest.stages.report.device_choice import choose_on_device
+from eaglenest.stages.report.device_choice import ASSUMED_RATIO, choose_on_device
 from eaglenest.stages.report.inputs import read_token_lengths
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -142,18 +142,19 @@ def choice_line(tokens: pl.DataFrame | None, figures: dict[str, dict[str, Any]])
 def device_lines(tokens: pl.DataFrame | None, figures: dict[str, dict[str, Any]]) -> list[str]:
     """The report's device curve without device timings (report/summary.json's `curve` and
     `crossovers` under its stated assumption): each family's tokens per target step at the
-    curve's first ratio, the one nearest 0.05 and its last, and where the leader changes."""
+    curve's first ratio, the one nearest ASSUMED_RATIO (the table's) and its last, and where the leader changes."""
     summary = choose_on_device({f: found["eval"] for f, found in figures.items()}, None, tokens)
     curve = summary.get("curve")
     if not curve:
         return [f"device curve: none ({summary.get('why_none')})"]
     ratios = curve["ratios"]
-    picks = [0, min(range(len(ratios)), key=lambda i: abs(ratios[i] - 0.05)), len(ratios) - 1]
+    nearest = min(range(len(ratios)), key=lambda i: abs(ratios[i] - ASSUMED_RATIO))
+    picks = [0, nearest, len(ratios) - 1]
     at = " / ".join(f"{ratios[i]:.3g}" for i in picks)
     lines = [f"device curve ({curve['assumed']}); tokens per target step at r = {at}:"]
     for family, found in curve["families"].items():
         rates = " / ".join(f"{found['tokens_per_target_step'][i]:.2f}" for i in picks)
-        lines.append(f"  {family} (K {found['k']} at r = 0.05): {rates}")
+        lines.append(f"  {family} (K {found['k']} at r = {ASSUMED_RATIO:g}): {rates}")
     for cross in summary.get("crossovers") or []:
         lines.append(
             f"  crossover at r = {cross['ratio']:.3f}: {cross['below']} K={cross['k_below']} "

@@ -26,7 +26,12 @@ from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.settings.families import FAMILIES
 from eaglenest.stages.evaluate.families import load_family
-from eaglenest.stages.evaluate.simulated import PREDICTIONS, chain_positions, shifted_stack
+from eaglenest.stages.evaluate.simulated import (
+    PREDICTIONS,
+    chain_positions,
+    greedy_target_ids,
+    shifted_stack,
+)
 
 
 def per_sample(run_dir: Path, shards: list[str], family: str) -> pl.DataFrame:
@@ -47,9 +52,7 @@ def per_sample(run_dir: Path, shards: list[str], family: str) -> pl.DataFrame:
             batch = signal.fill(build_batch(refs, plan.shards, plan.aux_layer_ids))
             lengths = torch.tensor([r.length for r in refs])
             drafted = batch.loss_mask.bool()
-            # The target's greedy token at each position, as a target id (-1: outside the vocab).
-            greedy = batch.target_logits.argmax(-1)
-            greedy = torch.where(batch.in_draft_vocab, signal.draft_ids[greedy], -1)
+            greedy = greedy_target_ids(batch, signal)
             agrees = greedy[:, :-1] == batch.input_ids[:, 1:]
             greedy_next = shifted_stack(greedy, 1, 1)
             start = chain_positions(batch.loss_mask, lengths, 1)

@@ -147,11 +147,8 @@ def read_plain(
             f"differs in {', '.join(differing)}): decode_plain and the evaluate jobs must read "
             "the same settings (rules/evaluate.smk); delete the file to decode it again"
         )
-    apart = (
-        [f"host {host}, this job's {socket.gethostname()}"]
-        if host not in (None, socket.gethostname())
-        else []
-    )
+    here = socket.gethostname()
+    apart = [f"host {host}, this job's {here}"] if host not in (None, here) else []
     apart += [
         f"{key} {answered.get(key)}, this job's {expected.get(key)}"
         for key in TIMED_PLACEMENT_KEYS

@@ -228,7 +228,8 @@ def merge(answers: list[dict[str, Any]], wall_s: float | None = None) -> dict[st
 
 def summed(times: list[float | None]) -> float | None:
     """The sum of wall times, None when one is unknown (a plain decoding timed apart)."""
-    return None if None in times else sum(times)  # type: ignore[arg-type]
+    known = [t for t in times if t is not None]
+    return sum(known) if len(known) == len(times) else None
 
 
 def tagged(

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from eaglenest.capture.reader import ask_ahead
-from eaglenest.drafter.batches import BatchPlan, TargetSignal, build_batch
+from eaglenest.drafter.batches import Batch, BatchPlan, TargetSignal, build_batch
 from eaglenest.drafter.dflash.decode import DFlashContext, draft_blocks, extend_context
 from eaglenest.drafter.dflash.model import DFlashDrafter
 from eaglenest.drafter.eagle3.model import Eagle3Drafter
@@ -101,6 +101,13 @@ def shifted_stack(x: torch.Tensor, first: int, k: int, fill: int = -1) -> torch.
     return torch.stack([padded[:, first + i : first + i + t] for i in range(k)], dim=-1)
 
 
+def greedy_target_ids(batch: Batch, signal: TargetSignal) -> torch.Tensor:
+    """The target's greedy token at each position of a filled batch (on the CPU), as a target
+    id; -1 where it is outside the draft vocabulary."""
+    greedy_draft = batch.target_logits.argmax(-1).cpu()
+    return torch.where(batch.in_draft_vocab.cpu(), signal.draft_ids.cpu()[greedy_draft], -1)
+
+
 @torch.no_grad()
 def simulate(
     proposers: dict[str, Drafter | int],
@@ -128,9 +135,7 @@ def simulate(
         on_device = signal.fill(build_batch(refs, plan.shards, plan.aux_layer_ids).to(device))
         batch = on_device.to("cpu")
         lengths = torch.tensor([r.length for r in refs])
-        # The target's greedy token at each position, as a target id (-1: outside the draft vocab).
-        greedy_draft = batch.target_logits.argmax(-1)
-        greedy = torch.where(batch.in_draft_vocab, signal.draft_ids.cpu()[greedy_draft], -1)
+        greedy = greedy_target_ids(batch, signal)
         greedy_next = shifted_stack(greedy, 1, kmax)  # what step i must match
         data_next = shifted_stack(batch.input_ids, 2, kmax)  # the input of step i + 1
         for name, proposer in proposers.items():
