@@ -253,22 +253,29 @@ def test_a_capture_server_whose_engine_dies_mid_run_is_restarted_and_the_run_com
     storage, url = server["storage"], server["url"]
     hidden = workdir / "results" / SMALL_RUN / "hidden"
     shard = "00000"
-    target, samples = recapture(workdir, shard)
     starts = engine_starts(server["log"])
-    job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)  # fmt: skip
-    try:
-        before = finished_requests(url)
-        done = wait_for_requests(url, before + 2, timeout_s=600) - before
-        core = engine_core(server["process"].pid)
-        assert core is not None, "no VLLM::EngineCore under serve-capture"
-        os.kill(core, signal.SIGKILL)
-        killed_at = time.monotonic()
-        output, _ = job.communicate(timeout=900)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    # On a loaded machine the shard's 20 requests can pass between two polls of the metrics:
+    # then no kill (no restart spent) and the shard is captured again, up to three times.
+    for _ in range(3):
+        target, samples = recapture(workdir, shard)
+        job = subprocess.Popen(snakemake_command(workdir, target), cwd=workdir,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)  # fmt: skip
+        try:
+            before = finished_requests(url)
+            done = wait_for_requests(url, before + 2, timeout_s=600) - before
+            if done >= samples:
+                job.communicate(timeout=900)
+                continue
+            core = engine_core(server["process"].pid)
+            assert core is not None, "no VLLM::EngineCore under serve-capture"
+            os.kill(core, signal.SIGKILL)
+            killed_at = time.monotonic()
+            output, _ = job.communicate(timeout=900)
+            break
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
     assert 2 <= done < samples, f"the kill came after {done} of {samples} requests"
     assert job.returncode == 0, output[-3000:] + job_logs(workdir)
     assert engine_starts(server["log"]) == starts + 1, "the server was not restarted once"
