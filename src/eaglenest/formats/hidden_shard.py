@@ -258,7 +258,13 @@ def check_readable(path: str | Path) -> None:
 class HiddenShard:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._file = safe_open(str(self.path), framework="pt")
+        try:
+            self._file = safe_open(str(self.path), framework="pt")
+        except Exception as error:  # SafetensorError, OSError: the path is wanted in either
+            raise ValueError(
+                f"{self.path}: not a readable safetensors file ({error}); a hidden-state "
+                f"shard half written or copied? Delete it and rerun its capture"
+            ) from error
         self.metadata: dict[str, str] = self._file.metadata() or {}
         if self.metadata.get("format") != FORMAT:
             raise ValueError(

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 RENDEZVOUS_PORT = 29400  # torchrun's own default for c10d, on the allocation's first node
 ENTRY_MODULE = "eaglenest.stages.train.train"  # its main(): one process of the group
+LOG_TAIL_CHARS = 6000  # of the group's log, in the error a failed group raises
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,18 @@ def setup_processes(device: str) -> Processes:
         device = f"cuda:{local_rank}"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Processes(rank=rank, world_size=world_size, device=device)
+
+
+def leave_processes() -> None:
+    """The end of one process of torchrun's group: all wait for the last (rank 0 exports after
+    the others are done), then leave together. Without the barrier a process that leaves while
+    its peer still holds gloo's connections aborts ("terminate called without an active
+    exception", SIGABRT: a finished run reported failed, seen on a loaded machine)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def all_reduce_sum(values: list[float], processes: Processes) -> list[float]:
@@ -167,6 +180,21 @@ def multi_node_command(settings: TrainSettings, args_file: Path, environ=os.envi
     return [*srun, *torchrun_command(settings, args_file, rendezvous, f"eaglenest-{job_id}")]
 
 
+def group_failure(log_text: str) -> str:
+    """The end of a failed group's log without the agent's own Python traceback (which only
+    says that a process failed): the processes' errors (torch prefixes each line `[rankN]:`),
+    what they printed last, and the agent's summary of which rank failed how."""
+    kept, in_agent_traceback = [], False
+    for line in log_text.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            in_agent_traceback = True
+        if not in_agent_traceback:
+            kept.append(line)
+        if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+            in_agent_traceback = False
+    return "\n".join(kept)[-LOG_TAIL_CHARS:]
+
+
 def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
     """train_drafter in `settings.gpus` processes on each of `settings.nodes` nodes (DDP);
     their output goes to log_path."""
@@ -177,4 +205,14 @@ def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_p
         command = multi_node_command(settings, args_file)
     log.info("running %s", " ".join(command))
     with open(log_path, "a") as stream:
-        subprocess.run(command, check=True, stdout=stream, stderr=stream)
+        start = stream.tell()
+        finished = subprocess.run(command, check=False, stdout=stream, stderr=stream)
+    if finished.returncode != 0:
+        with open(log_path) as stream:
+            stream.seek(start)
+            said = stream.read()
+        raise RuntimeError(
+            f"torchrun exited with {finished.returncode} ({settings.nodes} node(s) x "
+            f"{settings.gpus} process(es)); the end of its log {log_path}:\n"
+            f"{group_failure(said)}"
+        )

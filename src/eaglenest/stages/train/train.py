@@ -58,6 +58,7 @@ from eaglenest.stages.train.distributed import (
     Processes,
     autocast,
     data_parallel,
+    leave_processes,
     run_under_torchrun,  # noqa: F401 (scripts and tests reach the launch through this module)
     setup_processes,
 )
@@ -460,10 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     # The job's threads (its rule's, from the adapter's use_threads), shared by its processes.
     use_threads(job_threads() // int(os.environ.get("WORLD_SIZE", "1")))
     train_drafter(**spec["arguments"], settings=TrainSettings.from_dict(spec["settings"]))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    leave_processes()
 
 
 if __name__ == "__main__":

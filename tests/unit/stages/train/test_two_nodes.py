@@ -117,3 +117,17 @@ def test_two_agents_as_two_nodes_train_as_one_agent_with_two_processes(tmp_path)
         f"losses {[round(x, 4) for _, x in trace_one]} vs {[round(x, 4) for _, x in trace_two]}, "
         f"largest weight difference {worst:.2e}; {two_s:.1f} s vs {one_s:.1f} s"
     )
+
+
+def test_a_group_that_fails_raises_with_the_end_of_its_log(tmp_path):
+    """A process of the group that dies gives an error naming the log and holding its end (the
+    processes' own traceback), not a bare exit status with the reason left in a file."""
+    results = tmp_path / "run"
+    write_synthetic_run(results, SIZE, samples=8, shards=2)
+    (results / "00000.safetensors").write_bytes(b"not a safetensors file")
+    log = tmp_path / "group.log"
+    with pytest.raises(RuntimeError, match="torchrun exited with 1") as failed:
+        run_under_torchrun(settings(results, gpus=2), arguments(results, tmp_path), str(log))
+    message = str(failed.value)
+    assert str(log) in message and "00000.safetensors" in message
+    assert message.splitlines()[-1] in log.read_text()
