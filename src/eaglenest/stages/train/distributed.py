@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 RENDEZVOUS_PORT = 29400  # torchrun's own default for c10d, on the allocation's first node
 ENTRY_MODULE = "eaglenest.stages.train.train"  # its main(): one process of the group
-LOG_TAIL_CHARS = 6000  # of the group's log, in the error a failed group raises
+GROUP_ERROR_CHARS = 6000  # of the group's log, in the error a failed group raises
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def group_failure(log_text: str) -> str:
             kept.append(line)
         if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
             in_agent_traceback = False
-    return "\n".join(kept)[-LOG_TAIL_CHARS:]
+    return "\n".join(kept)[-GROUP_ERROR_CHARS:]
 
 
 def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
