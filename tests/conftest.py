@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from support.cpu_log import cpu_logged
 from support.lanes import COLLECTED, guarded
-from support.workers import ModuleScheduling, built_once, order_for_workers, use_worker_cores
+from support.workers import (
+    CACHE_DIR,
+    ModuleScheduling,
+    built_once,
+    order_for_workers,
+    use_worker_cores,
+)
 from support.workflow import SMALL_DEMO, copy_run, copy_workflow_with_target, job_logs, snakemake
 
 # The small demo target (config/tests/demo-small.yaml, one source for the unit tests' target and
@@ -85,6 +92,9 @@ def finished_run_copy(finished_run: Path, tmp_path: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     use_worker_cores()
+    # The code versions' parses (eaglenest.common.code_version) go to the checkout's own cache,
+    # shared by the workers and every Snakemake the suite starts, never the user's.
+    os.environ.setdefault("EAGLENEST_CACHE_DIR", str(CACHE_DIR.parent / "eaglenest"))
 
 
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs the suite in one process

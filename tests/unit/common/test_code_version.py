@@ -419,3 +419,55 @@ def test_the_demo_server_is_cut_where_excluded():
 
 def test_the_demo_target_hashes_its_chat_template():
     assert "demo/chat_template.jinja" in module_closure(["demo.target"])
+
+
+# ---- The disk cache: what one process parsed, the next reads --------------------------------
+
+VERSION_IN_A_PROCESS = """
+import ast, sys
+from pathlib import Path
+from eaglenest.common.code_version import script_code_version
+if sys.argv[3] == "without-parsing":
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsed although cached")
+    ast.parse = refuse
+print(script_code_version(Path(sys.argv[1]), package_dir=Path(sys.argv[2])))
+"""
+
+
+def test_a_version_from_the_disk_cache_equals_one_computed_without_it(tmp_path):
+    """As separate `snakemake` commands: the first parses and keeps what it found, the next
+    parses nothing and gives the same version; an edit is parsed again (the cache keys are the
+    files' bytes), and a cache file that cannot be read is computed past and written anew."""
+    pkg = package(
+        tmp_path,
+        {"a.py": 'import pkg.b\nTEMPLATE = "t.jinja"\n', "b.py": "Y = 2\n", "t.jinja": "{{ x }}"},
+    )
+    script = tmp_path / "s.py"
+    script.write_text("from pkg.a import TEMPLATE\nprint(TEMPLATE)\n")
+    cache = tmp_path / "cache"
+
+    def version(cache_dir: str, mode: str = "parse") -> str:
+        env = {**os.environ, "EAGLENEST_CACHE_DIR": cache_dir}
+        done = subprocess.run([sys.executable, "-c", VERSION_IN_A_PROCESS, str(script), str(pkg),
+                               mode], env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    cold = version("off")
+    assert version(str(cache)) == cold
+    [kept] = cache.glob("code-versions-*.json")
+    assert len(json.loads(kept.read_text())["modules"]) == 3  # s.py, a.py, b.py
+    assert version(str(cache), "without-parsing") == cold
+
+    for name, text in (("b.py", "Y = 3\n"), ("t.jinja", "{{ y }}")):
+        (pkg / name).write_text(text)
+        edited = version(str(cache))
+        assert edited != cold and edited == version("off")
+        cold = edited
+    (pkg / "b.py").write_text("# why\nY = 3\n")  # a comment: parsed again, the same version
+    assert version(str(cache)) == cold
+
+    kept.write_text('{"modules": [')
+    assert version(str(cache)) == cold
+    assert version(str(cache), "without-parsing") == cold
