@@ -45,7 +45,7 @@ from pathlib import Path, PurePosixPath
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SHAPES_NO_OUTPUT = ("common.logs", "common.gpus")
 CACHE_ENV = "EAGLENEST_CACHE_DIR"
-CACHE_ENTRIES = 20_000  # a file's entries past this, the oldest half goes (edits add entries)
+CACHE_ENTRIES = 2_000  # past this, the oldest half goes (edits add entries; ~1 KB a module)
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:

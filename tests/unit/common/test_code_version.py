@@ -471,3 +471,22 @@ def test_a_version_from_the_disk_cache_equals_one_computed_without_it(tmp_path):
     kept.write_text('{"modules": [')
     assert version(str(cache)) == cold
     assert version(str(cache), "without-parsing") == cold
+
+
+def test_the_disk_cache_keeps_its_newest_entries_within_its_bound(tmp_path, monkeypatch):
+    """Every edit adds entries: past the bound the oldest half goes, and what stays still gives
+    the versions."""
+    import eaglenest.common.code_version as versions
+
+    monkeypatch.setenv("EAGLENEST_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(versions, "CACHE_ENTRIES", 6)
+    pkg = package(tmp_path, {"a.py": "X = 0\n"})
+    script = tmp_path / "s.py"
+    script.write_text("from pkg.a import X\n")
+    for value in range(9):  # each edit: a new a.py entry and a new version, 10 of each
+        (pkg / "a.py").write_text(f"X = {value}\n")
+        last = script_code_version(script, package_dir=pkg)
+    [kept] = (tmp_path / "cache").glob("code-versions-*.json")
+    held = json.loads(kept.read_text())
+    assert len(held["modules"]) <= 6 and len(held["versions"]) <= 6
+    assert script_code_version(script, package_dir=pkg) == last
