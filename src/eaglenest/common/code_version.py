@@ -121,7 +121,10 @@ def cache_dir() -> Path | None:
         return None
     if chosen:
         return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # no home directory (a bare job environment): no cache
+        return None
     return Path(base) / "eaglenest"
 
 
