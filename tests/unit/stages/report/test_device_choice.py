@@ -68,15 +68,13 @@ def test_the_family_chosen_on_the_device_and_its_curve_by_hand():
     )
     # EAGLE-3 meets P-EAGLE where 3 (1.1 + r) = 2 (1.1 + 3 r): r = 1.1 / 3; P-EAGLE meets
     # DFlash at r = 0.22 / 1.8 below EAGLE-3 (no change of the best), EAGLE-3 meets DFlash past 1.
-    assert summary["crossovers"] == [
-        {
-            "ratio": pytest.approx(1.1 / 3),
-            "below": "eagle3",
-            "above": "p_eagle",
-            "k_below": 3,
-            "k_above": 3,
-        }
-    ]
+    assert summary["crossovers"] == [crossover(1.1 / 3, ("eagle3", 3), ("p_eagle", 3))]
+
+
+def crossover(ratio: float, below: tuple[str, int], above: tuple[str, int]) -> dict:
+    """A crossover as the summary lists it: the family and K best below the ratio and above."""
+    return {"ratio": pytest.approx(ratio), "below": below[0], "above": above[0],
+            "k_below": below[1], "k_above": above[1]}  # fmt: skip
 
 
 def per_k_metrics(by_k: dict[str, tuple[list[int], list[int]]]) -> dict:
@@ -110,15 +108,7 @@ def test_the_curve_re_picks_each_familys_k_along_the_ratio_by_hand():
     # EAGLE-3 at K=7 meets DFlash at K=7 where 4 (1 + r) = 3 (1 + 7r): r = 1/17. At its K of
     # the device's ratio (3) alone, EAGLE-3 would meet DFlash nowhere in (0, 1] (3 (1 + r) =
     # 3 (1 + 3r) at r = 0): the crossover is there only because K is re-picked along r.
-    assert summary["crossovers"] == [
-        {
-            "ratio": pytest.approx(1 / 17),
-            "below": "eagle3",
-            "above": "dflash",
-            "k_below": 7,
-            "k_above": 7,
-        }
-    ]
+    assert summary["crossovers"] == [crossover(1 / 17, ("eagle3", 7), ("dflash", 7))]
 
 
 def test_the_margins_interval_by_hand():
