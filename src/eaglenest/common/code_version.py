@@ -227,7 +227,7 @@ def _parse(path: Path, relative: PurePosixPath, package: str) -> _PythonSource:
     return _PARSED[key]
 
 
-def source_fingerprint(path: Path, package_dir: Path | None = None) -> bytes:
+def source_fingerprint(path: Path) -> bytes:
     """What of a file matters for its behaviour: the AST for Python, the bytes otherwise."""
     content = path.read_bytes()
     if path.suffix != ".py":
@@ -247,7 +247,7 @@ def code_version(modules: Iterable[str], package_dir: Path = PACKAGE_DIR) -> str
             raise FileNotFoundError(
                 f"code_version: {path} does not exist (check the stage's module list)"
             )
-        digest.update(name.encode() + b"\0" + source_fingerprint(path, package_dir) + b"\0")
+        digest.update(name.encode() + b"\0" + source_fingerprint(path) + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -180,19 +180,21 @@ def multi_node_command(settings: TrainSettings, args_file: Path, environ=os.envi
     return [*srun, *torchrun_command(settings, args_file, rendezvous, f"eaglenest-{job_id}")]
 
 
+AGENT_FAILURE = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
 def group_failure(log_text: str) -> str:
-    """The end of a failed group's log without the agent's own Python traceback (which only
-    says that a process failed): the processes' errors (torch prefixes each line `[rankN]:`),
-    what they printed last, and the agent's summary of which rank failed how."""
-    kept, in_agent_traceback = [], False
-    for line in log_text.splitlines():
-        if line.startswith("Traceback (most recent call last):"):
-            in_agent_traceback = True
-        if not in_agent_traceback:
-            kept.append(line)
-        if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
-            in_agent_traceback = False
-    return "\n".join(kept)[-GROUP_ERROR_CHARS:]
+    """The end of a failed group's log without the agent's own Python traceback, the one that
+    ends in ChildFailedError (it only says that a process failed): the processes' errors (torch
+    prefixes each line `[rankN]:`), what they printed last, and the agent's summary of which
+    rank failed how. Any other traceback stays."""
+    lines = log_text.splitlines()
+    ends = [i for i, line in enumerate(lines) if line.startswith(AGENT_FAILURE)]
+    if ends:
+        starts = [i for i, line in enumerate(lines[: ends[-1]]) if line.startswith("Traceback")]
+        if starts:
+            lines = lines[: starts[-1]] + lines[ends[-1] + 1 :]
+    return "\n".join(lines)[-GROUP_ERROR_CHARS:]
 
 
 def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_path: str) -> None:
@@ -208,7 +210,7 @@ def run_under_torchrun(settings: TrainSettings, arguments: dict[str, Any], log_p
         start = stream.tell()
         finished = subprocess.run(command, check=False, stdout=stream, stderr=stream)
     if finished.returncode != 0:
-        with open(log_path) as stream:
+        with open(log_path, errors="replace") as stream:
             stream.seek(start)
             said = stream.read()
         raise RuntimeError(

@@ -131,3 +131,26 @@ def test_a_group_that_fails_raises_with_the_end_of_its_log(tmp_path):
     message = str(failed.value)
     assert str(log) in message and "00000.safetensors" in message
     assert message.splitlines()[-1] in log.read_text()
+
+
+def test_the_error_of_a_group_leaves_out_the_agents_traceback_alone():
+    """Only the traceback that ends in the agent's ChildFailedError goes: a process's own
+    traceback printed without torch's prefix stays, and so does the summary after it."""
+    from eaglenest.stages.train.distributed import group_failure
+
+    log = """step 4
+Traceback (most recent call last):
+  File "worker.py", line 3, in <module>
+ValueError: the process's own error
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+  exitcode  : -6 (pid: 30256)  (SIGABRT)
+"""
+    kept = group_failure(log)
+    assert "ValueError: the process's own error" in kept and "SIGABRT" in kept
+    assert "torch/distributed/run.py" not in kept and "ChildFailedError" not in kept
+    assert group_failure("Traceback (most recent call last):\nboom") == (
+        "Traceback (most recent call last):\nboom"  # no agent failure: everything stays
+    )
