@@ -25,6 +25,7 @@ rule build_report:
         train_metrics=REPORT_FAMILY_FILES["train_metrics"],
         train_report=REPORT_FAMILY_FILES["train_report"],
         eval_metrics=REPORT_FAMILY_FILES["eval_metrics"],
+        drafter_config=REPORT_FAMILY_FILES["drafter_config"],
         # evaluate.compare: the drafters trained elsewhere, beside the run's own
         compare=get_compare_outputs(),
         hidden_verify=get_hidden_verification(),

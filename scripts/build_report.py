@@ -22,4 +22,5 @@ with log_to(snakemake.log[0]):
         run=snakemake.params.run,
         summary=snakemake.output.summary,
         device=report.device,
+        collapse_ratio=report.collapse_ratio,
     )

@@ -122,6 +122,7 @@ class LiveFigures(DecodedFigures):
     acceptance_length: float = typed("number", required=True)
     rounds: int | None = typed("int")
     rounds_per_prompt: list[int] | None = typed("numbers")  # to compare with the engine's
+    per_prompt: list[float | None] | None = typed("any")  # each prompt's acceptance length
     # Accepted at draft position i / drafted at i, and the two counts.
     per_position_acceptance: list[float] | None = typed("numbers")
     accepted_per_position: list[int] | None = typed("numbers")
@@ -218,6 +219,10 @@ class DepthLiveFigures(DecodedFigures):
 
     acceptance_length: float | None = typed("any")
     rounds: int | None = typed("any")
+    # Each prompt's acceptance length (None: no round) and rounds, where the loop kept them:
+    # what the report's interval by depth is drawn from (report/depth_health.py).
+    per_prompt: list[float | None] | None = typed("any")
+    rounds_per_prompt: list[int] | None = typed("any")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,6 +252,8 @@ class DepthEngineFigures(DecodedFigures):
     # what the report's choice bootstraps over at each depth (report/device_acceptance.py).
     rounds_per_prompt: list[int] | None = typed("any")
     emitted_per_prompt: list[int] | None = typed("any")
+    # Each prompt's acceptance length, 1 + accepted / steps (the spread's, spread.py).
+    per_prompt: list[float | None] | None = typed("any")
 
 
 @dataclass(frozen=True, kw_only=True)

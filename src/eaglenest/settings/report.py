@@ -27,6 +27,7 @@ from eaglenest.settings import Settings
 from eaglenest.settings.families import FAMILIES
 
 KEY = "report.device"
+COLLAPSE_RATIO = 0.7  # config/schema.yaml's report.collapse_ratio
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,22 @@ class DeviceTimings(Settings):
 
 @dataclass(frozen=True)
 class ReportSettings(Settings):
-    """`report`: the device timings (None: this machine's alone, no family chosen)."""
+    """`report`: the device timings (None: this machine's alone, no family chosen), and the
+    share of the earliest depth's acceptance below which a depth is a collapse
+    (stages/report/depth_health.py)."""
 
     SECTION = "report"
 
     device: DeviceTimings | None
+    collapse_ratio: float
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ReportSettings:
-        section = (config.get("report") or {}).get("device")
-        return cls(device=device_timings(section) if section else None)
+        report = config.get("report") or {}
+        section = report.get("device")
+        # The schema's default, for a config built by hand (validate_config fills it in).
+        ratio = report.get("collapse_ratio", COLLAPSE_RATIO)
+        return cls(device=device_timings(section) if section else None, collapse_ratio=ratio)
 
 
 def read_timings_file(path: str | Path, batch: int) -> dict[str, Any]:

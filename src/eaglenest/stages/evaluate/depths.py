@@ -86,6 +86,9 @@ def _live_row(figures: dict[str, Any] | None) -> DepthLiveFigures | None:
         # The target's: its verification a round, and its plain greedy step (the report's unit).
         target_s_per_round=figures.get("target_s_per_round"),
         greedy_s_per_token=figures.get("greedy_s_per_token"),
+        # Per prompt: its acceptance length and rounds (the report's interval over prompts).
+        per_prompt=figures.get("per_prompt"),
+        rounds_per_prompt=figures.get("rounds_per_prompt"),
     )
 
 
@@ -98,6 +101,7 @@ def _engine_row(figures: dict[str, Any] | None) -> DepthEngineFigures | None:
         # Its temperature and its spread over prompts (stages/evaluate/spread.py), where measured.
         temperature=figures.get("temperature"),
         ci95=(figures.get("spread") or {}).get("ci95"),
+        per_prompt=(figures.get("spread") or {}).get("per_prompt"),
         rounds_per_prompt=figures.get("rounds_per_prompt"),
         emitted_per_prompt=figures.get("emitted_per_prompt"),
     )

@@ -90,6 +90,8 @@ def live(
             rounds=len(rounds),
             # Per prompt, to compare with the engine's per request (vllm_evaluate.py).
             rounds_per_prompt=[len(r.accept_lengths) for r in done],
+            # Each prompt's acceptance length: the report's interval over prompts by depth.
+            per_prompt=[prompt_acceptance(r) for r in done],
             drafter_s_per_round=sum(r.draft_s for r in done) / max(len(rounds), 1),
             target_s_per_round=verify_s[name, k] / max(len(rounds), 1),
             # The unit of target time the report's choice counts in (docs/report.md).
@@ -107,6 +109,11 @@ def live(
         results[name][str(k)] = figures.to_json()
         log.info("live %s K=%d: %s", name, k, results[name][str(k)])
     return results
+
+
+def prompt_acceptance(run: Generation) -> float | None:
+    """One prompt's acceptance length: its rounds' mean (None: no round, nothing drafted)."""
+    return float(np.mean(run.accept_lengths)) if run.accept_lengths else None
 
 
 def per_position_acceptance(runs: list[Generation], k: int) -> dict[str, list]:

@@ -26,6 +26,7 @@ class FamilyRun:
     heldout_lines: list[dict] | None = None
     train_report: dict | None = None
     eval: dict | None = None
+    drafter_config: dict | None = None  # drafter{suffix}/config.json, as exported
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RunData:
     heldout_lines: list[dict] | None
     train_report: dict | None
     eval: dict | None
+    drafter_config: dict | None = None  # the first family's drafter config.json
     hidden_verify: dict | None = None  # hidden/verify.json: vLLM against transformers per layer
     family: str = "eagle3"
     families: dict[str, FamilyRun] = field(default_factory=dict)

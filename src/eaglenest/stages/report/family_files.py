@@ -20,6 +20,8 @@ FAMILY_FILES = {
     "train_metrics": "drafter{suffix}/metrics.jsonl",
     "train_report": "drafter{suffix}/train_report.json",
     "eval_metrics": "eval{suffix}/metrics.json",
+    # The drafter's positions, window and rope: where a fall by depth may be a configured cliff.
+    "drafter_config": "drafter{suffix}/config.json",
 }
 
 

@@ -73,6 +73,7 @@ class RunFiles:
     train_metrics: list[Path] = field(default_factory=list)
     train_report: list[Path] = field(default_factory=list)
     eval_metrics: list[Path] = field(default_factory=list)
+    drafter_config: list[Path] = field(default_factory=list)
     hidden_verify: Path | None = None  # hidden/verify.json, with hidden.verify_samples
     compare: list[Path] = field(default_factory=list)  # eval_compare/{name}.json (evaluate.compare)
 
@@ -281,6 +282,8 @@ def read_families(files: RunFiles) -> dict[str, FamilyRun]:
         runs.setdefault(_family_of(path), FamilyRun()).train_report = read_train_report(path)
     for path in files.eval_metrics:
         runs.setdefault(_family_of(path), FamilyRun()).eval = read_eval_metrics(path)
+    for path in files.drafter_config:
+        runs.setdefault(_family_of(path), FamilyRun()).drafter_config = read_json_object(path)
     return {family: runs[family] for family in FAMILIES if family in runs}
 
 
@@ -309,6 +312,7 @@ def load_run(files: RunFiles) -> RunData:
         heldout_lines=own.heldout_lines,
         train_report=own.train_report,
         eval=own.eval,
+        drafter_config=own.drafter_config,
         hidden_verify=read_json_object(files.hidden_verify) if files.hidden_verify else None,
         family=family,
         families=families,

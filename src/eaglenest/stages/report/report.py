@@ -35,10 +35,11 @@ from typing import Any
 
 from eaglenest.common.io import atomic_path, write_json
 from eaglenest.settings.families import family_suffix
-from eaglenest.settings.report import DeviceTimings
+from eaglenest.settings.report import COLLAPSE_RATIO, DeviceTimings
 from eaglenest.stages.report.acceptance import section_acceptance
 from eaglenest.stages.report.choice import choose_family
 from eaglenest.stages.report.data import RunData
+from eaglenest.stages.report.depth_health import depth_health, health_html
 from eaglenest.stages.report.device_choice import choose_on_device
 from eaglenest.stages.report.device_section import section_device_choice
 from eaglenest.stages.report.families import section_families
@@ -75,6 +76,7 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
     # EAGLE-3's sections alone (its paths the unsuffixed ones) keep their plain titles
     named = bool(others) or family_suffix(data.family) != ""
     sections = []
+    health = summary.get("depth_health") or {}
     for make in SECTIONS:
         section = make(data)
         sections.append(section)
@@ -82,11 +84,15 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
             continue
         if named:
             section.title += f" ({FAMILY_TITLES[data.family]})"
+        if make is section_acceptance:
+            section.blocks.append(health_html(health.get(data.family), data.family))
         for family in others:
             # The draft vocabulary is every family's: shown once.
             own = make(dataclasses.replace(data.of_family(family), draft_vocab=None))
             own.name += family_suffix(family)
             own.title += f" ({FAMILY_TITLES[family]})"
+            if make is section_acceptance:
+                own.blocks.append(health_html(health.get(family), family))
             sections.append(own)
     families = section_families(data, summary)
     if families is not None:
@@ -96,14 +102,25 @@ def page_sections(data: RunData, summary: dict[str, Any]) -> list[Section]:
     return sections + ([thinking] if thinking else []) + sections_sets_and_compare(data)
 
 
-def run_summary(data: RunData, run: str, device: DeviceTimings | None = None) -> dict[str, Any]:
+def run_summary(
+    data: RunData,
+    run: str,
+    device: DeviceTimings | None = None,
+    collapse_ratio: float = COLLAPSE_RATIO,
+) -> dict[str, Any]:
     """report/summary.json: the families evaluated and the one chosen for the serving `device`
-    (device_choice.py; null without it), and this machine's own live-loop figures
-    (`this_machine`, choice.py: what its fastest family is here, never the choice)."""
+    (device_choice.py; null without it), this machine's own live-loop figures
+    (`this_machine`, choice.py: what its fastest family is here, never the choice), and each
+    family's depth health (`depth_health`, depth_health.py: collapse by depth, kind, fix)."""
     evaluated = {family: data.families[family].eval for family in data.evaluated_families()}
     here = choose_family(evaluated, data.tokens)
     here["fastest_here"] = here.pop("choice")
-    return {"run": run, **choose_on_device(evaluated, device, data.tokens), "this_machine": here}
+    return {
+        "run": run,
+        **choose_on_device(evaluated, device, data.tokens),
+        "this_machine": here,
+        "depth_health": depth_health(data, collapse_ratio),
+    }
 
 
 def _write_bytes(path: Path, content: bytes) -> None:
@@ -118,10 +135,12 @@ def build_report(
     run: str = "",
     summary: str | Path | None = None,
     device: DeviceTimings | None = None,
+    collapse_ratio: float = COLLAPSE_RATIO,
 ) -> dict[str, Any]:
     """Write the report page, one PNG per name in PLOT_NAMES and the run's summary (`summary`,
     default summary.json beside the page: the family chosen for `device`, report.device's
-    timings; none without them); return the key figures.
+    timings; none without them; `collapse_ratio`: report.collapse_ratio, depth_health.py);
+    return the key figures.
 
     `plots` maps plot names to PNG paths (default: beside the page, `<name>.png`). A section with
     nothing to plot still gets its PNG (a card saying why), so every declared output exists; the
@@ -134,7 +153,7 @@ def build_report(
     if unknown:
         raise ValueError(f"unknown plot names {sorted(unknown)}; known: {list(PLOT_NAMES)}")
     data = load_run(files)
-    run_figures = run_summary(data, run, device)
+    run_figures = run_summary(data, run, device, collapse_ratio)
     sections = page_sections(data, run_figures)
     images = {}
     for section in sections:

@@ -72,6 +72,21 @@ def test_the_table_has_a_row_per_depth_for_each_k_with_each_measurement():
     assert rows[1]["simulated"] is None and rows[1]["live"] is None and rows[1]["engine"] is None
 
 
+def test_the_rows_keep_each_prompts_acceptance_for_the_reports_interval():
+    cuts = cut_at_depths([], depths=(2048,), per_depth=2, continuation=64)
+    cuts[0].prompts = [[1, 2], [3, 4]]
+    live = {"acceptance_length": 2.5, "rounds": 30, "tokens": 80, "prompts": 2,
+            "per_prompt": [2.0, 3.0], "rounds_per_prompt": [10, 20]}  # fmt: skip
+    spread = {"ci95": [1.9, 2.9], "per_prompt": [1.8, None]}
+    engine = {"acceptance_length": 2.4, "rounds": 31, "tokens": 80, "prompts": 2,
+              "rounds_per_prompt": [31, 0], "spread": spread}  # fmt: skip
+    table = depth_table(cuts, (3,), 64, {}, {"2048": {"3": live}}, {"2048": {"3": engine}})
+    row = table.to_json()["per_k"]["3"][0]
+    assert row["live"]["per_prompt"] == [2.0, 3.0] and row["live"]["rounds_per_prompt"] == [10, 20]
+    assert row["engine"]["per_prompt"] == [1.8, None] and row["engine"]["ci95"] == [1.9, 2.9]
+    assert row["engine"]["rounds_per_prompt"] == [31, 0]
+
+
 def test_depths_are_a_config_key_of_the_evaluate_section():
     from eaglenest.common.config import ConfigError, settings_from_sections
     from eaglenest.settings.evaluate import EvaluateSettings

@@ -127,6 +127,8 @@ def test_decoding_stops_at_an_end_of_turn_accepted_in_the_middle_of_a_round():
     results = live(SuccessorTarget(), {"s": SuccessorProposer()}, [[1]], (4,), 32, {9}, [])
     metrics = results["s"]["4"]
     assert metrics["rounds"] == 2 and metrics["acceptance_length"] == 4.0
+    # Per prompt (the report's interval by depth): its rounds' mean, and its rounds.
+    assert metrics["per_prompt"] == [4.0] and metrics["rounds_per_prompt"] == [2]
     assert metrics["tokens"] == metrics["greedy_tokens"] == 8 and metrics["identical_to_greedy"]
     assert metrics["per_position_acceptance"] == [1.0, 1.0, 1.0, 1.0]
     assert metrics["drafted_per_position"] == [2, 2, 1, 1]
