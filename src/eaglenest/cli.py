@@ -38,6 +38,10 @@ SUBCOMMANDS = {
         "eaglenest.run.plan_command",
         "Print the shards, jobs, disk and hours per stage of a config, before anything runs.",
     ),
+    "check-drafter": (
+        "eaglenest.drafter.served_check",
+        "Check a drafter against its target and vLLM for configuration cliffs (exit 1: refused).",
+    ),
     "config-docs": (
         "eaglenest.common.config_docs",
         "Print config/README.md, the reference of every config key, from config/schema.yaml.",

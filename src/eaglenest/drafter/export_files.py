@@ -2,12 +2,18 @@
 tensors, unprefixed, the draft vocabulary's d2t/t2d as integers and left out where the draft
 vocabulary is the target's: eaglenest.drafter.vocab_head) beside the family's own `config.json`.
 The embedding is the target's, never written (reloaded from the target head when loading).
+
+Every family's config.json also carries an `eaglenest` section, the run's record, which vLLM
+loads as an unread attribute (transformers' PretrainedConfig keeps unknown keys, and vLLM reads
+a draft's config.json through it). Beside each family's own entries it records what the served
+check (drafter/served_check.py) compares with what vLLM will serve: `trained_record`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,34 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 class ExportError(ValueError):
     """An export disagrees with the run it came from; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class TrainedFor:
+    """What the training loop knows of a drafter beyond its config (None: not known, as for an
+    export made outside a run): `trained_positions`, the largest rotary position a training
+    batch held + 1; `served_length`, the target's served length the export was made for."""
+
+    trained_positions: int | None = None
+    served_length: int | None = None
+
+
+def trained_record(
+    rope_theta: float,
+    rope_scaling: dict[str, Any] | None,
+    sliding_windows: Sequence[int | None],
+    trained: TrainedFor | None,
+) -> dict[str, Any]:
+    """The `eaglenest` entries of what a drafter was trained with: its rotary base and schedule
+    (None: the default), the window of each decoder layer (None: full attention), the positions
+    it trained on and the served length it was exported for."""
+    trained = trained or TrainedFor()
+    return {
+        "trained_positions": trained.trained_positions,
+        "served_length": trained.served_length,
+        "rope": {"rope_theta": rope_theta, "rope_scaling": rope_scaling},
+        "sliding_window": list(sliding_windows),
+    }
 
 
 def export_tensors(

@@ -389,6 +389,9 @@ class EvalMetrics(Record):
     live_vs_engine: dict[str, float | None] | None = typed("object")  # per K, emitted per round
     sets: dict[str, Any] | None = typed("any")  # per set: its tables (evaluate/sets.py)
     thinking: ThinkingFigures | None = typed("object", nested=record_of(ThinkingFigures))
+    # The served check's findings ({severity, key, message}: drafter/served_check.py) that did
+    # not stop the evaluation; None: not checked (evaluate.served_check off).
+    served_check: list[dict[str, str]] | None = typed("any")
     wall_s: float | None = typed("number")
 
     @classmethod

@@ -31,6 +31,8 @@ class EvaluateSettings(Settings):
     max_batch_tokens: int
     seed: int  # train.seed
     engine: str | None  # "vllm": also decode in the serving engine
+    # refuse, flag or off: the served check before vLLM decodes (drafter/served_check.py)
+    served_check: str
     # generation.temperature, with engine "vllm" only (its sampled figures; None otherwise, so a
     # change reruns the evaluation only where it is measured)
     sampled_temperature: float | None
@@ -40,7 +42,7 @@ class EvaluateSettings(Settings):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EvaluateSettings:
         section = config["evaluate"]
-        fixed = ("ks", "depths", "seed", "vllm", "target", "sampled_temperature")
+        fixed = ("ks", "depths", "seed", "vllm", "target", "sampled_temperature", "served_check")
         names = [f for f in cls.__dataclass_fields__ if f not in fixed]
         return cls(
             ks=tuple(section["ks"]),
@@ -51,6 +53,7 @@ class EvaluateSettings(Settings):
             ),
             vllm=VllmEngine.from_config(config) if section["engine"] == "vllm" else None,
             target=TargetSettings.view(config, "path", "trust_remote_code"),
+            served_check=section["served_check"] or "off",  # YAML reads an unquoted off as false
             **{k: section[k] for k in names},
         )
 

@@ -43,6 +43,25 @@ def installed_vllm_version(python: str | Path) -> tuple[int, int, int] | None:
     return None
 
 
+# The version whose code the project's rules were read from and measured with (the CPU build's):
+# assumed where the environment's cannot be told.
+MEASURED_VERSION = (0, 32, 0)
+
+
+def raises_draft_positions(family: str, rope_type: str, version: tuple[int, ...]) -> bool:
+    """Whether vLLM raises this family's draft max_position_embeddings to the target's
+    max_model_len (config/speculative.py `_maybe_override_draft_max_position_embeddings`): 0.32
+    only for the eagle/eagle3 methods (P-EAGLE is served as eagle3), never a DFlash draft's
+    (vllm#57941: its rotary cache stays short, positions past it crash or read out of bounds);
+    0.33 for every draft whose rope type allows it, which YaRN's does not (its positions are
+    the scaled range its factor was chosen for)."""
+    if tuple(version[:2]) >= (0, 33):
+        return rope_type not in ("yarn", "deepseek_yarn")
+    if tuple(version[:2]) >= (0, 32):
+        return FAMILY_SPECS[family].vllm_method in ("eagle", "eagle3")
+    return False  # not read in older code: assumed not (the project serves from 0.32: SERVED_BY)
+
+
 def serves(family: str, version: tuple[int, ...]) -> bool:
     first, gone = SERVED_BY[family]
     return tuple(version[:2]) >= first and (gone is None or tuple(version[:2]) < gone)

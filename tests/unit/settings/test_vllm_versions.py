@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from eaglenest.common.config import ConfigError, validate_config
-from eaglenest.settings.vllm_versions import installed_vllm_version, serves
+from eaglenest.settings.vllm_versions import (
+    installed_vllm_version,
+    raises_draft_positions,
+    serves,
+)
 
 
 def environment(tmp_path: Path, dist_info: str | None) -> str:
@@ -30,6 +34,18 @@ def environment(tmp_path: Path, dist_info: str | None) -> str:
 )  # fmt: skip
 def test_the_version_is_read_from_the_environments_metadata(tmp_path, dist_info, version):
     assert installed_vllm_version(environment(tmp_path, dist_info)) == version
+
+
+def test_which_version_raises_a_drafts_positions_to_the_targets():
+    """0.32 raises the eagle/eagle3 methods' (P-EAGLE is eagle3), never DFlash's (vllm#57941);
+    0.33 every draft's but a YaRN one's."""
+    assert raises_draft_positions("eagle3", "default", (0, 32, 0))
+    assert raises_draft_positions("p_eagle", "yarn", (0, 32, 0))
+    assert not raises_draft_positions("dflash", "default", (0, 32, 0))
+    assert raises_draft_positions("dflash", "default", (0, 33, 0))
+    assert not raises_draft_positions("dflash", "yarn", (0, 33, 0))
+    assert not raises_draft_positions("eagle3", "yarn", (0, 34))
+    assert not raises_draft_positions("eagle3", "default", (0, 31))
 
 
 def test_which_version_serves_which_family():

@@ -44,10 +44,12 @@ from eaglenest.drafter.dflash.model import (
 )
 from eaglenest.drafter.export_files import (
     ExportError,
+    TrainedFor,
     check_captured_layers,
     export_tensors,
     load_export_state,
     read_tensors,
+    trained_record,
     write_export,
 )
 from eaglenest.drafter.vocab_head import INTEGER_TENSORS, is_full_vocab
@@ -94,9 +96,10 @@ def dflash_export_config(
     dtype: str,
     num_target_layers: int | None = None,
     gamma: float | None = None,
+    trained: TrainedFor | None = None,
 ) -> dict[str, Any]:
     """config.json; `gamma`, the slot decay it was trained with, recorded in its eaglenest
-    section (no reader: the run's record)."""
+    section (no reader: the run's record), and what the loop recorded (`trained_record`)."""
     out = {
         "architectures": [DFLASH_ARCHITECTURE],
         "model_type": "qwen3",
@@ -122,7 +125,17 @@ def dflash_export_config(
             "mask_token_id": config.mask_token_id,
             "target_layer_ids": dflash_target_layer_ids(config.aux_layer_ids),
         },
-        "eaglenest": {"format": DFLASH_FORMAT, "config": config.to_dict()},
+        "eaglenest": {
+            "format": DFLASH_FORMAT,
+            "config": config.to_dict(),
+            # Full attention in every layer: DFlash is trained without a window (from_drafter).
+            **trained_record(
+                config.rope_theta,
+                config.rope_scaling,
+                [None] * config.num_hidden_layers,
+                trained,
+            ),
+        },
     }
     if gamma is not None:
         out["eaglenest"]["gamma"] = gamma
@@ -143,9 +156,10 @@ def export_dflash(
     dtype: str = "bfloat16",
     num_target_layers: int | None = None,
     gamma: float | None = None,
+    trained: TrainedFor | None = None,
 ) -> None:
     out_dir = Path(out_dir)
-    config = dflash_export_config(model.config, dtype, num_target_layers, gamma)
+    config = dflash_export_config(model.config, dtype, num_target_layers, gamma, trained)
     dflash_config_from_export(config)  # what vLLM would read is what was trained, or no export
     tensors = export_tensors(model, model.config, out_dir, dtype)
     if set(tensors) != weight_names(model.config):

@@ -40,10 +40,12 @@ from eaglenest.drafter.config import MLA_SIZES, DrafterConfig
 from eaglenest.drafter.eagle3.model import Eagle3Drafter
 from eaglenest.drafter.export_files import (
     ExportError,
+    TrainedFor,
     check_captured_layers,
     export_tensors,
     load_export_state,
     read_tensors,
+    trained_record,
     write_export,
 )
 from eaglenest.settings.families import DRAFTER_VARIANTS
@@ -81,8 +83,14 @@ def _mla_config(config: DrafterConfig) -> dict[str, Any]:
     }
 
 
-def export_config(config: DrafterConfig, dtype: str, num_hidden_layers: int = 1) -> dict[str, Any]:
-    """config.json of a drafter of `num_hidden_layers` decoder layers (EAGLE-3's: one)."""
+def export_config(
+    config: DrafterConfig,
+    dtype: str,
+    num_hidden_layers: int = 1,
+    trained: TrainedFor | None = None,
+) -> dict[str, Any]:
+    """config.json of a drafter of `num_hidden_layers` decoder layers (EAGLE-3's: one);
+    `trained`: what the training loop recorded (`trained_record`)."""
     check_exportable(config)
     ids = list(config.aux_layer_ids)
     architecture = (
@@ -122,14 +130,27 @@ def export_config(config: DrafterConfig, dtype: str, num_hidden_layers: int = 1)
             # vLLM reads norm_before_fc here first, then at the top level.
             "norm_before_fc": config.norm_before_fc,
         },
-        "eaglenest": {"aux_layer_ids": ids, "format": "eagle3/1", "attention": config.attention},
+        "eaglenest": {
+            "aux_layer_ids": ids,
+            "format": "eagle3/1",
+            "attention": config.attention,
+            # Trained with the default rotary schedule (no scaling), every layer windowed alike.
+            **trained_record(
+                config.rope_theta, None, [config.sliding_window] * num_hidden_layers, trained
+            ),
+        },
     }
 
 
-def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: str = "bfloat16") -> None:
+def export_drafter(
+    model: Eagle3Drafter,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    trained: TrainedFor | None = None,
+) -> None:
     out_dir = Path(out_dir)
     tensors = export_tensors(model, model.config, out_dir, dtype)
-    write_export(out_dir, tensors, export_config(model.config, dtype))
+    write_export(out_dir, tensors, export_config(model.config, dtype, trained=trained))
     log.info("exported %d tensors (%s) to %s", len(tensors), dtype, out_dir)
     variant = [name for name in DRAFTER_VARIANTS if getattr(model.config, name)]
     if variant:

@@ -34,6 +34,7 @@ from eaglenest.drafter.eagle3.export import (
 from eaglenest.drafter.export_files import (
     DTYPES,
     ExportError,
+    TrainedFor,
     check_captured_layers,
     export_tensors,
     load_export_state,
@@ -69,11 +70,13 @@ def check_p_eagle_exportable(config: DrafterConfig) -> None:
         )
 
 
-def p_eagle_export_config(model: PEagleDrafter, dtype: str, depths: int) -> dict[str, Any]:
+def p_eagle_export_config(
+    model: PEagleDrafter, dtype: str, depths: int, trained: TrainedFor | None = None
+) -> dict[str, Any]:
     """config.json: the EAGLE-3 export's with the model's layers, the mask token and the
     trained depths."""
     check_p_eagle_exportable(model.config)
-    config = export_config(model.config, dtype, model.num_hidden_layers)
+    config = export_config(model.config, dtype, model.num_hidden_layers, trained)
     config["mask_token_id"] = model.mask_token_id
     config["parallel_drafting"] = True  # for readers; vLLM reads speculative_config's
     config["eaglenest"] = {
@@ -88,12 +91,16 @@ def p_eagle_export_config(model: PEagleDrafter, dtype: str, depths: int) -> dict
 
 
 def export_p_eagle(
-    model: PEagleDrafter, out_dir: str | Path, depths: int, dtype: str = "bfloat16"
+    model: PEagleDrafter,
+    out_dir: str | Path,
+    depths: int,
+    dtype: str = "bfloat16",
+    trained: TrainedFor | None = None,
 ) -> None:
     """config.json + model.safetensors: vLLM's EAGLE-3 names for every layer, `mask_hidden`
     and, with a trained mask embedding, the embedding table (module doc)."""
     out_dir = Path(out_dir)
-    config = p_eagle_export_config(model, dtype, depths)
+    config = p_eagle_export_config(model, dtype, depths, trained)
     p_eagle_from_export(config)  # what vLLM would read is what was trained, or no export
     tensors = export_tensors(model, model.config, out_dir, dtype)
     tensors.pop("mask_embedding_delta", None)  # served inside the table

@@ -23,6 +23,7 @@ from eaglenest.capture.reader import PooledStates, open_pooled_shards
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
 from eaglenest.drafter.batches import TargetSignal, open_shards
+from eaglenest.drafter.served_check import FLAG, check_drafter, enforce, read_config
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.metrics import (
     DEFINITION,
@@ -40,6 +41,7 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, family_spec
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
+from eaglenest.settings.vllm_versions import MEASURED_VERSION, installed_vllm_version
 from eaglenest.stages.evaluate.depths import depth_table
 from eaglenest.stages.evaluate.families import FamilyDrafter, load_family
 from eaglenest.stages.evaluate.live import live_metrics
@@ -48,6 +50,7 @@ from eaglenest.stages.evaluate.sets import EngineSets
 from eaglenest.stages.evaluate.simulated import simulate_all
 from eaglenest.stages.evaluate.thinking import ThinkingEvaluation
 from eaglenest.stages.evaluate.vllm_evaluate import engine_metrics, live_vs_engine
+from eaglenest.target_model.files import resolve_target_dir
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ def evaluate_drafter(
     from the capture servers (`runtime`), for the simulated figures, as training reads them."""
     family = family_spec(family)
     target_path, trust_remote_code = settings.target.path, settings.target.trust_remote_code
+    served_check = check_served(drafter_dir, family.name, settings, runtime)  # before any work
     device = resolve_device(settings.device)
     started = time.perf_counter()
     head = TargetHead.load(target_head)
@@ -124,9 +128,30 @@ def evaluate_drafter(
     by_depth = by_depth_table(cuts, settings, simulated_by_depth, live, engine)
     heldout = heldout_hidden or heldout_tokens
     metrics = metrics_record(loaded, heldout, simulated, live, engine, thinking_figures, by_depth)
-    metrics = dataclasses.replace(metrics, wall_s=time.perf_counter() - started)
+    wall_s = time.perf_counter() - started
+    metrics = dataclasses.replace(metrics, served_check=served_check, wall_s=wall_s)
     write_json(out, metrics.to_json())
     return metrics.to_json()
+
+
+def check_served(
+    drafter_dir: str | Path, family: str, settings: EvaluateSettings, runtime: VllmRuntime | None
+) -> list[dict[str, str]] | None:
+    """The served check (drafter/served_check.py) of the drafter beside the target, at the length
+    vLLM serves (vllm.max_model_len, else the target's own), by the vLLM of vllm.python (else
+    the version the project's rules were read from); None with evaluate.served_check off. Only
+    an evaluation that serves the drafter in vLLM (evaluate.engine) is refused: the others
+    record every finding, as nothing is served there."""
+    if settings.served_check == "off":
+        return None
+    version = installed_vllm_version(runtime.python) if runtime else None
+    target = read_config(resolve_target_dir(settings.target.path))
+    served = runtime.max_model_len if runtime else None
+    findings = check_drafter(drafter_dir, target, served, family, version or MEASURED_VERSION)
+    for finding in findings:
+        log.warning("served check, %s (%s): %s", finding.severity, finding.key, finding.message)
+    mode = settings.served_check if settings.engine == "vllm" else FLAG
+    return enforce(findings, mode, f"{drafter_dir} ({family}) with evaluate.engine vllm")
 
 
 def log_cuts_and_simulated(cuts: list, simulated: dict[str, Any]) -> None:

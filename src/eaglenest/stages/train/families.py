@@ -39,6 +39,7 @@ from eaglenest.drafter.dflash.model import (
 )
 from eaglenest.drafter.eagle3.export import export_drafter
 from eaglenest.drafter.eagle3.model import ttt_forward
+from eaglenest.drafter.export_files import TrainedFor
 from eaglenest.drafter.layers import shift_left
 from eaglenest.drafter.p_eagle.export import check_p_eagle_exportable, export_p_eagle
 from eaglenest.drafter.p_eagle.loss import cod_depth_weights, parallel_loss
@@ -63,6 +64,7 @@ class Recipe:
     name: str
     model: nn.Module
     slot_weights: list[float]  # each drafted slot's weight in the loss
+    served_length: int | None = None  # the target's positions (`build_recipe`), for the export
 
     def __init__(self, model: nn.Module, settings: TrainSettings, family: FamilySettings):
         self.model, self.settings, self.family = model, settings, family
@@ -86,7 +88,8 @@ class Recipe:
             sum(w * n for w, n in zip(weights, counts, strict=True)), 1
         )
 
-    def export(self, out_dir: Path) -> None:
+    def export(self, out_dir: Path, trained: TrainedFor | None = None) -> None:
+        """config.json + model.safetensors, with what the loop recorded (`trained`)."""
         raise NotImplementedError
 
     def description(self) -> dict[str, Any]:
@@ -121,8 +124,8 @@ class Eagle3(Recipe):
         steps = zip(self.slot_weights, loss_sums, counts, strict=True)
         return sum(w * s / max(n, 1) for w, s, n in steps)
 
-    def export(self, out_dir):
-        export_drafter(self.model, out_dir, dtype=self.settings.export_dtype)
+    def export(self, out_dir, trained=None):
+        export_drafter(self.model, out_dir, dtype=self.settings.export_dtype, trained=trained)
 
 
 class PEagle(Recipe):
@@ -142,8 +145,9 @@ class PEagle(Recipe):
         local = sum(w * n for w, n in zip(self.slot_weights, slots.counted, strict=True))
         return over_ranks(loss, local, processes), step_stats(slots, counted, processes)
 
-    def export(self, out_dir):
-        export_p_eagle(self.model, out_dir, self.depths, dtype=self.settings.export_dtype)
+    def export(self, out_dir, trained=None):
+        dtype = self.settings.export_dtype
+        export_p_eagle(self.model, out_dir, self.depths, dtype=dtype, trained=trained)
 
     def description(self):
         own = {
@@ -209,8 +213,9 @@ class DFlash(Recipe):
         weighted = sum(w * s for w, s in zip(self.slot_weights, loss_sums, strict=True))
         return weighted / max(sum(counts), 1)
 
-    def export(self, out_dir):
-        export_dflash(self.model, out_dir, dtype=self.settings.export_dtype, gamma=self.own.gamma)
+    def export(self, out_dir, trained=None):
+        dtype, gamma = self.settings.export_dtype, self.own.gamma
+        export_dflash(self.model, out_dir, dtype=dtype, gamma=gamma, trained=trained)
 
 
 # ---- the loss pieces the parallel families share --------------------------------------------
@@ -374,9 +379,11 @@ def build_recipe(
     target_config = AutoConfig.from_pretrained(
         str(resolve_target_dir(target.path)), trust_remote_code=target.trust_remote_code
     )
-    return RECIPES[family.name](
+    recipe = RECIPES[family.name](
         target_config, family_head(head, family, target_config), vocab, settings, family
     )
+    recipe.served_length = served_positions(target_config) or None
+    return recipe
 
 
 def family_head(head: TargetHead, family: FamilySettings, target_config: Any) -> TargetHead:

@@ -48,6 +48,24 @@ def step_refs(
         yield epoch, position, order[position * processes.world_size + processes.rank]
 
 
+def trained_positions(
+    plan: BatchPlan, total_steps: int, epoch_steps: list[int], world_size: int
+) -> int:
+    """The largest rotary position a training batch of steps 0..total_steps held, + 1, over
+    every rank: positions restart at each sample (packed rows too), so the longest sample
+    trained. From the plan, which is the data's order: a resumed run counts what the killed
+    one trained."""
+    longest, left = 0, total_steps
+    for epoch, steps in enumerate(epoch_steps):
+        if left <= 0:
+            break
+        taken = min(steps, left)
+        for refs in plan.epoch_order(epoch)[: taken * world_size]:
+            longest = max(longest, *(ref.length for ref in refs))
+        left -= taken
+    return longest
+
+
 def step_batches(
     plan: BatchPlan,
     first_step: int,

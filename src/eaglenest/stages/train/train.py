@@ -40,6 +40,7 @@ from eaglenest.drafter.batches import (
     TargetSignal,
     open_shards,
 )
+from eaglenest.drafter.export_files import TrainedFor
 from eaglenest.formats.draft_vocab import DraftVocab
 from eaglenest.formats.target_head import TargetHead
 from eaglenest.formats.train_report import TrainReport
@@ -63,7 +64,13 @@ from eaglenest.stages.train.distributed import (
     setup_processes,
 )
 from eaglenest.stages.train.families import Recipe, build_recipe
-from eaglenest.stages.train.feed import prefetch, step_batches, step_refs, with_aux_noise
+from eaglenest.stages.train.feed import (
+    prefetch,
+    step_batches,
+    step_refs,
+    trained_positions,
+    with_aux_noise,
+)
 from eaglenest.stages.train.heldout import evaluate_heldout
 from eaglenest.stages.train.initialise import lr_lambda
 from eaglenest.stages.train.loss import Objective, StepStats, global_step
@@ -308,7 +315,8 @@ def finish(
         return {}
     if heldout:
         metrics.write({"split": "heldout", "step": step, **heldout})
-    training.recipe.export(out_dir)
+    positions = trained_positions(training.plan, step, training.epoch_steps, processes.world_size)
+    training.recipe.export(out_dir, TrainedFor(positions, training.recipe.served_length))
     (out_dir / METRICS_FILE).write_text((training.journal_dir / METRICS_FILE).read_text())
     train_tokens = progress.tokens_seen * processes.world_size
     skipped, loss_tokens = progress.skipped_outside_vocab, progress.loss_tokens

@@ -38,7 +38,7 @@ from eaglenest.drafter.dflash.model import (
     block_attention_mask,
     dflash_target_layer_ids,
 )
-from eaglenest.drafter.export_files import ExportError
+from eaglenest.drafter.export_files import ExportError, TrainedFor
 
 MASK = 49
 DCONFIG = DFlashConfig.from_drafter(CONFIG, num_hidden_layers=2, block_size=4, mask_token_id=MASK)
@@ -348,6 +348,24 @@ def test_the_export_has_the_keys_and_tensor_names_vllm_loads_and_reloads_the_sam
         )
     with pytest.raises(ExportError, match="captured at"):
         load_dflash(tmp_path, model.embed_tokens.weight.float(), expect_layer_ids=[1, 2, 3])
+
+
+def test_the_export_records_what_the_drafter_was_trained_with(tmp_path):
+    """The `eaglenest` record beside the trained config: the target's YaRN as trained, full
+    attention in each layer, the positions trained and served."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    config = replace(DCONFIG, rope_scaling=yarn, max_position_embeddings=256)
+    model = make_model(config)
+    model.set_vocab(*vocab_maps(config))
+    trained = TrainedFor(trained_positions=200, served_length=256)
+    export_dflash(model, tmp_path, dtype="float32", trained=trained)
+    exported = json.loads((tmp_path / "config.json").read_text())
+    record = exported["eaglenest"]
+    assert record["rope"] == {"rope_theta": 10000.0, "rope_scaling": yarn}
+    assert exported["rope_parameters"] == {"rope_theta": 10000.0, **yarn}  # what vLLM reads
+    assert record["sliding_window"] == [None, None]
+    assert record["trained_positions"] == 200 and record["served_length"] == 256
+    assert dflash_config_from_export(exported) == model.config  # the record reads back
 
 
 def vocab_maps(config: DFlashConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from eaglenest.common.config import ConfigError, validate_config
 from eaglenest.drafter.attention import causal_logsumexp, training_attention
 from eaglenest.drafter.eagle3.export import export_drafter, load_drafter
 from eaglenest.drafter.eagle3.model import Eagle3Drafter, ttt_forward
+from eaglenest.drafter.export_files import TrainedFor
 from eaglenest.drafter.layers import DecodeCache
 from eaglenest.settings.train import DrafterSettings
 
@@ -200,6 +201,20 @@ def test_the_window_is_exported_as_vllms_llama_eagle3_reads_it(tmp_path):
     export_drafter(make_model(None).float(), tmp_path / "full", "float32")
     config = json.loads((tmp_path / "full" / "config.json").read_text())
     assert "layer_types" not in config and "sliding_window" not in config
+
+
+def test_the_export_records_what_the_drafter_was_trained_with(tmp_path):
+    """config.json's `eaglenest` record (what the served check compares with vLLM's reading):
+    the positions trained and served, the rotary base unscaled, the window of its one layer."""
+    trained = TrainedFor(trained_positions=900, served_length=4096)
+    export_drafter(make_model(16).float(), tmp_path / "windowed", "float32", trained=trained)
+    record = json.loads((tmp_path / "windowed" / "config.json").read_text())["eaglenest"]
+    assert record["trained_positions"] == 900 and record["served_length"] == 4096
+    assert record["rope"] == {"rope_theta": CONFIG.rope_theta, "rope_scaling": None}
+    assert record["sliding_window"] == [16]
+    export_drafter(make_model(None).float(), tmp_path / "full", "float32")
+    record = json.loads((tmp_path / "full" / "config.json").read_text())["eaglenest"]
+    assert record["sliding_window"] == [None] and record["trained_positions"] is None
 
 
 def test_a_window_vllm_cannot_serve_is_refused_naming_the_key():

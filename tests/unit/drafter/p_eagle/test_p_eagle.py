@@ -17,7 +17,7 @@ from support.drafter_sizes import CONFIG
 
 from eaglenest.drafter.batches import Batch
 from eaglenest.drafter.eagle3.export import export_config
-from eaglenest.drafter.export_files import ExportError
+from eaglenest.drafter.export_files import ExportError, TrainedFor
 from eaglenest.drafter.layers import DecodeCache, shift_left
 from eaglenest.drafter.p_eagle.export import (
     check_p_eagle_exportable,
@@ -193,6 +193,22 @@ def test_the_export_is_the_eagle3_checkpoint_with_the_mask_token_and_mask_hidden
     }
     with pytest.raises(ValueError, match="drafts 1..4"):
         p_eagle_speculative_config(tmp_path, 5, depths)
+
+
+def test_the_export_records_what_the_drafter_was_trained_with(tmp_path):
+    """The `eaglenest` record beside P-EAGLE's own entries: a window for each of its layers."""
+    torch.manual_seed(0)
+    model = PEagleDrafter(replace(CONFIG, sliding_window=8), MASK, num_hidden_layers=3)
+    trained = TrainedFor(trained_positions=300, served_length=1024)
+    export_p_eagle(model, tmp_path, depths=3, dtype="float32", trained=trained)
+    config = json.loads((tmp_path / "config.json").read_text())
+    record = config["eaglenest"]
+    assert (
+        record["sliding_window"] == [8, 8, 8] and config["layer_types"] == ["sliding_attention"] * 3
+    )
+    assert record["trained_positions"] == 300 and record["served_length"] == 1024
+    assert record["rope"] == {"rope_theta": CONFIG.rope_theta, "rope_scaling": None}
+    assert record["depths"] == 3 and record["mask_token_id"] == MASK  # P-EAGLE's, kept
 
 
 MISREAD = {

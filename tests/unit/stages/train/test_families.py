@@ -120,6 +120,15 @@ def heldout_losses(out: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["split"] == "heldout"]
 
 
+def exported_record(out: Path) -> dict:
+    return json.loads((out / "drafter" / "config.json").read_text())["eaglenest"]
+
+
+def longest_sample(shard: Path) -> int:
+    with safe_open(str(shard), framework="pt") as f:
+        return int(f.get_tensor("offsets").diff().max())
+
+
 def load_export(
     family: str, drafter_dir: Path, embed: torch.Tensor, lm_head: torch.Tensor
 ) -> torch.nn.Module:
@@ -160,6 +169,13 @@ def test_a_family_trains_resumes_exactly_and_exports_what_it_trained(
     for name, tensor in first.items():
         assert torch.equal(tensor, again[name]), name
     assert heldout_losses(stopped) == losses
+
+    # What it was trained with, recorded in the export: every sample of the trained shard was
+    # (24 steps are epochs of it), its longest the positions; the resumed run counts the same.
+    record = exported_record(whole)
+    assert record == exported_record(stopped)
+    assert record["trained_positions"] == longest_sample(run["train_shards"][0])
+    assert record["served_length"] == 32768  # the target's (Qwen3Config's default)
 
     # The journal's last state is the trained model; the export reads back to it, exactly.
     trained = torch.load(whole / "journal" / "state.pt", weights_only=True)["model"]
