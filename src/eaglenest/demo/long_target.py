@@ -63,37 +63,36 @@ from eaglenest.demo.long_tasks import (
     state_token,
 )
 from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
+from eaglenest.demo.written import (
+    AHEAD,
+    CONTENT_SCORE,
+    FLAG_LOGIT,
+    GATE,
+    HEAD_DIM,
+    KEY_PLANE,
+    KV_HEADS,
+    LOOKAHEAD,
+    NUM_LAYERS,
+    PREV_PLANES,
+    PREV_SCALE,
+    STATE_LOGIT,
+    fourier,
+    rotation,
+)
 
-# Layers 0-3 compute; layer 4 is there so that EAGLE-3's aux layers (2, 3, 4), the INPUTS of
-# those layers, are the outputs of layers 1, 2 and 3 (the config sets hidden.aux_layer_ids).
-NUM_LAYERS = 5
 MLP_LAYER = 2  # the next state's layer (aux 3 is its output); aux 4 holds the states after it
-LOOKAHEAD = 4  # OUT ... OUT4: the features at position t hold the states t+1 ... t+4
 HIDDEN = 512
 # Two query heads of 128 sharing one key/value head: all the attention the walk needs (layer 0:
 # the previous token and the key; layer 1: the start), and a KV cache of 256 numbers a position
 # and layer instead of 1,024 for 8 heads of 64: decoding 9,000 tokens reads the cache at every
 # step, and that reading is most of the long demo's generation time.
 HEADS = 2
-KV_HEADS = 1
-HEAD_DIM = 128
 N_FREQ = 39  # Fourier frequencies of a state: six slots of 2 * N_FREQ (IN, START, OUT ... OUT4)
 ROPE_THETA = 1_000_000.0
-PREV_PLANES = 8  # RoPE planes of the previous-token head: its fastest
-KEY_PLANE = HEAD_DIM // 2 - 1  # RoPE's slowest plane: under 0.02 rad over 16K positions
 # The constant slot: the stream's RMS is about 1 (1.0 to 1.2 with the other slots), so every
 # RMSNorm's weight is 1 as in a trained model, and a drafter that starts from the target's final
 # norm and LM head starts from logits of a usual scale.
 BIG = math.sqrt(HIDDEN)
-GATE = 40.0  # a SwiGLU gate's input: +GATE/2 open, -GATE/2 or less shut (silu ~ 1e-8)
-PREV_SCALE = 20.0  # the previous-token head's scores: one position back wins by ~16 (e^-16)
-CONTENT_SCORE = 32.0  # the key and start heads' score on what they look for (0 elsewhere)
-STATE_LOGIT = 1.0  # per Fourier frequency: the next state's logit is N_FREQ times this
-FLAG_LOGIT = 40.0  # the next special token's logit
-
-
-# The slots of the states ahead: AHEAD[j - 1] holds the state j steps on (OUT: the next).
-AHEAD = ["OUT"] + [f"OUT{j}" for j in range(2, LOOKAHEAD + 1)]
 
 
 def _slots() -> dict[str, slice | int]:
@@ -136,19 +135,6 @@ def frequencies(seed: int = 0) -> np.ndarray:
     (checked in the tests: the best wrong state scores under 0.34 of the right one)."""
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(np.arange(1, STATES // 2), size=N_FREQ, replace=False))
-
-
-def fourier(states: np.ndarray, freqs: np.ndarray) -> np.ndarray:
-    """[len(states), 2 * N_FREQ]: cos then sin of each frequency's angle."""
-    angle = 2 * np.pi * np.outer(states, freqs) / STATES
-    return np.concatenate([np.cos(angle), np.sin(angle)], axis=1)
-
-
-def rotation(step: int, freqs: np.ndarray) -> np.ndarray:
-    """The linear map of Fourier features that adds `step` to the state: a rotation a frequency."""
-    angle = 2 * np.pi * freqs * step / STATES
-    c, s = np.diag(np.cos(angle)), np.diag(np.sin(angle))
-    return np.block([[c, -s], [s, c]])
 
 
 def long_tokenizer(vocab_size: int) -> Any:

@@ -155,9 +155,11 @@ def _train_and_evaluate(
 
 def check_layout(settings: DemoTargetSettings) -> None:
     """Refuses a layout the architecture (or the long tasks' written target) cannot take."""
-    if settings.tasks == "long" and (settings.architecture, settings.layout) != ("qwen3", "plain"):
+    written = settings.tasks in ("long", "cite")
+    if written and (settings.architecture, settings.layout) != ("qwen3", "plain"):
         raise ValueError(
-            "demo_target.tasks long writes a Qwen3 target (demo/long_target.py): set "
+            f"demo_target.tasks {settings.tasks} writes a Qwen3 target (demo/long_target.py, "
+            "demo/cite_target.py): set "
             "demo_target.architecture qwen3 and layout plain"
         )
     if settings.layout == "kimi_k25" and settings.architecture != "deepseek_v3":
@@ -263,6 +265,10 @@ def build_demo_target(
     with torch_threads(threads) as threads_used:
         if settings.tasks == "long":
             model, tokenizer, metrics = _write_long(settings, threads_used, say)
+        elif settings.tasks == "cite":
+            from eaglenest.demo.cite_build import write_cite
+
+            model, tokenizer, metrics = write_cite(settings, threads_used, say)
         else:
             model, tokenizer, metrics = _train_short(settings, threads_used, say)
     say(
@@ -323,7 +329,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = [f for f in DemoTargetSettings.__dataclass_fields__ if f != "deepseek_v3"]
+    fields = [
+        f for f in DemoTargetSettings.__dataclass_fields__ if f not in ("deepseek_v3", "cite")
+    ]
     given = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
     settings = settings_from_sections(DemoTargetSettings, demo_target=given)
     build_demo_target(args.out, settings, threads=args.threads)

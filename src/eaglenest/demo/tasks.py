@@ -111,7 +111,7 @@ _FAMILIES: dict[str, Family] = {
 TASK_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 # The short tasks of the embedded demo, and the long ones of the long-reasoning demo
 # (long_tasks.py): `demo_target.tasks`, and the prompt sources `demo` and `demo-long`.
-TASK_SUITES = ("short", "long")
+TASK_SUITES = ("short", "long", "cite")
 
 
 def suite_families(suite: str) -> dict[str, Family]:
@@ -120,6 +120,8 @@ def suite_families(suite: str) -> dict[str, Family]:
         return _FAMILIES
     if suite == "long":
         return LONG_FAMILIES
+    if suite == "cite":  # its examples need the target's shape: cite_tasks.cite_examples
+        raise ValueError("the cite suite's examples are drawn by eaglenest.demo.cite_tasks")
     raise ValueError(f"unknown demo task suite {suite!r}; known: {', '.join(TASK_SUITES)}")
 
 

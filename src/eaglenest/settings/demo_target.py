@@ -13,7 +13,7 @@ from eaglenest.settings import Settings
 @dataclass(frozen=True)
 class DemoTargetSettings(Settings):
     seed: int
-    tasks: str  # "short" (the embedded demo) or "long" (the long-reasoning demo)
+    tasks: str  # "short" (the embedded demo), "long" (the long-reasoning demo) or "cite"
     architecture: str
     layout: str
     num_layers: int
@@ -31,6 +31,7 @@ class DemoTargetSettings(Settings):
     heldout_max_new_tokens: int
     min_reasoning_share: float
     deepseek_v3: dict[str, Any]
+    cite: dict[str, Any]  # the collapsing demo's shape (tasks cite: eaglenest.demo.cite_tasks)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DemoTargetSettings:

@@ -7,13 +7,14 @@ import glob
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from eaglenest.settings import Settings
 
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 # The demo prompt sources and the task suite (eaglenest.demo.tasks) each draws from.
-DEMO_SOURCES = {"demo": "short", "demo-long": "long"}
+DEMO_SOURCES = {"demo": "short", "demo-long": "long", "demo-cite": "cite"}
 # Shards a run may have: Snakemake lists every shard's jobs while it parses (each cluster job
 # parses again), so 1e20 prompts exhausted a login node's memory before any message; five-digit
 # ids ("00000") name 100,000. prompts.max_samples' own maximum is the schema's (10^9).
@@ -44,16 +45,27 @@ class PromptOptions(Settings):
     allow_short: bool
     demo_pool_size: int
     seed: int
+    # `demo-cite` only: the target's shape and seed (demo_target.cite, demo_target.seed), which
+    # draw its prompts (eaglenest.demo.cite_tasks); None for every other source.
+    demo_cite: Mapping[str, Any] | None
+
+    LEFT_OUT_AT = MappingProxyType({"demo_cite": None})
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PromptOptions:
         """Only `seed` and `prompts` are read; a list (several source files) becomes a tuple."""
         prompts = config["prompts"]
-        names = [name for name in cls.__dataclass_fields__ if name not in ("columns", "seed")]
+        left = ("columns", "seed", "demo_cite")
+        names = [name for name in cls.__dataclass_fields__ if name not in left]
+        demo = config.get("demo_target") or {}
+        cite = None
+        if prompts["source"] == "demo-cite":
+            cite = {**demo.get("cite", {}), "seed": demo.get("seed", 0)}
         return cls(
             **{name: _as_tuple(prompts[name]) for name in names},
             columns=dict(prompts["columns"]),
             seed=config["seed"],
+            demo_cite=cite,
         )
 
     def list_settings(self) -> dict[str, Any]:
@@ -76,6 +88,8 @@ class PromptOptions(Settings):
             )
         if kind == "demo":
             settings["demo_pool_size"] = self.demo_pool_size
+        if self.demo_cite is not None:
+            settings["demo_cite"] = dict(sorted(self.demo_cite.items()))
         if self.shuffle or kind == "demo":  # the demo draws its prompts with the seed
             settings["seed"] = self.seed
         return settings

@@ -46,6 +46,8 @@ def installed_vllm_version(python: str | Path) -> tuple[int, int, int] | None:
 # The version whose code the project's rules were read from and measured with (the CPU build's):
 # assumed where the environment's cannot be told.
 MEASURED_VERSION = (0, 32, 0)
+# The speculative methods whose draft positions vLLM 0.32 raises to the target's length.
+POSITIONS_RAISED_032 = frozenset({"eagle", "eagle3"})
 
 
 def raises_draft_positions(family: str, rope_type: str, version: tuple[int, ...]) -> bool:
@@ -58,7 +60,7 @@ def raises_draft_positions(family: str, rope_type: str, version: tuple[int, ...]
     if tuple(version[:2]) >= (0, 33):
         return rope_type not in ("yarn", "deepseek_yarn")
     if tuple(version[:2]) >= (0, 32):
-        return FAMILY_SPECS[family].vllm_method in ("eagle", "eagle3")
+        return FAMILY_SPECS[family].vllm_method in POSITIONS_RAISED_032
     return False  # not read in older code: assumed not (the project serves from 0.32: SERVED_BY)
 
 

@@ -110,7 +110,15 @@ def _demo_part(options: PromptOptions) -> _Part:
 
     suite = DEMO_SOURCES[options.source]
     # A fixed pool, so the shuffled order does not depend on max_samples.
-    examples = heldout_examples(options.seed, options.demo_pool_size, suite)
+    if suite == "cite":
+        from eaglenest.demo.cite_tasks import cite_examples, shape_of
+
+        cite = options.demo_cite or {}
+        examples = cite_examples(
+            shape_of(cite), cite.get("seed", 0), options.seed, options.demo_pool_size
+        )
+    else:
+        examples = heldout_examples(options.seed, options.demo_pool_size, suite)
     records = [{"prompt": example.prompt} for example in examples]
     return _Part(
         name="demo",
