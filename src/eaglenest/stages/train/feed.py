@@ -5,11 +5,42 @@ have), built ahead in a thread, with the aux noise of train.aux_noise."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from eaglenest.drafter.batches import Batch, BatchPlan, SampleRef, build_batch, build_packed_batch
-from eaglenest.stages.train.distributed import Processes
+from eaglenest.drafter.batches import (
+    Batch,
+    BatchPlan,
+    SampleRef,
+    batch_positions,
+    build_batch,
+    build_packed_batch,
+)
+from eaglenest.stages.train.distributed import Processes, all_reduce_max, all_reduce_sum
+
+
+@dataclass
+class SequenceTally:
+    """What the batches of this process held since step 0 (train_report.json's
+    `max_position_trained` and `sequence.tokens_trained`): checkpointed, so a resumed run
+    reports the whole run's."""
+
+    max_position: int = -1  # the largest rotary position of a token
+    tokens: int = 0  # the samples' tokens, padding aside
+
+    def add(self, batch: Batch) -> None:
+        held = batch.token_mask
+        positions = batch_positions(batch)
+        if bool(held.any()):
+            self.max_position = max(self.max_position, int(positions[held].max()))
+        self.tokens += int(held.sum())
+
+    def over(self, processes: Processes) -> SequenceTally:
+        """The tally of every process (every one calls this)."""
+        (largest,) = all_reduce_max([self.max_position], processes)
+        (tokens,) = all_reduce_sum([float(self.tokens)], processes)
+        return SequenceTally(int(largest), round(tokens))
 
 
 def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
@@ -59,10 +90,12 @@ def step_batches(
     for epoch, position, refs in step_refs(plan, first_step, total_steps, epoch_steps, processes):
         layers = plan.aux_layer_ids  # the family's columns of the captured aux
         if plan.packed:
-            packed = build_packed_batch(refs, plan.shards, plan.max_batch_tokens, layers)
+            packed = build_packed_batch(
+                refs, plan.shards, plan.max_batch_tokens, layers, plan.sequence
+            )
             yield epoch, position, packed
         else:
-            yield epoch, position, build_batch(refs, plan.shards, layers)
+            yield epoch, position, build_batch(refs, plan.shards, layers, plan.sequence)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
