@@ -135,6 +135,14 @@ def viewed_tokens_per_sample(config: dict[str, Any], tokens_per_sample: float) -
     return min(tokens_per_sample, sequence["length"])
 
 
+def sequence_label(config: dict[str, Any]) -> str:
+    """train.sequence in the train row's words."""
+    sequence = config["train"]["sequence"]
+    if sequence["mode"] == "whole":
+        return "whole samples"
+    return f"{sequence['mode']} of {sequence['length']:,} tokens a sample"
+
+
 def epoch_train_tokens(
     config: dict[str, Any], assumptions: Assumptions, split: ShardSplit
 ) -> float:
@@ -207,12 +215,6 @@ def stage_rows(
         "save_target_head": 1,
     }
     train_tokens = epoch_train_tokens(config, assumptions, split) * epochs
-    sequence = config["train"]["sequence"]
-    recipe = (
-        "whole samples"
-        if sequence["mode"] == "whole"
-        else f"{sequence['mode']} of {sequence['length']:,} tokens a sample"
-    )
     # With the engine, one plain decoding for every family's evaluation (decode_plain).
     engine = config["evaluate"]["engine"] == "vllm"
     evaluate_jobs = {"decode_plain": int(engine), "evaluate_drafter": families}
@@ -255,7 +257,8 @@ def stage_rows(
             train_shards,
             0.0,
             families * hours(train_tokens, rates.train_tokens_per_s, scale.processes),
-            f"{epochs} epochs of {recipe} on {scale.processes} process(es), {families} famil"
+            f"{epochs} epochs of {sequence_label(config)} on {scale.processes} process(es), "
+            f"{families} famil"
             f"{'y' if families == 1 else 'ies'} at the one rate",
         ),
         StageRow("evaluate", evaluate_jobs, eval_shards, 0.0, None),
