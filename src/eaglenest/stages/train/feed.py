@@ -31,6 +31,8 @@ class SequenceTally:
 
     def add(self, batch: Batch) -> None:
         held = batch.token_mask
+        if held is None:  # a batch built by hand: every position holds a token
+            held = torch.ones_like(batch.input_ids, dtype=torch.bool)
         positions = batch_positions(batch)
         if bool(held.any()):
             self.max_position = max(self.max_position, int(positions[held].max()))
