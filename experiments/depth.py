@@ -113,7 +113,11 @@ class Study:
         return paths, rows
 
     def measure(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
-        config = deep_update(copy.deepcopy(self.config), {"train": copy.deepcopy(change)})
+        # Whole samples, as the study was designed (train.sequence came after it; a sink is
+        # refused beside a window).
+        whole = {"sequence": {"mode": "whole"}}
+        config = deep_update(copy.deepcopy(self.config), {"train": whole})
+        config = deep_update(config, {"train": copy.deepcopy(change)})
         settings = TrainSettings.from_config(config).with_target_path(self.target)
         out = self.work / name
         shards, rows = self.training_shards(name)

@@ -48,9 +48,10 @@ def test_a_windowed_drafter_decodes_in_vllm_as_in_our_live_evaluator(
 
     require_vllm_venv()
     results = finished_run / "results" / SMALL_RUN
+    # train.sequence.sink 0: a sink is refused beside a window
     train = {"epochs": 12, "lr": 3e-3, "warmup_steps": 5, "max_batch_tokens": 1024,
              "ttt_steps": 3, "export_dtype": "float32",
-             "drafter": {"sliding_window": [WINDOW]}}  # fmt: skip
+             "drafter": {"sliding_window": [WINDOW]}, "sequence": {"sink": 0}}  # fmt: skip
     drafter = tmp_path / "drafter"
     report = train_drafter(
         train_shards=[results / "hidden" / "00000.safetensors"],

@@ -86,8 +86,11 @@ def test_kimi_hours_follow_the_rates_and_the_epochs():
     tokens = 10_000 * 16_384
     assert hours["hidden"] == pytest.approx(tokens / 50_000 / 3600)  # one capture server
     assert hours["generate"] == pytest.approx(tokens / 2500 / 3600)  # one endpoint
-    # 10 epochs over the 49 training shards on 8 GPUs, for each of the example's two families.
-    assert hours["train"] == pytest.approx(2 * tokens * 49 / 50 * 10 / (20_000 * 8) / 3600)
+    # 10 epochs over the 49 training shards on 8 GPUs, for each of the example's two families,
+    # each step reading train.sequence's 8,192 tokens of a ~16,384-token answer (disk: all).
+    trained = 49 * 200 * 8_192
+    assert plan.train_tokens_per_epoch == trained
+    assert hours["train"] == pytest.approx(2 * trained * 10 / (20_000 * 8) / 3600)
     stores = {row.mode: row for row in plan.stores}
     shard_h = tokens / 50 / 50_000 / 3600
     assert stores["files"].capture_hours == pytest.approx(50 * shard_h)
@@ -110,6 +113,7 @@ def test_the_command_prints_every_stage_and_mode(capsys):
     for stage in ("generate", "samples", "hidden", "train", "evaluate", "report"):
         assert f"\n{stage} " in out
     assert "411.4 TB" in out and "not built yet" not in out
+    assert "training reads at most train.sequence.length 8,192 tokens a sample" in out
     assert format_plan(kimi_plan(500_000)).splitlines()[0] == out.splitlines()[0]
 
 

@@ -111,10 +111,17 @@ class PooledShard:
     def length(self, i: int) -> int:
         return len(self.prompts[i])
 
-    def sample(self, i: int) -> dict[str, torch.Tensor]:
+    def sample(self, i: int, spans: list[tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
+        """As HiddenShard.sample: the servers capture the whole sample, `spans` cut it."""
         if not 0 <= i < len(self):
             raise IndexError(f"{self.path}: sample {i} out of range [0, {len(self)})")
-        return self.states.take(self, i)
+        rows = self.states.take(self, i)
+        if spans is None:
+            return rows
+        return {n: torch.cat([t[a:b] for a, b in spans]) for n, t in rows.items()}
+
+    def prompt_len(self, i: int) -> int:
+        return int(self.frame["prompt_len"][i])
 
     def check(self, field: str, expected: Any, found: Any) -> None:
         if expected is not None and expected != found:

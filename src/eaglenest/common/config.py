@@ -92,7 +92,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     from eaglenest.settings.hidden_states import check_store
     from eaglenest.settings.prompts import check_shard_count
     from eaglenest.settings.report import check_report_device
-    from eaglenest.settings.train import check_families, drafter_window
+    from eaglenest.settings.train import check_families, check_sequence, drafter_window
     from eaglenest.settings.urls import check_config_urls
     from eaglenest.settings.vllm_versions import check_vllm_serves_families
 
@@ -101,6 +101,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         check_config_urls(config)
         drafter_window((config.get("train") or {}).get("drafter") or {})
         check_families(config.get("train") or {})
+        check_sequence(config.get("train") or {})
         check_vllm_serves_families(config)
         check_store(config)
         check_shard_count(config)

@@ -3,7 +3,9 @@ target's distribution over the draft vocabulary at every position.
 
 Nothing is loaded whole: a batch reads its samples' rows from the shard files (safetensors
 `get_slice`, see formats/hidden_shard.py) when it is built. The order is a function of (seed, epoch), so
-a resumed run builds exactly the batches the killed run would have built.
+a resumed run builds exactly the batches the killed run would have built. `train.sequence` decides
+which rows of a sample are read, at which positions (eaglenest.drafter.views): batches are formed
+by the viewed lengths.
 
 The target signal is either the target's final normed hidden state (logits = head(final), computed
 here a chunk of rows at a time) or the stored top-k logits; either way the loss sees the target's
@@ -13,7 +15,7 @@ logits restricted to the draft vocabulary and a flag saying whether the target's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,11 +23,13 @@ import numpy as np
 import torch
 
 from eaglenest.common.batching import pack_batches, packed_batches, packed_rows, pooled_batches
+from eaglenest.drafter.views import sample_view, viewed_length, window_draws
 from eaglenest.formats.hidden_shard import HiddenShard, open_hidden_shard
 
 if TYPE_CHECKING:  # annotations only: the batches never load a head or a vocabulary
     from eaglenest.formats.draft_vocab import DraftVocab
     from eaglenest.formats.target_head import TargetHead
+    from eaglenest.settings.train import SequenceSettings
 
 HEAD_CHUNK_ROWS = 2048
 
@@ -54,6 +58,9 @@ class Batch:
     # [B, T] int64, rows that pack several samples (`build_packed_batch`): the sample of its row
     # each position holds (0, 1, ...; -1 past the row's end). None: one sample a row.
     segments: torch.Tensor | None = None
+    # [B, T] int64: each position's rotary position, where a view (train.sequence) kept rows
+    # apart from a sample's start (0 past a row's end). None: from 0 in each sample.
+    positions: torch.Tensor | None = None
 
     TENSORS = (
         "aux",
@@ -66,6 +73,7 @@ class Batch:
         "topk_values",
         "token_mask",
         "segments",
+        "positions",
     )
 
     @property
@@ -179,7 +187,8 @@ class TargetSignal:
 class SampleRef:
     shard: int
     index: int
-    length: int
+    length: int  # the rows it trains on (its view's, `viewed_length`)
+    draw: int = 0  # where its window lies this epoch (views.sample_view), train.sequence windows
 
 
 class BatchPlan:
@@ -189,7 +198,9 @@ class BatchPlan:
     batches every epoch (`pooled_batches`: random pools of that many batches' worth of tokens,
     length-sorted within), so an epoch's batch count can differ a little from the next's.
     `packed`: new batches of samples in a random order every epoch, lengths mixed, several
-    samples a row (`packed_batches`, `build_packed_batch`); shuffle_pool does not apply."""
+    samples a row (`packed_batches`, `build_packed_batch`); shuffle_pool does not apply.
+    `sequence` (train.sequence; None: whole samples): the rows of each sample read, the
+    lengths the batches are formed by, and each epoch's window draws (`epoch_order`)."""
 
     def __init__(
         self,
@@ -200,8 +211,10 @@ class BatchPlan:
         shuffle_pool: int = 0,
         packed: bool = False,
         aux_layer_ids: Sequence[int] | None = None,
+        sequence: SequenceSettings | None = None,
     ):
         self.shards = shards
+        self.sequence = sequence
         # The captured layers the drafter reads (its config's aux_layer_ids): the batches' aux
         # holds their columns only (`aux_columns`); None: every captured layer.
         self.aux_layer_ids = aux_layer_ids
@@ -210,7 +223,7 @@ class BatchPlan:
         self.shuffle_pool = shuffle_pool
         self.packed = packed
         self.refs = [
-            SampleRef(s, i, int(shard.offsets[i + 1] - shard.offsets[i]))
+            SampleRef(s, i, viewed_length(sequence, int(shard.offsets[i + 1] - shard.offsets[i])))
             for s, shard in enumerate(shards)
             for i in range(len(shard))
         ][:limit]
@@ -232,7 +245,12 @@ class BatchPlan:
         return [self.batches[b] for b in rng.permutation(len(self.batches))]
 
     def epoch_order(self, epoch: int) -> list[list[SampleRef]]:
-        return [[self.refs[i] for i in batch] for batch in self._epoch_batches(epoch)]
+        """The epoch's batches; with windows, each sample with this epoch's draw."""
+        refs = self.refs
+        if self.sequence is not None and self.sequence.mode == "windows":
+            draws = window_draws(self.seed, epoch, len(refs)).tolist()
+            refs = [replace(ref, draw=draw) for ref, draw in zip(refs, draws, strict=True)]
+        return [[refs[i] for i in batch] for batch in self._epoch_batches(epoch)]
 
     def epoch_sizes(self, epochs: int) -> list[int]:
         """Batches in each of the first `epochs` epochs."""
@@ -242,12 +260,27 @@ class BatchPlan:
 
 
 def build_batch(
-    refs: list[SampleRef], shards: list[HiddenShard], aux_layer_ids: Sequence[int] | None = None
+    refs: list[SampleRef],
+    shards: list[HiddenShard],
+    aux_layer_ids: Sequence[int] | None = None,
+    sequence: SequenceSettings | None = None,
 ) -> Batch:
     """Right-padded tensors of these samples, read from the shard files (target signal raw);
-    `aux_layer_ids`: the captured layers the drafter reads (BatchPlan's), None: all."""
+    `aux_layer_ids`: the captured layers the drafter reads (BatchPlan's), None: all;
+    `sequence`: the rows of each sample read, at their positions (BatchPlan's), None: all."""
     longest = max(r.length for r in refs)
-    samples = [drafter_sample(shards[r.shard], r.index, aux_layer_ids) for r in refs]
+    views = [ref_view(r, shards[r.shard], sequence) for r in refs]
+    samples = [
+        drafter_sample(shards[r.shard], r.index, aux_layer_ids, None if v is None else v.spans())
+        for r, v in zip(refs, views, strict=True)
+    ]
+    for ref, view, sample in zip(refs, views, samples, strict=True):
+        if view is not None and view.seam_row is not None:  # the token after the sink (views.py)
+            row = view.seam_row
+            after_sink = shards[ref.shard].sample(ref.index, [(row, row + 1)])["input_ids"]
+            ids = sample["input_ids"].clone()
+            ids[row] = after_sink[0]
+            sample["input_ids"] = ids
 
     def padded(name: str, dtype: torch.dtype) -> torch.Tensor:
         first = samples[0][name]
@@ -268,14 +301,53 @@ def build_batch(
         topk_ids=None if has_final else padded("topk_ids", torch.long),
         topk_values=None if has_final else padded("topk_values", torch.float32),
         token_mask=torch.arange(longest)[None, :] < torch.tensor([r.length for r in refs])[:, None],
+        positions=view_positions(views, [r.length for r in refs], longest),
     )
 
 
+def ref_view(ref: SampleRef, shard: HiddenShard, sequence: SequenceSettings | None):
+    """The sample's view (views.sample_view; None: whole), its prompt read only where needed."""
+    n = int(shard.offsets[ref.index + 1] - shard.offsets[ref.index])
+    if sequence is None or n <= sequence.length or sequence.mode == "whole":
+        return None
+    prompt_len = shard.prompt_len(ref.index) if sequence.mode == "windows" else 0
+    return sample_view(sequence, n, prompt_len, ref.draw)
+
+
+def view_positions(views: list, lengths: list[int], width: int) -> torch.Tensor | None:
+    """[B, width] rotary positions of the rows (0 past each one's end); None where no sample
+    has a view (every row from 0, as the models count by default)."""
+    if all(view is None for view in views):
+        return None
+    positions = torch.zeros((len(views), width), dtype=torch.long)
+    for row, (view, n) in enumerate(zip(views, lengths, strict=True)):
+        positions[row, :n] = torch.arange(n) if view is None else view.positions()
+    return positions
+
+
+def batch_positions(batch: Batch) -> torch.Tensor:
+    """[B, T] the rotary position of every position of the batch: its own, or from 0 in each
+    sample (restarting at each sample of a packed row)."""
+    if batch.positions is not None:
+        return batch.positions
+    b, t = batch.input_ids.shape
+    positions = torch.arange(t, device=batch.input_ids.device).expand(b, t)
+    if batch.segments is None:
+        return positions
+    starts = torch.ones_like(batch.segments, dtype=torch.bool)
+    starts[:, 1:] = batch.segments[:, 1:] != batch.segments[:, :-1]
+    return positions - torch.where(starts, positions, 0).cummax(-1).values
+
+
 def drafter_sample(
-    shard: HiddenShard, index: int, aux_layer_ids: Sequence[int] | None
+    shard: HiddenShard,
+    index: int,
+    aux_layer_ids: Sequence[int] | None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """A shard's sample with `aux` cut to the columns of the layers the drafter reads."""
-    sample = shard.sample(index)
+    """A shard's sample (its `spans`' rows; None: all) with `aux` cut to the columns of the
+    layers the drafter reads."""
+    sample = shard.sample(index) if spans is None else shard.sample(index, spans)
     if aux_layer_ids is None:
         return sample
     columns = aux_columns(shard.aux_layer_ids, aux_layer_ids, shard.hidden_size)
@@ -287,12 +359,14 @@ def build_packed_batch(
     shards: list[HiddenShard],
     max_batch_tokens: int,
     aux_layer_ids: Sequence[int] | None = None,
+    sequence: SequenceSettings | None = None,
 ) -> Batch:
     """The samples packed into rows (`packed_rows` under max_batch_tokens), each row the
     concatenation of its samples, right-padded; `segments` says which sample each position
-    holds. Training on it equals training on `build_batch` of the same samples."""
+    holds (and `positions`, where a view set them, their positions). Training on it equals
+    training on `build_batch` of the same samples."""
     rows = packed_rows([r.length for r in refs], max_batch_tokens)
-    batch = build_batch(refs, shards, aux_layer_ids)  # a sample a row, then moved into rows
+    batch = build_batch(refs, shards, aux_layer_ids, sequence)  # a sample a row, then packed
     if len(rows) == len(refs):  # nothing shares a row (long samples): linear-memory attention
         return batch
     width = max(sum(refs[i].length for i in row) for row in rows)
@@ -306,6 +380,7 @@ def build_packed_batch(
         "topk_ids",
         "topk_values",
         "token_mask",
+        "positions",
     ):
         rowwise = getattr(batch, name)
         if rowwise is None:
@@ -332,4 +407,5 @@ def build_packed_batch(
         topk_values=packed.get("topk_values"),
         token_mask=packed["token_mask"],
         segments=segments,
+        positions=packed.get("positions"),
     )

@@ -309,11 +309,27 @@ class HiddenShard:
     def _rows(self, name: str, begin: int, end: int) -> torch.Tensor:
         return self._file.get_slice(name)[begin:end]
 
-    def sample(self, i: int) -> dict[str, torch.Tensor]:
+    def _bounds(self, i: int) -> tuple[int, int]:
         if not 0 <= i < len(self):
             raise IndexError(f"{self.path}: sample {i} out of range [0, {len(self)})")
-        begin, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        return loaded_rows({n: self._rows(n, begin, end) for n in sorted(self.names - {"offsets"})})
+        return int(self.offsets[i]), int(self.offsets[i + 1])
+
+    def sample(self, i: int, spans: list[tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
+        """Sample i's rows; `spans` (ranges within the sample): only those rows, in order, the
+        others never read (a window of a long answer reads its own rows only)."""
+        begin, end = self._bounds(i)
+        names = sorted(self.names - {"offsets"})
+        if spans is None:
+            return loaded_rows({n: self._rows(n, begin, end) for n in names})
+        return loaded_rows(
+            {n: torch.cat([self._rows(n, begin + a, begin + b) for a, b in spans]) for n in names}
+        )
+
+    def prompt_len(self, i: int) -> int:
+        """Sample i's prompt tokens: where its loss mask (the answer's tokens) starts."""
+        begin, end = self._bounds(i)
+        answer = self._rows("loss_mask", begin, end).nonzero()
+        return int(answer[0, 0]) if len(answer) else end - begin
 
     def check(self, field: str, expected: Any, found: Any) -> None:
         if expected is not None and expected != found:

@@ -38,6 +38,13 @@ class TrainReport(Record):
     train_shards: list[str] | None = typed("strs")
     world_size: int | None = typed("int")
     device: str | None = typed("str")
+    # train.sequence as trained: mode, length, sink, and tokens_trained (the samples' tokens
+    # the batches held, padding aside, over every step and process).
+    sequence: dict[str, Any] | None = typed("object")
+    # The largest rotary position of a token in any training batch (a drafted slot rotates up to
+    # K - 1 past its query's): what the drafter has seen, which a served length must not pass
+    # unnoticed.
+    max_position_trained: int | None = typed("int")
     drafter: dict[str, Any] | None = typed("object")  # the family's description of its model
     settings: dict[str, Any] | None = typed("object")  # the `train` section, as recorded
 

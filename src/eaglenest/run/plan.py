@@ -13,6 +13,9 @@ size): no data, no server. What is not in the config is assumed and printed as s
   endpoint, all its concurrent requests), `--capture-tokens-per-s` (per capture engine),
   `--train-tokens-per-s` (per training process, i.e. per GPU).
 The hidden states' bytes per token are exact: the shard layout of formats/hidden_shard.py.
+Disk is per stored token (whole answers are captured and stored); training reads of each sample
+what `train.sequence` keeps (at most `length` tokens in head and windows), so its hours follow
+the tokens an epoch reads under the recipe (`epoch_train_tokens`), not the stored ones.
 
 `hidden.store` (files: every state stored, today's pipeline; none: none stored, training asks the
 capture servers for each batch every epoch; budget: the shards that fit in `hidden.cache_gb`
@@ -88,6 +91,7 @@ class RunPlan:
     train_shards: int
     eval_shards: int
     tokens: float
+    train_tokens_per_epoch: float  # what training reads an epoch under train.sequence
     hidden_bytes_per_token: int
     assumptions: Assumptions
     stages: list[StageRow]
@@ -123,6 +127,31 @@ def hours(n_tokens: float, tokens_per_s: float, parallel: int) -> float:
     return n_tokens / (tokens_per_s * max(1, parallel)) / 3600
 
 
+def viewed_tokens_per_sample(config: dict[str, Any], tokens_per_sample: float) -> float:
+    """Tokens of a sample a training step reads under train.sequence (whole: all of them)."""
+    sequence = config["train"]["sequence"]
+    if sequence["mode"] == "whole":
+        return tokens_per_sample
+    return min(tokens_per_sample, sequence["length"])
+
+
+def sequence_label(config: dict[str, Any]) -> str:
+    """train.sequence in the train row's words."""
+    sequence = config["train"]["sequence"]
+    if sequence["mode"] == "whole":
+        return "whole samples"
+    return f"{sequence['mode']} of {sequence['length']:,} tokens a sample"
+
+
+def epoch_train_tokens(
+    config: dict[str, Any], assumptions: Assumptions, split: ShardSplit
+) -> float:
+    """Tokens a training epoch reads: the training shards' samples, each as train.sequence
+    views it."""
+    samples = sum(len(range(*shard_bounds(config, s))) for s in split.training)
+    return samples * viewed_tokens_per_sample(config, assumptions.tokens_per_sample)
+
+
 def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
     """The plan of a validated config (schema defaults filled in)."""
     prompts = config["prompts"]
@@ -148,6 +177,7 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
         train_shards=len(split.training),
         eval_shards=len(split.heldout),
         tokens=tokens,
+        train_tokens_per_epoch=epoch_train_tokens(config, assumptions, split),
         hidden_bytes_per_token=per_token,
         assumptions=assumptions,
         stages=stages,
@@ -184,7 +214,7 @@ def stage_rows(
         "verify_hidden_states": int(verify),
         "save_target_head": 1,
     }
-    train_tokens = tokens * train_shards / shards * epochs
+    train_tokens = epoch_train_tokens(config, assumptions, split) * epochs
     # With the engine, one plain decoding for every family's evaluation (decode_plain).
     engine = config["evaluate"]["engine"] == "vllm"
     evaluate_jobs = {"decode_plain": int(engine), "evaluate_drafter": families}
@@ -227,7 +257,8 @@ def stage_rows(
             train_shards,
             0.0,
             families * hours(train_tokens, rates.train_tokens_per_s, scale.processes),
-            f"{epochs} epochs on {scale.processes} process(es), {families} famil"
+            f"{epochs} epochs of {sequence_label(config)} on {scale.processes} process(es), "
+            f"{families} famil"
             f"{'y' if families == 1 else 'ies'} at the one rate",
         ),
         StageRow("evaluate", evaluate_jobs, eval_shards, 0.0, None),
@@ -265,8 +296,28 @@ def plan_notes(config: dict[str, Any], assumptions: Assumptions) -> list[str]:
             "once"
         ),
         "not counted: the prompt list, vocab, target head, drafter and journals (GBs at most)",
+        train_cost_note(config, assumptions),
     ]
     return notes
+
+
+def train_cost_note(config: dict[str, Any], assumptions: Assumptions) -> str:
+    """What bounds a training step, beside what the disk holds."""
+    sequence = config["train"]["sequence"]
+    viewed = viewed_tokens_per_sample(config, assumptions.tokens_per_sample)
+    stored = (
+        "hidden-state disk is per stored token (whole answers, "
+        f"~{assumptions.tokens_per_sample:,.0f} a sample)"
+    )
+    if sequence["mode"] == "whole":
+        return (
+            f"{stored}; training reads whole samples (train.sequence.mode whole): a step's cost "
+            "follows the longest answer"
+        )
+    return (
+        f"{stored}; training reads at most train.sequence.length {sequence['length']:,} tokens "
+        f"a sample ({sequence['mode']}: ~{viewed:,.0f} a sample), which bounds a step's cost"
+    )
 
 
 def store_row(

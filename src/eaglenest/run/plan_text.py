@@ -31,6 +31,7 @@ def format_plan(plan: RunPlan) -> str:
     lines = [
         title,
         f"hidden states: {plan.hidden_bytes_per_token:,} bytes/token (hidden size {a.hidden_size:,})",
+        f"training reads ~{plan.train_tokens_per_epoch:,.3g} tokens an epoch (train.sequence)",
         "",
         f"{'stage':<12} {'jobs':>7} {'shards':>7} {'disk (files)':>13} {'hours':>10}  rules",
     ]

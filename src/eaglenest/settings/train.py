@@ -65,6 +65,54 @@ class DrafterSettings(Settings):
 
 
 @dataclass(frozen=True)
+class SequenceSettings(Settings):
+    """`train.sequence`: which tokens of a sample a drafter trains on, at which rotary positions
+    (eaglenest.drafter.views applies it). `whole`: every token from position 0; `head`: the
+    first `length` tokens (the peers' recipe); `windows`: a sample longer than `length` trains
+    on a sink (its first tokens) and a window at a random depth of its answer, both at their
+    true positions; a sample no longer than `length` trains whole in every mode but `whole`'s
+    equal."""
+
+    SECTION = "train.sequence"
+    MODES = ("whole", "head", "windows")
+
+    mode: str
+    length: int
+    sink: str | int  # "prompt" (the sample's prompt, capped at length // 2) or a token count
+
+    def __post_init__(self) -> None:
+        if self.mode not in self.MODES:
+            raise ValueError(f"train.sequence.mode {self.mode!r}: one of {', '.join(self.MODES)}")
+        if self.sink != "prompt" and not (
+            isinstance(self.sink, int) and 0 <= self.sink < self.length
+        ):
+            raise ValueError(
+                f"train.sequence.sink {self.sink!r}: 'prompt' or a token count below "
+                f"train.sequence.length ({self.length}), so that the window keeps a token"
+            )
+
+    @property
+    def has_sink(self) -> bool:
+        """Whether a windowed sample keeps tokens apart from its window (positions jump)."""
+        return self.mode == "windows" and self.sink != 0
+
+    def check_window(self, sliding_window: int | None) -> None:
+        """A sliding window counts rotary positions by a row's index (drafter/attention.py): a
+        sink before a window at depth would be seen by keys it is far from when served."""
+        if sliding_window is not None and self.has_sink:
+            raise ValueError(
+                f"train.drafter.sliding_window {sliding_window} with train.sequence.sink "
+                f"{self.sink!r} (mode windows): the window would count a sink's tokens as near; "
+                "set train.sequence.sink: 0, or mode head or whole"
+            )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SequenceSettings:
+        values = config["train"]["sequence"]
+        return cls(**{name: values[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class TrainSettings(Settings):
     """The `train` section's recipe. EAGLE-3's job tracks every field; another family's job a
     view of those its training reads (`of_family`: the others NotTracked)."""
@@ -103,6 +151,7 @@ class TrainSettings(Settings):
     export_dtype: str
     activation_checkpointing: bool  # recompute the drafter layer in backward (long samples)
     drafter: DrafterSettings  # the drafter's EAGLE-3 variant, attention and sizes
+    sequence: SequenceSettings  # which tokens and positions of a sample training reads
     target: TargetSettings  # path and trust_remote_code: the drafter's sizes from its config
 
     def recorded(self) -> dict[str, Any]:
@@ -130,12 +179,18 @@ class TrainSettings(Settings):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrainSettings:
-        own = set(cls.__dataclass_fields__) - {"target", "drafter"}
+        own = set(cls.__dataclass_fields__) - {"target", "drafter", "sequence"}
         values = {k: config["train"][k] for k in own}
         target = TargetSettings.view(config, "path", "trust_remote_code")
         drafter = DrafterSettings.from_config(config)
+        sequence = SequenceSettings.from_config(config)
         adam_betas = tuple(values["adam_betas"])
-        return cls(**{**values, "adam_betas": adam_betas, "drafter": drafter, "target": target})
+        return cls(
+            **{**values, "adam_betas": adam_betas},
+            drafter=drafter,
+            sequence=sequence,
+            target=target,
+        )
 
 
 # The drafter's decoder layers: one, as every EAGLE-3 drafter vLLM and SGLang load.
@@ -241,6 +296,16 @@ def train_job_settings(text: str) -> tuple[TrainSettings, FamilySettings]:
     if "family" not in values:
         return TrainSettings.from_dict(values), FamilySettings.eagle3()
     return TrainSettings.from_dict(values["train"]), FamilySettings.from_dict(values["family"])
+
+
+def check_sequence(train: Mapping[str, Any]) -> None:
+    """train.sequence as a validated config holds it, with the drafter's window (both keys named
+    where they cannot go together)."""
+    values = train.get("sequence") or {}
+    if not values:
+        return
+    sequence = SequenceSettings(values["mode"], values["length"], values["sink"])
+    sequence.check_window(drafter_window(train.get("drafter") or {}))
 
 
 def check_families(train: Mapping[str, Any]) -> None:

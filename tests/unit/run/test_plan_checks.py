@@ -130,3 +130,33 @@ def test_a_plan_that_holds_out_every_shard_is_refused_by_key(tmp_path, capsys):
     assert main(["plan", "--configfile", DEMO, str(every)]) == 2
     out = capsys.readouterr().out
     assert "'train.eval_shards' holds out every shard (4)" in out
+
+
+def test_training_hours_follow_the_tokens_the_recipe_reads_and_the_disk_every_stored_one(capsys):
+    """Whole answers are stored (disk per stored token); a step reads at most
+    train.sequence.length tokens a sample, so training hours are bounded by it."""
+    rates = Rates(**DEMO_RATES)
+
+    def planned(sequence: dict, tokens_per_sample: float = 20_000):
+        config = validate_config({"train": {"sequence": sequence}})
+        return plan_run(config, Assumptions(tokens_per_sample, 128, rates, 1.0))
+
+    whole, head, windows = (planned({"mode": m}) for m in ("whole", "head", "windows"))
+    trained_samples = whole.train_shards * whole.shard_size
+    assert whole.train_tokens_per_epoch == pytest.approx(trained_samples * 20_000)
+    assert head.train_tokens_per_epoch == windows.train_tokens_per_epoch
+    assert windows.train_tokens_per_epoch == pytest.approx(trained_samples * 8192)
+    rows = {
+        name: {r.stage: r for r in p.stages} for name, p in (("whole", whole), ("windows", windows))
+    }
+    assert rows["windows"]["train"].hours == pytest.approx(
+        rows["whole"]["train"].hours * 8192 / 20_000
+    )
+    assert rows["windows"]["hidden"].disk_bytes == rows["whole"]["hidden"].disk_bytes
+    assert "windows of 8,192 tokens a sample" in rows["windows"]["train"].note
+    short = planned({"mode": "windows"}, tokens_per_sample=1000)
+    assert short.train_tokens_per_epoch == pytest.approx(trained_samples * 1000)
+    assert main(["plan", "--configfile", DEMO, "--set", "train.sequence.length=512"]) == 0
+    out = capsys.readouterr().out
+    assert "training reads at most train.sequence.length 512 tokens a sample" in out
+    assert "tokens an epoch (train.sequence)" in out

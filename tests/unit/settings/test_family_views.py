@@ -45,6 +45,10 @@ CHANGES = {
     "DFlash's block": ({"dflash": {"block_size": 4}}, {"dflash"}),
     # DFlash's default head is the target's, frozen whole: it never reads lm_head_init.
     "lm_head_init": ({"lm_head_init": "target_frozen"}, {"eagle3", "p_eagle"}),
+    # Which tokens and positions every family trains on: a change retrains each.
+    "the sequence mode": ({"sequence": {"mode": "head"}}, {"eagle3", "p_eagle", "dflash"}),
+    "the sequence length": ({"sequence": {"length": 4096}}, {"eagle3", "p_eagle", "dflash"}),
+    "the sink": ({"sequence": {"sink": 16}}, {"eagle3", "p_eagle", "dflash"}),
 }
 
 

@@ -18,6 +18,7 @@ from eaglenest.drafter.block_loss import (
 )
 from eaglenest.drafter.dflash.model import GAMMA, MAX_ANCHORS
 from eaglenest.drafter.layers import shift_left
+from eaglenest.drafter.views import continues
 
 if TYPE_CHECKING:  # annotations only: the batches' module is deep in the import graph
     from eaglenest.drafter.batches import Batch
@@ -29,6 +30,7 @@ def select_anchors(
     max_anchors: int = MAX_ANCHORS,
     generator: torch.Generator | None = None,
     segments: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, N] anchor positions per row, ascending, -1 past each row's own (N = the most any row
     has, at most max_anchors; a random subset where a row has more, drawn from `generator`).
@@ -39,7 +41,10 @@ def select_anchors(
     `block_targets` masks the slots past the answer, the sample or the row. An answer shorter
     than the block trains, and its last token (the end of turn) is slot 1 of the anchor before
     it. (An answer's last position would anchor a block with nothing to learn: left out, so it
-    takes none of the max_anchors draws; the loss is the same.)"""
+    takes none of the max_anchors draws; the loss is the same.) With a view's `positions`, an
+    anchor's next row must be its true next position (not across the seam after a sink), and
+    so must the anchor be its previous row's: a window's first row holds the token after the
+    sink, not its own (eaglenest.drafter.views)."""
     b = loss_mask.shape[0]
     answer = loss_mask.bool()
     eligible = answer & shift_left(answer, 1, False)
@@ -49,6 +54,10 @@ def select_anchors(
         eligible = eligible & (shift_left(segments, 1, -2) == segments)
         has_context[:, 1:] = segments[:, 1:] == segments[:, :-1]
     eligible = eligible & has_context
+    if positions is not None:
+        follows = continues(positions, 1)
+        eligible = eligible & follows
+        eligible[:, 1:] &= follows[:, :-1]
     rows = []
     for row in range(b):
         found = eligible[row].nonzero()[:, 0]
@@ -74,8 +83,8 @@ def block_targets(
     """The target's log-probabilities [B, N, bs, D] each slot learns (slot j of anchor a: the
     target's distribution at a + j - 1) and where it is trained [B, N, bs]: j >= 1, the
     anchor exists, the token a + j is in the answer (of the anchor's sample) and the target's
-    argmax is a draft token. Every slot past the answer (a padded row's, a packed row's sample's)
-    or past the row is untrained."""
+    argmax is a draft token. Every slot past the answer (a padded row's, a packed row's sample's),
+    past the row or past a view's seam (its row not the anchor's position + j) is untrained."""
     b, n = anchors.shape
     t, d = batch.input_ids.shape[1], batch.target_logits.shape[-1]
     offsets = torch.arange(block_size, device=anchors.device)
@@ -90,6 +99,10 @@ def block_targets(
     if batch.segments is not None:
         sample = batch.segments.gather(1, anchors.clamp(min=0))[..., None]
         valid = valid & (batch.segments.gather(1, drafted.reshape(b, -1)).view(b, n, -1) == sample)
+    if batch.positions is not None:
+        at = batch.positions.gather(1, anchors.clamp(min=0))[..., None]
+        held = batch.positions.gather(1, drafted.reshape(b, -1)).view(b, n, -1)
+        valid = valid & (held == at + offsets)
     return targets.view(b, n, block_size, d), valid
 
 

@@ -304,17 +304,21 @@ class DFlashDrafter(VocabHead):
         input_ids: torch.Tensor,
         anchors: torch.Tensor,
         segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [B, N, block_size, D] of the block at each anchor [B, N] (-1: none, see
         `select_anchors`) of rows aux [B, T, n_aux·H_target], input_ids [B, T]; slot j drafts
         the token at anchor + j. `segments` [B, T]: rows packing several samples
         (`Batch.segments`): rotary positions restart at each sample, context stays in it.
+        `positions` [B, T] (`Batch.positions`, a view's): the rows' rotary positions; a block
+        sits at its anchor's plus 0 .. bs-1.
 
         The blocks go through the layers ANCHOR_CHUNK at a time, each chunk recomputed in
         backward when training: a long row's mask and attention scores are then [chunk·bs,
         T + chunk·bs], never [N·bs, ...] nor [T, T], and its activations one chunk's."""
         b, t = input_ids.shape
-        positions = sample_positions(segments, b, t, input_ids.device)
+        if positions is None:
+            positions = sample_positions(segments, b, t, input_ids.device)
         context = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
         several = anchors.shape[1] > ANCHOR_CHUNK and torch.is_grad_enabled()
         chunks = []

@@ -189,12 +189,15 @@ class Eagle3Drafter(VocabHead):
         ttt_steps: int,
         own_tokens: bool = False,
         segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Training-time test over a right-padded batch: logits [B, T, D] of every step.
 
         Step i at position t takes token input_ids[t + 1 + i] and (for i > 0) step i-1's output
-        hidden state at t, at rotary position t + i, and predicts the token after it: the
-        target's distribution at position t + 1 + i. With `own_tokens`, step i > 0 takes step
+        hidden state at t, at rotary position p_t + i (p_t = t, or `positions` [B, T] where a
+        view of the sample set them: `Batch.positions`), and predicts the token after it: the
+        target's distribution at position t + 1 + i (the loss drops it where that is not
+        p_t + 1 + i: a seam, train.ttt_loss). With `own_tokens`, step i > 0 takes step
         i-1's own argmax instead of the data's token (as when serving, where a draft step
         continues from the drafter's previous draft).
 
@@ -204,14 +207,8 @@ class Eagle3Drafter(VocabHead):
         loss's to drop (train.ttt_loss).
         """
         b, t = input_ids.shape
-        positions = torch.arange(t, device=input_ids.device).expand(b, t)
-        visible = None
-        if segments is not None:
-            starts = torch.ones_like(segments, dtype=torch.bool)
-            starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-            positions = positions - torch.where(starts, positions, 0).cummax(-1).values
-            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
-            visible = (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
+        rows, visible = row_positions(segments, b, t, input_ids.device)
+        positions = rows if positions is None else positions
         hidden = self.project(aux)
         cache = TTTStack(visible)
         logits = []
@@ -240,6 +237,21 @@ class Eagle3Drafter(VocabHead):
                 shift_left(input_ids, 1 + i), hidden, positions + i, cache
             )
             yield normed
+
+
+def row_positions(
+    segments: torch.Tensor | None, b: int, t: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotary positions [B, T] (from 0 in each sample of a packed row) and the step-0 keys
+    each query may see ([B, 1, T, T], causal within its sample; None for one sample a row)."""
+    positions = torch.arange(t, device=device).expand(b, t)
+    if segments is None:
+        return positions, None
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    positions = positions - torch.where(starts, positions, 0).cummax(-1).values
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return positions, (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]
 
 
 def plain_layer(layer: nn.Module, cache: TTTStack | DecodeCache, *inputs) -> torch.Tensor:
@@ -272,7 +284,8 @@ def ttt_forward(
     ttt_steps: int,
     own_tokens: bool = False,
     segments: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Training-time test (`Eagle3Drafter.forward`) through `model`, which may be a DDP wrapper:
     DDP synchronises gradients only for calls that go through its forward."""
-    return model(aux, input_ids, ttt_steps, own_tokens, segments)
+    return model(aux, input_ids, ttt_steps, own_tokens, segments, positions)

@@ -2,7 +2,8 @@
 
 Objective: depth d at position t learns the target's distribution at t + 1 + d (its next
 token, x_t+2+d) where position t + 1 + d is in the answer (loss_mask), the target's argmax is a
-draft token and (packed rows) t + 1 + d is in t's sample: EAGLE-3's step d's positions
+draft token, (packed rows) t + 1 + d is in t's sample and (a view's seam) is t's true position
+1 + d after it: EAGLE-3's step d's positions
 (stages/train/loss.py). speculators trains depth d on a random share max(0.7^d, 0.2) of the
 positions (COD sampling, to save memory) and averages the loss over all sampled positions; here
 every position is computed and depth d weighted by that share (`cod_depth_weights`): about the
@@ -25,6 +26,7 @@ from eaglenest.drafter.block_loss import (
     weighted_slot_loss,
 )
 from eaglenest.drafter.layers import shift_left
+from eaglenest.drafter.views import continues
 
 if TYPE_CHECKING:  # annotations only: the batches' module is deep in the import graph
     from eaglenest.drafter.batches import Batch
@@ -51,6 +53,8 @@ def depth_valid(batch: Batch, depths: int) -> list[torch.Tensor]:
         )
         if batch.segments is not None:
             v = v & (shift_left(batch.segments, 1 + d, -1) == batch.segments)
+        if batch.positions is not None:  # not across a view's seam (drafter/views.py)
+            v = v & continues(batch.positions, 1 + d)
         valid.append(v)
     return valid
 

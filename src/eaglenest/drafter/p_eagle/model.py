@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from eaglenest.drafter.config import DrafterConfig
-from eaglenest.drafter.eagle3.model import Eagle3Drafter
+from eaglenest.drafter.eagle3.model import Eagle3Drafter, row_positions
 from eaglenest.drafter.layers import TTTStack, shift_left
 
 # ---- the model -------------------------------------------------------------------------------
@@ -121,11 +121,14 @@ class PEagleDrafter(Eagle3Drafter):
         input_ids: torch.Tensor,
         depths: int,
         segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> Iterator[torch.Tensor]:
         """The LM-head input [B, T, H] of depth 0, 1, ..., depths-1 at every position: depth d
-        at t drafts the token t + 2 + d. `segments` as in `Eagle3Drafter.forward`."""
+        at t drafts the token t + 2 + d, at rotary position p_t + d. `segments` and
+        `positions` as in `Eagle3Drafter.forward`."""
         b, t = input_ids.shape
-        positions, visible = row_positions(segments, b, t, input_ids.device)
+        rows, visible = row_positions(segments, b, t, input_ids.device)
+        positions = rows if positions is None else positions
         cache = TTTStack(visible)
         normed, _ = self.step_states(shift_left(input_ids, 1), self.project(aux), positions, cache)
         yield normed
@@ -143,6 +146,7 @@ class PEagleDrafter(Eagle3Drafter):
         ttt_steps: int,
         own_tokens: bool = False,
         segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Logits [B, T, D] of every depth (`ttt_steps` of them), in EAGLE-3's forward's
         signature and alignment, so the training loop's `ttt_forward` and `ttt_loss` take it
@@ -152,7 +156,7 @@ class PEagleDrafter(Eagle3Drafter):
                 "P-EAGLE's depths take the mask token, never a drafted one: "
                 "train.ttt_inputs must be data"
             )
-        states = self.parallel_states(aux, input_ids, ttt_steps, segments)
+        states = self.parallel_states(aux, input_ids, ttt_steps, segments, positions)
         return [self.lm_head(normed) for normed in states]
 
     def teacher_forced_states(
@@ -161,19 +165,3 @@ class PEagleDrafter(Eagle3Drafter):
         """What the evaluation scores as a draft chain: P-EAGLE's depths depend on no drafted
         token, so they are its parallel states."""
         return self.parallel_states(aux, input_ids, ttt_steps)
-
-
-def row_positions(
-    segments: torch.Tensor | None, b: int, t: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rotary positions [B, T] (from 0 in each sample of a packed row) and the step-0 keys
-    each query may see ([B, 1, T, T], causal within its sample; None for one sample a row), as
-    `Eagle3Drafter.forward` builds them."""
-    positions = torch.arange(t, device=device).expand(b, t)
-    if segments is None:
-        return positions, None
-    starts = torch.ones_like(segments, dtype=torch.bool)
-    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-    positions = positions - torch.where(starts, positions, 0).cummax(-1).values
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    return positions, (causal & (segments[:, :, None] == segments[:, None, :]))[:, None]

@@ -10,6 +10,7 @@ journal written for other inputs or settings (fingerprint) is set aside, not res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -111,6 +112,7 @@ class JournaledTraining(Protocol):
     scheduler: torch.optim.lr_scheduler.LambdaLR
     total_steps: int
     fingerprint: str
+    tally: Any  # a dataclass of this process's counts since step 0 (feed.SequenceTally)
 
     @property
     def state_path(self) -> Path: ...
@@ -152,12 +154,14 @@ def save_checkpoint(training: JournaledTraining, step: int) -> None:
     """Write the training state after `step` to the journal. Every rank takes part (the random
     states of all of them are saved); rank 0 writes."""
     processes = training.processes
-    rngs = [rng_state()]
+    mine = (rng_state(), dataclasses.asdict(training.tally))
+    states = [mine]
     if processes.world_size > 1:
         import torch.distributed as dist
 
-        rngs = [None] * processes.world_size
-        dist.all_gather_object(rngs, rng_state())
+        states = [None] * processes.world_size
+        dist.all_gather_object(states, mine)
+    rngs, tallies = [rng for rng, _ in states], [tally for _, tally in states]
     if not processes.is_main:
         return
     state = {
@@ -167,6 +171,7 @@ def save_checkpoint(training: JournaledTraining, step: int) -> None:
         "optimizer": training.optimizer.state_dict(),
         "scheduler": training.scheduler.state_dict(),
         "rng": rngs,
+        "tally": tallies,
     }
     with atomic_path(training.state_path) as tmp:
         torch.save(state, tmp)
@@ -189,6 +194,10 @@ def resume(training: JournaledTraining) -> int:
     training.model.load_state_dict(state["model"], strict=False)
     training.optimizer.load_state_dict(state["optimizer"])
     training.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"][min(training.processes.rank, len(state["rng"]) - 1)])
+    rank = training.processes.rank
+    set_rng_state(state["rng"][min(rank, len(state["rng"]) - 1)])
+    tallies = state.get("tally") or []
+    if rank < len(tallies):  # a journal written before the tally was kept starts it at 0
+        training.tally = type(training.tally)(**tallies[rank])
     log.info("resuming from %s at step %d of %d", state_path, state["step"], training.total_steps)
     return state["step"]

@@ -85,6 +85,16 @@ def all_reduce_sum(values: list[float], processes: Processes) -> list[float]:
     return tensor.tolist()
 
 
+def all_reduce_max(values: list[int], processes: Processes) -> list[int]:
+    if processes.world_size == 1:
+        return values
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.int64, device=processes.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 def global_counts(counts: list[int], processes: Processes) -> list[int]:
     """Each TTT step's count of loss positions, summed over the processes."""
     return [round(n) for n in all_reduce_sum([float(n) for n in counts], processes)]

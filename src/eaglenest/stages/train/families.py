@@ -116,6 +116,7 @@ class Eagle3(Recipe):
             # yardstick for every recipe (serving accepts a draft only where it equals the data's).
             own_tokens=step is not None and settings.ttt_inputs == "drafter",
             segments=batch.segments,
+            positions=batch.positions,
         )
         return ttt_loss(logits, batch, settings.step_weight, processes, objective)
 
@@ -138,7 +139,9 @@ class PEagle(Recipe):
 
     def loss(self, model, batch, objective, processes=None, step=None):
         counted = counted_positions(batch, objective)
-        logits = model(batch.aux, batch.input_ids, self.depths, False, batch.segments)
+        logits = model(
+            batch.aux, batch.input_ids, self.depths, False, batch.segments, batch.positions
+        )
         loss, slots = parallel_loss(
             logits, counted, self.slot_weights, objective_loss(objective), None
         )
@@ -189,8 +192,9 @@ class DFlash(Recipe):
             self.own.max_anchors,
             generator,
             None if batch.segments is None else batch.segments.cpu(),
+            None if batch.positions is None else batch.positions.cpu(),
         ).to(batch.input_ids.device)
-        logits = model(batch.aux, batch.input_ids, anchors, batch.segments)
+        logits = model(batch.aux, batch.input_ids, anchors, batch.segments, batch.positions)
         loss, slots = dflash_loss(
             logits,
             counted,

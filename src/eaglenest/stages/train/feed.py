@@ -5,11 +5,44 @@ have), built ahead in a thread, with the aux noise of train.aux_noise."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from eaglenest.drafter.batches import Batch, BatchPlan, SampleRef, build_batch, build_packed_batch
-from eaglenest.stages.train.distributed import Processes
+from eaglenest.drafter.batches import (
+    Batch,
+    BatchPlan,
+    SampleRef,
+    batch_positions,
+    build_batch,
+    build_packed_batch,
+)
+from eaglenest.stages.train.distributed import Processes, all_reduce_max, all_reduce_sum
+
+
+@dataclass
+class SequenceTally:
+    """What the batches of this process held since step 0 (train_report.json's
+    `max_position_trained` and `sequence.tokens_trained`): checkpointed, so a resumed run
+    reports the whole run's."""
+
+    max_position: int = -1  # the largest rotary position of a token
+    tokens: int = 0  # the samples' tokens, padding aside
+
+    def add(self, batch: Batch) -> None:
+        held = batch.token_mask
+        if held is None:  # a batch built by hand: every position holds a token
+            held = torch.ones_like(batch.input_ids, dtype=torch.bool)
+        positions = batch_positions(batch)
+        if bool(held.any()):
+            self.max_position = max(self.max_position, int(positions[held].max()))
+        self.tokens += int(held.sum())
+
+    def over(self, processes: Processes) -> SequenceTally:
+        """The tally of every process (every one calls this)."""
+        (largest,) = all_reduce_max([self.max_position], processes)
+        (tokens,) = all_reduce_sum([float(self.tokens)], processes)
+        return SequenceTally(int(largest), round(tokens))
 
 
 def with_aux_noise(batch: Batch, noise: float, seed: int, step: int) -> Batch:
@@ -48,24 +81,6 @@ def step_refs(
         yield epoch, position, order[position * processes.world_size + processes.rank]
 
 
-def trained_positions(
-    plan: BatchPlan, total_steps: int, epoch_steps: list[int], world_size: int
-) -> int:
-    """The largest rotary position a training batch of steps 0..total_steps held, + 1, over
-    every rank: positions restart at each sample (packed rows too), so the longest sample
-    trained. From the plan, which is the data's order: a resumed run counts what the killed
-    one trained."""
-    longest, left = 0, total_steps
-    for epoch, steps in enumerate(epoch_steps):
-        if left <= 0:
-            break
-        taken = min(steps, left)
-        for refs in plan.epoch_order(epoch)[: taken * world_size]:
-            longest = max(longest, *(ref.length for ref in refs))
-        left -= taken
-    return longest
-
-
 def step_batches(
     plan: BatchPlan,
     first_step: int,
@@ -77,10 +92,12 @@ def step_batches(
     for epoch, position, refs in step_refs(plan, first_step, total_steps, epoch_steps, processes):
         layers = plan.aux_layer_ids  # the family's columns of the captured aux
         if plan.packed:
-            packed = build_packed_batch(refs, plan.shards, plan.max_batch_tokens, layers)
+            packed = build_packed_batch(
+                refs, plan.shards, plan.max_batch_tokens, layers, plan.sequence
+            )
             yield epoch, position, packed
         else:
-            yield epoch, position, build_batch(refs, plan.shards, layers)
+            yield epoch, position, build_batch(refs, plan.shards, layers, plan.sequence)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:

@@ -3,7 +3,9 @@ draft vocabulary and the target's (`Objective`, `position_losses`), weighted ove
 (`ttt_loss`), and the step's statistics.
 
 Loss of TTT step i (weight `step_weight`**i): the mean over the loss-masked positions whose target
-argmax is a draft token (over all processes under DDP) of a per-position loss. Masked positions
+argmax is a draft token (over all processes under DDP) of a per-position loss. A target counts
+only where it is the true position i + 1 after its query's (the same sample, and no seam of a
+view between them: eaglenest.drafter.views). Masked positions
 whose target argmax lies outside the draft vocabulary are skipped and counted
 (`skipped_outside_vocab`).
 """
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglenest.drafter.layers import shift_left
+from eaglenest.drafter.views import continues
 from eaglenest.stages.train.distributed import Processes, all_reduce_sum, global_counts
 
 if TYPE_CHECKING:
@@ -134,6 +137,8 @@ def ttt_loss(
             m & (shift_left(batch.segments, 1 + i, -1) == batch.segments)
             for i, m in enumerate(masked)
         ]
+    if batch.positions is not None:  # a view's seam: only the true next positions are targets
+        masked = [m & continues(batch.positions, 1 + i) for i, m in enumerate(masked)]
     valid = [m & shift_left(batch.in_draft_vocab, 1 + i, False) for i, m in enumerate(masked)]
     counts = [int(v.sum()) for v in valid]
     world_size = processes.world_size if processes else 1

@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,10 @@ from eaglenest.stages.train.distributed import (
 )
 from eaglenest.stages.train.families import Recipe, build_recipe
 from eaglenest.stages.train.feed import (
+    SequenceTally,
     prefetch,
     step_batches,
     step_refs,
-    trained_positions,
     with_aux_noise,
 )
 from eaglenest.stages.train.heldout import evaluate_heldout
@@ -101,6 +101,7 @@ class Training:
     fingerprint: str  # the settings and inputs a checkpoint must have been written for
     journal_dir: Path
     states: PooledStates | None = None  # hidden.store none/budget: the capture servers' states
+    tally: SequenceTally = field(default_factory=SequenceTally)  # what this process's batches held
 
     @property
     def model(self) -> torch.nn.Module:
@@ -149,9 +150,11 @@ def batch_plans(
         shuffle_pool=settings.shuffle_pool,
         packed=settings.packing,
         aux_layer_ids=layers,
+        sequence=settings.sequence,
     )
     if not heldout:
         return plan, None
+    # Held out: whole samples, the same yardstick whatever train.sequence trains on.
     return plan, BatchPlan(heldout, settings.max_batch_tokens, settings.seed, aux_layer_ids=layers)
 
 
@@ -183,6 +186,7 @@ def set_up_training(
     heldout = open_data(eval_shards, pooled_eval, states, head, vocab)
     signal = TargetSignal(head, vocab, processes.device)
     recipe = build_recipe(head, vocab, settings, family or FamilySettings.eagle3())
+    settings.sequence.check_window(getattr(recipe.model.config, "sliding_window", None))
     model = recipe.model.to(processes.device)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -236,6 +240,7 @@ def train_step(
     waited = time.perf_counter()
     epoch, position, batch = next(batches)
     progress.data_wait_s += time.perf_counter() - waited
+    training.tally.add(batch)
     batch = training.signal.fill(batch.to(device))
     batch = with_aux_noise(batch, settings.aux_noise, settings.seed, progress.step)
     with autocast(device, settings.precision):
@@ -311,11 +316,14 @@ def finish(
         if training.eval_plan
         else None
     )
+    tally = training.tally.over(processes)
     if not processes.is_main:
         return {}
     if heldout:
         metrics.write({"split": "heldout", "step": step, **heldout})
-    positions = trained_positions(training.plan, step, training.epoch_steps, processes.world_size)
+    # The positions trained (the largest a batch held, + 1, over every process; checkpointed,
+    # so a resumed run counts what the killed one trained): the served check compares them.
+    positions = tally.max_position + 1
     training.recipe.export(out_dir, TrainedFor(positions, training.recipe.served_length))
     (out_dir / METRICS_FILE).write_text((training.journal_dir / METRICS_FILE).read_text())
     train_tokens = progress.tokens_seen * processes.world_size
@@ -336,6 +344,13 @@ def finish(
         data_wait_share=progress.data_wait_s / max(wall, 1e-9),
         train_shards=shard_names["train_shards"],
         eval_shards=shard_names["eval_shards"],
+        sequence={
+            "mode": settings.sequence.mode,
+            "length": settings.sequence.length,
+            "sink": settings.sequence.sink,
+            "tokens_trained": tally.tokens,
+        },
+        max_position_trained=tally.max_position,
         world_size=processes.world_size,
         device=processes.device,
         drafter=training.recipe.description(),

@@ -227,7 +227,14 @@ def test_a_window_vllm_cannot_serve_is_refused_naming_the_key():
         with pytest.raises(ConfigError, match=r"train\.drafter\.sliding_window"):
             validate_config({"train": {"drafter": drafter}})
     for value in (512, [512], [None], None):
-        validate_config({"train": {"drafter": {"sliding_window": value}}})
+        no_sink = {"sink": 0}  # a sink beside a window is refused (below)
+        validate_config({"train": {"drafter": {"sliding_window": value}, "sequence": no_sink}})
+    # A sink's tokens at positions far behind the window would be near by index.
+    for sequence in ({}, {"sink": 4}):
+        with pytest.raises(ConfigError, match=r"sliding_window 512 with train\.sequence\.sink"):
+            validate_config({"train": {"drafter": {"sliding_window": 512}, "sequence": sequence}})
+    for mode in ("head", "whole"):
+        validate_config({"train": {"drafter": {"sliding_window": 512}, "sequence": {"mode": mode}}})
     with pytest.raises(ValueError, match=r"train\.drafter\.sliding_window"):
         DrafterSettings.from_config({"train": {"drafter": mla}})
 
