@@ -19,7 +19,8 @@ own): at a depth of 8,192 tokens the prefill is most of a run's cost. The cache 
 
 Proposers: `EagleProposer` (the EAGLE-3 drafter, fed the target's aux hidden states of every
 verified position, with its own KV cache), `PromptLookupProposer` (n-gram lookup in the
-context, the usual training-free baseline), and the one-forward families' of
+context, the usual training-free baseline), `ContinuationProposer` (a written target's oracle:
+the held-out sample's own next tokens), and the one-forward families' of
 parallel_proposers.py (P-EAGLE, DFlash). A run also times the drafter's own share (`draft_s`:
 its `propose` and `accept` calls, the work vLLM's proposer does between verifications), since a
 family that drafts K tokens in one forward spends less there than EAGLE-3's K steps.
@@ -198,6 +199,32 @@ class PromptLookupProposer:
 
     def accept(self, new_tokens: list[int], aux) -> None:
         self.tokens.extend(new_tokens)
+
+
+class ContinuationProposer:
+    """The oracle of a written target (demo/long_target.py, demo/cite_target.py): drafts the
+    held-out sample's own next tokens. Such a target's greedy answer is its sample, token for
+    token, so every draft is accepted (K + 1 a round) at every depth; a round below that is the
+    target or the engine, not the text being harder there."""
+
+    needs_hidden = False
+
+    def __init__(self, samples: list[list[int]]):
+        self.samples = samples
+        self.ids: list[int] = []
+        self.at = 0
+
+    def start(self, prompt: list[int], aux, first_token: int) -> None:
+        found = [s for s in self.samples if s[: len(prompt)] == prompt and len(s) > len(prompt)]
+        if not found:
+            raise ValueError("the oracle has no held-out sample this prompt was cut from")
+        self.ids, self.at = found[0], len(prompt) + 1
+
+    def propose(self, k: int) -> list[int]:
+        return list(self.ids[self.at : self.at + k])
+
+    def accept(self, new_tokens: list[int], aux) -> None:
+        self.at += len(new_tokens)
 
 
 def prompt_lookup(context: list[int], k: int, max_ngram: int) -> list[int]:
