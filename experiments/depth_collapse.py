@@ -154,7 +154,9 @@ def oracle(run_dir: Path, config: dict[str, Any], threads: int) -> dict[str, flo
         proposer = {"oracle": ContinuationProposer(samples)}
         figures = live(target, proposer, cut.prompts, (k,), evaluate.live_max_new_tokens, eos, [])
         found[str(cut.depth)] = figures["oracle"][str(k)]["acceptance_length"]
-        print(f"depth collapse: oracle at depth {cut.depth}: {found[str(cut.depth)]:.3f}", flush=True)
+        print(
+            f"depth collapse: oracle at depth {cut.depth}: {found[str(cut.depth)]:.3f}", flush=True
+        )
     return found
 
 
@@ -202,7 +204,9 @@ def main() -> None:
     override.write_text(yaml.safe_dump(change))
     files = [p.resolve() for p in args.configfile] + [override]
     started = time.perf_counter()
-    run_dir = args.run_dir or make_run(files, work / "workflow", config["run"], args.threads, True)
+    run_dir = (
+        args.run_dir or make_run(files, work / "workflow", config["run"], args.threads, True)
+    ).resolve()
     capture_s = time.perf_counter() - started
     k = str(max(config["evaluate"]["ks"]))
     found: dict[str, Any] = {

@@ -569,3 +569,28 @@ def test_demo_prompts_are_held_out_from_training(tmp_path):
     assert families == set(demo_tasks.TASK_FAMILIES)
     trained = {example.prompt for example in demo_tasks.training_examples(0, 20000)}
     assert prompts.isdisjoint(trained)
+
+
+def test_the_cite_demo_draws_its_prompts_from_the_targets_shape_and_seed(tmp_path):
+    """`demo-cite`: demo_target.cite and demo_target.seed draw the prompts (another seed,
+    another target of the same kind), and both decide the list's params (a change rereads it)."""
+
+    def cite_config(seed: int, walk: list[int]) -> dict:
+        return validate_config(
+            {
+                "seed": 0,
+                "prompts": {"source": "demo-cite", "demo_pool_size": 8, "max_samples": 8},
+                "demo_target": {"tasks": "cite", "seed": seed, "cite": {"walk": walk}},
+            }
+        )
+
+    frame, _ = all_prompts(tmp_path / "a", cite_config(0, [100, 200]))
+    texts = [m[-1]["content"] for m in messages_of(frame)]
+    assert len(texts) == 8 and all("<book>" in t and "Walk the chain" in t for t in texts)
+    other, _ = all_prompts(tmp_path / "b", cite_config(1, [100, 200]))
+    assert [m[-1]["content"] for m in messages_of(other)] != texts
+    base = prepared_params_json(cite_config(0, [100, 200]))
+    assert prepared_params_json(cite_config(1, [100, 200])) != base
+    assert prepared_params_json(cite_config(0, [100, 300])) != base
+    # Any other source's list params are what they were before the cite demo existed.
+    assert "demo_cite" not in prepared_params_json(config_for("demo"))
