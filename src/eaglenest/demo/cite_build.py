@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eaglenest.common.io import write_json
 from eaglenest.demo.cite_target import write_cite_target
-from eaglenest.demo.cite_tasks import CiteShape, cite_check_examples, shape_of
+from eaglenest.demo.cite_tasks import (
+    CITE_RULE_FILE,
+    CiteShape,
+    answer_text,
+    cite_check_examples,
+    rule_of,
+    shape_of,
+)
 from eaglenest.demo.example import DemoExample
-from eaglenest.demo.tasks import END_OF_TURN
 
 if TYPE_CHECKING:  # annotations only: the settings room lies above the demo's
     from eaglenest.settings.demo_target import DemoTargetSettings
@@ -25,15 +33,15 @@ def answer_ids(tokenizer: Any, example: DemoExample) -> tuple[list[int], int]:
     prompt = tokenizer.apply_chat_template(
         chat, add_generation_prompt=True, enable_thinking=True, tokenize=False
     )
-    answer = f"<think>{example.reasoning}</think>\n\n{example.answer}{END_OF_TURN}"
-    ids = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(prompt + answer_text(example), add_special_tokens=False)["input_ids"]
     return ids, len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def teacher_forced(model: Any, tokenizer: Any, examples: list[DemoExample]) -> dict[str, Any]:
     """Per example: the answer's tokens, the positions where the target's argmax is not the
-    rule's next token (none: greedy decoding writes the rule's answer) and the smallest margin
-    of the right token's logit over the best other one."""
+    rule's next token (none: greedy decoding writes the rule's answer), the smallest margin
+    of the right token's logit over the best other one, and the right token's smallest
+    probability at temperature 1 (a top_p below it samples the right token alone)."""
     import torch
 
     checked = []
@@ -51,6 +59,9 @@ def teacher_forced(model: Any, tokenizer: Any, examples: list[DemoExample]) -> d
                 "wrong_positions": wrong[:20],
                 "wrong": len(wrong),
                 "min_margin": float((right - others).min()),
+                "min_right_probability": float(
+                    logits.double().log_softmax(-1).gather(1, gold[:, None]).exp().min()
+                ),
             }
         )
     return {"examples": checked}
@@ -101,6 +112,17 @@ def write_cite(settings: DemoTargetSettings, threads: int, say: Callable[[str], 
     }
     say(
         f"cite target exact on {len(exact)} whole answers of up to {longest} tokens "
-        f"(smallest margin {min(e['min_margin'] for e in check['examples']):.1f})"
+        f"(smallest margin {min(e['min_margin'] for e in check['examples']):.1f}, the right "
+        f"token's probability at temperature 1 at least "
+        f"{min(e['min_right_probability'] for e in check['examples']):.6f})"
     )
     return model, tokenizer, metrics
+
+
+def write_cite_rule(directory: Path, settings: DemoTargetSettings, metrics: dict) -> None:
+    """CITE_RULE_FILE beside the saved weights: the shape and seed the target was written for, and
+    how sure it is of the rule's tokens, so that `eaglenest serve --rule` answers as the target
+    would without running it."""
+    checked = metrics["teacher_forced"]["examples"]
+    sure = min(e["min_right_probability"] for e in checked)
+    write_json(directory / CITE_RULE_FILE, rule_of(shape_of(settings.cite), settings.seed, sure))

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import asdict, dataclass
 
+from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.example import DemoExample
 from eaglenest.demo.long_tasks import END_STATE, KEYS, STEPS, key_token, state_token
+from eaglenest.demo.tasks import END_OF_TURN
 
+# Saved beside a cite target's weights: what the rule needs to answer as the target (RuleBackend).
+CITE_RULE_FILE = "cite_rule.json"
 BOOK = "<book>"  # opens and closes the prompt's book; recited as its last word
 RECITE = "<recite>"  # ends each phase of the walk: stands for the walk's end state
 
@@ -108,12 +113,55 @@ def cite_prompt(key: int, start: int, book: list[int]) -> str:
     )
 
 
-def cite_example(shape: CiteShape, key: int, walk: int, book: list[int]) -> DemoExample:
-    start = cite_start(shape, key, walk)
+# cite_prompt's parts in order, each with what it holds (named when a prompt lacks it).
+_PROMPT_PARTS = (
+    ("the chain's key (K<nn>)", re.compile(r"Walk the chain K(\d{2}) ")),
+    ("the start state (s<nnnnn>)", re.compile(r"from s(\d{5}), ")),
+    (
+        "the book (<book>w<nnnn>...<book>.)",
+        re.compile(r"then recite <book>((?:w\d{4})*)<book>\.\Z"),
+    ),
+)
+
+
+def parse_cite_prompt(shape: CiteShape, text: str) -> tuple[int, int, list[int]]:
+    """(key, start, book) of a prompt `cite_prompt` wrote for a target of `shape`; ValueError
+    naming the first part it could not parse, or a value the target has no token or rule for."""
+    values, at = [], 0
+    for what, pattern in _PROMPT_PARTS:
+        match = pattern.match(text, at)
+        if match is None:
+            raise ValueError(f"could not parse {what} at character {at}: {text[at : at + 40]!r}")
+        values.append(match.group(1))
+        at = match.end()
+    key, start = int(values[0]), int(values[1])
+    book = [int(w) for w in re.findall(r"w(\d{4})", values[2])]
+    if key >= KEYS:
+        raise ValueError(f"the key {key_token(key)} is none of the {KEYS} keys")
+    if not END_STATE < start < shape.states:  # the end state has no token of its own
+        raise ValueError(f"the start state {start} is not within 1 .. {shape.states - 1}")
+    if len(book) < 2 or len(set(book)) < len(book):
+        raise ValueError(f"the book must hold 2 or more distinct words, not {len(book)}")
+    if not all(1 <= w < shape.words for w in book):
+        raise ValueError(f"the book's words must lie within 1 .. {shape.words - 1}")
+    return key, start, book
+
+
+def answer_text(example: DemoExample) -> str:
+    """The completion's text as the target writes it: the think block, the answer, the turn's end
+    (what its build proves teacher-forced, and what the rule backend serves)."""
+    return f"{THINK_START}{example.reasoning}{THINK_END}\n\n{example.answer}{END_OF_TURN}"
+
+
+def cite_example_at(shape: CiteShape, key: int, start: int, book: list[int]) -> DemoExample:
     reasoning = "".join(cite_reasoning(shape, key, start, book))
     return DemoExample(
         "cite", cite_prompt(key, start, book), "\n" + reasoning + "\n", key_token(key)
     )
+
+
+def cite_example(shape: CiteShape, key: int, walk: int, book: list[int]) -> DemoExample:
+    return cite_example_at(shape, key, cite_start(shape, key, walk), book)
 
 
 def draw_cite(shape: CiteShape, rng: random.Random) -> DemoExample:
@@ -136,6 +184,17 @@ def cite_check_examples(shape: CiteShape, n: int) -> list[DemoExample]:
         )
         for i in range(n)
     ]
+
+
+def rule_of(shape: CiteShape, seed: int, min_right_probability: float) -> dict:
+    """CITE_RULE_FILE's content: the shape the target was written for, its seed, and the right
+    token's smallest probability at temperature 1 over the build's check answers."""
+    return {
+        "tasks": "cite",
+        "shape": asdict(shape),
+        "seed": seed,
+        "min_right_probability": min_right_probability,
+    }
 
 
 def shape_of(cite: dict) -> CiteShape:

@@ -60,7 +60,7 @@ class ModelBackend:
         if pad_token_id is None:  # padded positions are masked: any id will do
             pad_token_id = min(self.stop_token_ids)
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
-        self.sampling_defaults = _sampling_defaults(model.generation_config)
+        self.sampling_defaults = sampling_defaults(model.generation_config)
         self.default_max_tokens = int(
             default_max_tokens or self.sampling_defaults.get("max_new_tokens") or 4096
         )
@@ -87,20 +87,7 @@ class ModelBackend:
         self.batcher.stop()
 
     def render_prompt(self, request: ChatRequest) -> list[int]:
-        import jinja2
-
-        try:
-            prompt = self.tokenizer.apply_chat_template(
-                request.messages,
-                tokenize=False,
-                add_generation_prompt=True,
-                **request.chat_template_kwargs,
-            )
-        # Template errors are the request's fault (roles, content types, kwargs).
-        except (jinja2.TemplateError, ValueError, TypeError, KeyError, AttributeError) as error:
-            raise RequestError(f"the chat template failed on this request: {error}") from None
-        # Like vLLM: the template already wrote every special token the prompt needs.
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return render_prompt(self.tokenizer, request)
 
     def waiting(self) -> int:
         return self.batcher.waiting()
@@ -111,9 +98,13 @@ class ModelBackend:
 
         prompt_ids = self.render_prompt(request)
         params = SamplingParams(
-            max_new_tokens=self._max_new_tokens(request, len(prompt_ids)),
-            temperature=_first(request.temperature, self.sampling_defaults.get("temperature"), 1.0),
-            top_p=_first(request.top_p, self.sampling_defaults.get("top_p"), 1.0),
+            max_new_tokens=max_new_tokens(
+                request, len(prompt_ids), self.max_model_len, self.default_max_tokens
+            ),
+            temperature=first_set(
+                request.temperature, self.sampling_defaults.get("temperature"), 1.0
+            ),
+            top_p=first_set(request.top_p, self.sampling_defaults.get("top_p"), 1.0),
             seed=request.seed,
         )
         if params.temperature < GREEDY_TEMPERATURE:
@@ -126,18 +117,6 @@ class ModelBackend:
         )
         return Completion(prompt_ids, generated, text, result.finish_reason)
 
-    def _max_new_tokens(self, request: ChatRequest, prompt_len: int) -> int:
-        if self.max_model_len is None:
-            return request.max_tokens or self.default_max_tokens
-        room = self.max_model_len - prompt_len
-        if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
-            raise RequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
-                f"has {prompt_len} and max_tokens is {request.max_tokens}",
-                param="max_tokens",
-            )
-        return request.max_tokens or min(room, self.default_max_tokens)
-
     def stats(self) -> dict[str, Any]:
         stats = self.batcher.stats
         return {
@@ -147,6 +126,41 @@ class ModelBackend:
             "generated_tokens": stats.generated_tokens,
             "max_batch_size_seen": stats.max_batch_size_seen,
         }
+
+
+def render_prompt(tokenizer: Any, request: ChatRequest) -> list[int]:
+    """The prompt's ids: the tokenizer's chat template with the request's chat_template_kwargs."""
+    import jinja2
+
+    try:
+        prompt = tokenizer.apply_chat_template(
+            request.messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            **request.chat_template_kwargs,
+        )
+    # Template errors are the request's fault (roles, content types, kwargs).
+    except (jinja2.TemplateError, ValueError, TypeError, KeyError, AttributeError) as error:
+        raise RequestError(f"the chat template failed on this request: {error}") from None
+    # Like vLLM: the template already wrote every special token the prompt needs.
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def max_new_tokens(
+    request: ChatRequest, prompt_len: int, max_model_len: int | None, default_max_tokens: int
+) -> int:
+    """The request's max_tokens, else the default, within the context; a max_tokens past the
+    context is refused, as vLLM refuses it."""
+    if max_model_len is None:
+        return request.max_tokens or default_max_tokens
+    room = max_model_len - prompt_len
+    if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
+        raise RequestError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt "
+            f"has {prompt_len} and max_tokens is {request.max_tokens}",
+            param="max_tokens",
+        )
+    return request.max_tokens or min(room, default_max_tokens)
 
 
 def stop_token_ids(generation_config: Any, tokenizer: Any) -> set[int]:
@@ -160,7 +174,7 @@ def stop_token_ids(generation_config: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _sampling_defaults(generation_config: Any) -> dict[str, float]:
+def sampling_defaults(generation_config: Any) -> dict[str, float]:
     # vLLM applies the sampling values a model ships in generation_config.json (max_new_tokens
     # becomes the default max_tokens); do the same.
     shipped = generation_config.to_diff_dict() if generation_config is not None else {}
@@ -168,5 +182,5 @@ def _sampling_defaults(generation_config: Any) -> dict[str, float]:
     return {k: float(shipped[k]) for k in keys if shipped.get(k) is not None}
 
 
-def _first(*values: float | None) -> float:
+def first_set(*values: float | None) -> float:
     return next(v for v in values if v is not None)

@@ -4,7 +4,8 @@ It serves any transformers model directory (or, with `--echo`, canned answers wi
 127.0.0.1 and speaks the dialects real servers speak (vLLM, SGLang, none: see protocol.py), so
 the pipeline and its tests meet the same shapes they meet in production. This module is its
 command line and serving loop; the routes and fault injection are app.py's, the answers come from
-echo_backend.py or model_backend.py (generation in batches on a batcher thread, batcher.py).
+echo_backend.py, model_backend.py (generation in batches on a batcher thread, batcher.py) or, for
+the cite target, rule_backend.py (its rule, which its greedy decoding follows).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from eaglenest.demo.echo_backend import EchoBackend
 from eaglenest.demo.faults import FAULT_MODES, FaultConfig, parse_fault_specs
 from eaglenest.demo.model_backend import ModelBackend
 from eaglenest.demo.protocol import DIALECTS
+from eaglenest.demo.rule_backend import RuleBackend
 from eaglenest.demo.server_process import LISTENING_PREFIX
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--trust-remote-code", action="store_true")
     what.add_argument("--echo", action="store_true", help="no model: answer with canned text")
+    what.add_argument(
+        "--rule",
+        action="store_true",
+        help="a cite target (--model-path): answer from its rule, as its greedy decoding does, "
+        "without running the model (rule_backend.py)",
+    )
     what.add_argument(
         "--echo-latency-s", type=float, default=0.0, help="echo: seconds per answer (the median)"
     )
@@ -93,6 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.echo and not args.model_path:
         raise SystemExit("eaglenest serve: give --model-path DIR, or --echo to serve without one")
+    if args.echo and args.rule:
+        raise SystemExit("eaglenest serve: --echo and --rule are two backends: give one")
     try:
         faults = FaultConfig(
             rates=parse_fault_specs(args.fault),
@@ -105,9 +115,20 @@ def run(args: argparse.Namespace) -> int:
     model_name = args.served_model_name or (
         "echo" if args.echo else Path(args.model_path).resolve().name
     )
-    backend: EchoBackend | ModelBackend
+    backend: EchoBackend | ModelBackend | RuleBackend
     if args.echo:
         backend = EchoBackend(args.echo_latency_s, args.echo_latency_sigma)
+    elif args.rule:
+        try:
+            backend = RuleBackend(
+                args.model_path,
+                tokenizer_path=args.tokenizer,
+                trust_remote_code=args.trust_remote_code,
+                max_model_len=args.max_model_len,
+                default_max_tokens=args.default_max_tokens,
+            )
+        except ValueError as error:  # not a cite target: the message says what to set
+            raise SystemExit(f"eaglenest serve: {error}") from None
     else:
         if args.threads:
             import torch

@@ -39,6 +39,7 @@ def running_server(
     model_name: str,
     dialect: str = "vllm",
     echo: bool = False,
+    rule: bool = False,
     echo_latency_s: float = 0.0,
     echo_latency_sigma: float = 0.0,
     faults: Mapping[str, float] | None = None,
@@ -53,7 +54,8 @@ def running_server(
     tokenizer_path: str | Path | None = None,
     threads: int | None = None,
 ) -> Iterator[str]:
-    """Start the server, wait until /health answers, yield its base URL, always stop it."""
+    """Start the server, wait until /health answers, yield its base URL, always stop it.
+    `rule`: a cite target answered from its rule (`eaglenest serve --rule`), not decoded."""
     if not echo and model_path is None:
         raise ValueError("running_server needs model_path, or echo=True to serve without a model")
     command = [sys.executable, "-m", "eaglenest.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
@@ -69,6 +71,8 @@ def running_server(
         command += ["--echo-latency-sigma", str(echo_latency_sigma)]
     else:
         command += ["--model-path", str(model_path)]
+        if rule:
+            command.append("--rule")
         if tokenizer_path is not None:
             command += ["--tokenizer", str(tokenizer_path)]
         if trust_remote_code:
@@ -174,6 +178,7 @@ def embedded_server(
         target["path"],
         model_name=target.get("model", "demo-qwen3"),
         dialect=server.get("dialect", "vllm"),
+        rule=server.get("backend", "model") == "rule",
         faults={mode: float(faults.get(mode, 0.0)) for mode in FAULT_MODES},
         fault_seed=int(faults.get("seed", 0)),
         hang_s=float(faults.get("hang_s", 60)),

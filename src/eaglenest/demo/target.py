@@ -280,6 +280,10 @@ def build_demo_target(
     check_reasoning_share(metrics, settings.min_reasoning_share, metrics["train_steps"])
     with atomic_directory(Path(out_dir)) as tmp_dir:
         _save(model, tokenizer, tmp_dir, settings.heldout_max_new_tokens)
+        if settings.tasks == "cite":
+            from eaglenest.demo.cite_build import write_cite_rule
+
+            write_cite_rule(tmp_dir, settings, metrics)
         if settings.layout == "kimi_k25":
             wrap_kimi_k25(tmp_dir, tmp_dir)
             say("saved in Kimi-K2.5's layout (KimiK25ForConditionalGeneration)")

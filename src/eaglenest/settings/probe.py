@@ -54,8 +54,9 @@ class ProbeSettings(Settings):
 
 
 # How long the embedded server may take to start and how many requests it batches: how it runs,
-# not what it answers.
-SERVER_CLIENT_KEYS = ("enabled", "max_batch_size", "startup_timeout_s")
+# not what it answers. Its backend too: the cite target's rule answers with the very tokens its
+# model's greedy decoding writes (the target's build proves it), so a switch regenerates nothing.
+SERVER_CLIENT_KEYS = ("enabled", "backend", "max_batch_size", "startup_timeout_s")
 
 
 def _answer_settings(server: Mapping[str, Any]) -> dict[str, Any] | None:

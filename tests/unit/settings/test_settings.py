@@ -194,13 +194,14 @@ UNTRACKED = {"EndpointSettings", "GenerationClientSettings", "ProbeClientSetting
 
 def test_client_settings_are_in_no_tracked_settings():
     """The brief of tests/workflow/test_incremental.py in one place: concurrency, timeouts, retries, URLs,
-    keys and the embedded server's start-up change no settings object that a rule tracks."""
+    keys and the embedded server's start-up and backend change no settings object that a rule tracks."""
     base = merged_config([REPO / "config" / "config.yaml"])
     client = {
         "generation": {"concurrency": 7, "timeout_s": 30, "max_attempts": 2, "bench_s": 1},
         "probe": {"timeout_s": 5},
         "endpoints": [{"url": "http://10.0.0.1:8000", "api_key_env": "KEY", "max_concurrency": 3}],
-        "server": {"startup_timeout_s": 10, "max_batch_size": 8},
+        # The cite target's rule answers with its model's greedy tokens: nothing to regenerate.
+        "server": {"startup_timeout_s": 10, "max_batch_size": 8, "backend": "rule"},
     }
     changed = merged_config([REPO / "config" / "config.yaml"])
     for section, values in client.items():
