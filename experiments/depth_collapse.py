@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +168,7 @@ def study_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
     if args.quick:
         cite = dict(base["demo_target"]["cite"])
         if cite["states"] > QUICK_STATES:
-            walk = [min(w, QUICK_STATES - 1) for w in cite["walk"]]
+            walk = [min(w, QUICK_STATES - 2) for w in cite["walk"]]
             change.setdefault("demo_target", {})["cite"] = {"states": QUICK_STATES, "walk": walk}
         depths = [d for d in base["evaluate"]["depths"] if d <= QUICK_DEPTH]
         change["evaluate"] = {"depths": depths}

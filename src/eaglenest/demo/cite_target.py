@@ -55,7 +55,9 @@ from eaglenest.demo.written import (
 )
 
 CITE_HIDDEN = 640
-CITE_HEADS = 3
+CITE_HEADS = (
+    5  # 640 / 5 = HEAD_DIM: the drafter takes the count, and vLLM wants hidden = heads x head_dim
+)
 CITE_N_FREQ = 24  # a state's frequencies (the best wrong state scores under 0.44 of the right one)
 N_WORD_FREQ = 16  # a word's (under 0.47): 16 of RoPE's slow planes hold the recital's match
 CITE_ROPE_THETA = 1e9  # planes 40 .. 63 turn under 0.1 rad over 45K positions

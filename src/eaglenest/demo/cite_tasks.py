@@ -59,8 +59,9 @@ class CiteShape:
         if n not in (1, 5) or self.states < 40:
             raise ValueError(f"demo_target.cite.states {self.states}: a power of 2 times 5")
         lo, hi = self.walk
-        if not 1 <= lo <= hi <= self.states - 1:
-            raise ValueError(f"demo_target.cite.walk {self.walk}: within 1 .. states - 1")
+        # A walk of states - 1 would start at the end state, which has no token.
+        if not 1 <= lo <= hi <= self.states - 2:
+            raise ValueError(f"demo_target.cite.walk {self.walk}: within 1 .. states - 2")
         lo, hi = self.book
         if not 2 <= lo <= hi <= self.words - 1:
             raise ValueError(f"demo_target.cite.book {self.book}: within 2 .. words - 1")
