@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=["eagle3", "dflash"])
     parser.add_argument("--peer-lengths", type=int, nargs="+", help="the peers' cuts")
     parser.add_argument("--window", type=int, help="the control's sliding window")
+    parser.add_argument("--epochs", type=int, help="train.epochs of every recipe (the budget)")
     parser.add_argument("--only", nargs="+", help="these recipes (names as printed)")
     parser.add_argument("--run-dir", type=Path, help="a capture made before by the same config")
     parser.add_argument("--workdir", type=Path)
@@ -194,6 +195,8 @@ def main() -> None:
     if args.train_one:
         return train_one(json.loads(args.train_one.read_text()))
     config, change = study_config(args)
+    if args.epochs:
+        config["train"]["epochs"] = args.epochs
     seeds = args.train_seeds or ([config["train"]["seed"]] if args.quick else [0, 1, 2])
     length = config["train"]["sequence"]["length"]
     peer_lengths = args.peer_lengths or sorted({length // 4, length})

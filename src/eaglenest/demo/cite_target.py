@@ -37,7 +37,7 @@ import numpy as np
 from eaglenest.common.reasoning import THINK_END, THINK_START
 from eaglenest.demo.cite_tasks import BOOK, RECITE, CiteShape, cite_prompt, word_token
 from eaglenest.demo.long_tasks import END_STATE, KEYS, key_token, state_token
-from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
+from eaglenest.demo.tasks import END_OF_TURN
 from eaglenest.demo.written import (
     AHEAD,
     CONTENT_SCORE,
@@ -52,6 +52,7 @@ from eaglenest.demo.written import (
     STATE_LOGIT,
     fourier,
     rotation,
+    written_model,
 )
 
 CITE_HIDDEN = 640
@@ -435,9 +436,6 @@ def write_cite_target(
     shape: CiteShape, vocab_size: int, max_position_embeddings: int, seed: int = 0
 ) -> tuple:
     """(model, tokenizer, target): the written walker and reciter, float32."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tokenizer = cite_tokenizer(shape, vocab_size)
     target = describe(shape, tokenizer, seed)
     weights = {
@@ -447,27 +445,13 @@ def write_cite_target(
         "lm_head.weight": _lm_head(target),
         **_norm_weights(),
     }
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=CITE_HIDDEN,
-        intermediate_size=MLP_WIDTH,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=CITE_HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=max_position_embeddings,
+    model = written_model(
+        tokenizer,
+        weights,
+        hidden=CITE_HIDDEN,
+        intermediate=MLP_WIDTH,
+        heads=CITE_HEADS,
         rope_theta=CITE_ROPE_THETA,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
-        bos_token_id=None,
-        use_cache=True,
-        torch_dtype="float32",
+        max_position_embeddings=max_position_embeddings,
     )
-    model = Qwen3ForCausalLM(config)
-    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
-    state.update({k: torch.tensor(v, dtype=torch.float32) for k, v in weights.items()})
-    model.load_state_dict(state)
-    model.eval()
     return model, tokenizer, target

@@ -62,7 +62,7 @@ from eaglenest.demo.long_tasks import (
     key_token,
     state_token,
 )
-from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
+from eaglenest.demo.tasks import END_OF_TURN
 from eaglenest.demo.written import (
     AHEAD,
     CONTENT_SCORE,
@@ -78,6 +78,7 @@ from eaglenest.demo.written import (
     STATE_LOGIT,
     fourier,
     rotation,
+    written_model,
 )
 
 MLP_LAYER = 2  # the next state's layer (aux 3 is its output); aux 4 holds the states after it
@@ -392,39 +393,16 @@ def _norm_weights() -> dict[str, np.ndarray]:
 
 def write_long_target(vocab_size: int, max_position_embeddings: int, seed: int = 0) -> tuple:
     """(model, tokenizer): the written chain walker, float32."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tokenizer = long_tokenizer(vocab_size)
     freqs = frequencies(seed)
-    weights = _weights(tokenizer, freqs)
-    intermediate = weights[f"model.layers.{MLP_LAYER}.mlp.gate_proj.weight"].shape[0]
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=intermediate,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=max_position_embeddings,
+    weights = {**_weights(tokenizer, freqs), **_norm_weights()}
+    model = written_model(
+        tokenizer,
+        weights,
+        hidden=HIDDEN,
+        intermediate=weights[f"model.layers.{MLP_LAYER}.mlp.gate_proj.weight"].shape[0],
+        heads=HEADS,
         rope_theta=ROPE_THETA,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
-        bos_token_id=None,
-        use_cache=True,
-        torch_dtype="float32",
+        max_position_embeddings=max_position_embeddings,
     )
-    model = Qwen3ForCausalLM(config)
-    state = {
-        **{k: torch.zeros_like(v) for k, v in model.state_dict().items()},
-        **{
-            k: torch.tensor(v, dtype=torch.float32)
-            for k, v in {**weights, **_norm_weights()}.items()
-        },
-    }
-    model.load_state_dict(state)
-    model.eval()
     return model, tokenizer

@@ -4,9 +4,12 @@ features, which adding a step turns (a rotation a frequency)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from eaglenest.demo.long_tasks import STATES
+from eaglenest.demo.tasks import END_OF_TURN, PAD_TOKEN
 
 # Layers 0-3 compute; layer 4 is there so that EAGLE-3's aux layers (2, 3, 4), the INPUTS of
 # those layers, are the outputs of layers 1, 2 and 3 (the config sets hidden.aux_layer_ids).
@@ -37,3 +40,43 @@ def rotation(step: int, freqs: np.ndarray, space: int = STATES) -> np.ndarray:
     angle = 2 * np.pi * freqs * step / space
     c, s = np.diag(np.cos(angle)), np.diag(np.sin(angle))
     return np.block([[c, -s], [s, c]])
+
+
+def written_model(
+    tokenizer: Any,
+    weights: dict[str, np.ndarray],
+    *,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    rope_theta: float,
+    max_position_embeddings: int,
+) -> Any:
+    """A Qwen3 causal LM of these sizes whose tensors are `weights` (by state-dict name; every
+    other tensor zero), float32, in eval mode: an ordinary checkpoint, written by hand."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=heads,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
+        bos_token_id=None,
+        use_cache=True,
+        torch_dtype="float32",
+    )
+    model = Qwen3ForCausalLM(config)
+    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    state.update({k: torch.tensor(v, dtype=torch.float32) for k, v in weights.items()})
+    model.load_state_dict(state)
+    return model.eval()
