@@ -18,7 +18,8 @@ oracle (stages/evaluate/speculative.py `ContinuationProposer`) drafts the sample
 K + 1 a round at every depth, or the target is not exact there.
 
     python experiments/depth_collapse.py --configfile config/tests/depth-collapse-study.yaml \\
-        [--seed S] [--quick] [--train-seeds 0 1 2] [--families eagle3 dflash] --out FILE
+        [--seed S] [--quick] [--train-seeds 0 1 2] [--families eagle3 dflash] [--epochs N] \\
+        --out FILE
 
 `--seed` draws another target of the same kind (demo_target.seed: frequencies, books, keys and
 walks); `--quick` caps the depths at 16,384 (and the answers with them: demo_target.cite.states

@@ -208,6 +208,15 @@ def write_training(run: Path, ttt_steps: int = 3, folder: str = "drafter") -> No
     path = run / folder / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # What the report reads of the export (depth health's configured positions).
+    write_json(
+        run / folder / "config.json",
+        {
+            "max_position_embeddings": 2048,
+            "rope_theta": 1e6,
+            "eaglenest": {"trained_positions": 640},
+        },
+    )
     write_json(
         run / folder / "train_report.json",
         {

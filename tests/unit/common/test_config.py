@@ -69,8 +69,14 @@ TEST_CONFIGS = sorted((REPO / "config" / "tests").glob("*.yaml"))
 # which the workflow tests build once and copy into each run).
 OWN_SECTIONS = ("run", "server", "probe")
 # Configs of another target, run end to end on their own (tests/engine/):
-# DeepSeek-V3, the same in Kimi-K2.5's layout, and the long-reasoning demo's own target.
-OWN_TARGET = ("deepseek-v3", "kimi-k2.5-layout", "long-reasoning")
+# DeepSeek-V3, the same in Kimi-K2.5's layout, the long-reasoning and collapsing demos' targets.
+OWN_TARGET = (
+    "deepseek-v3",
+    "kimi-k2.5-layout",
+    "long-reasoning",
+    "depth-collapse",
+    "depth-collapse-study",
+)
 
 
 @pytest.mark.parametrize("path", TEST_CONFIGS, ids=[p.stem for p in TEST_CONFIGS])

@@ -184,7 +184,7 @@ def test_the_report_carries_depth_health_in_summary_and_page(tmp_path: Path):
     write_json(run / "drafter_p_eagle" / "config.json", {"max_position_embeddings": 1536})
     root = run.parents[1]
     files = RunFiles.from_run_dir(run, root / "benchmarks" / run.name, root / "logs" / run.name)
-    assert [p.parent.name for p in files.drafter_config] == ["drafter_p_eagle"]
+    assert [p.parent.name for p in files.drafter_config] == ["drafter", "drafter_p_eagle"]
     build_report(files, run / "report" / "index.html", run=run.name, collapse_ratio=0.7)
     health = json.loads((run / "report" / "summary.json").read_text())["depth_health"]
     assert set(health) == {"eagle3", "p_eagle"}
