@@ -274,7 +274,7 @@ def family_eval(
         "depths": list(per_depth),
         "continuation_tokens": 16,
         "samples": {
-            str(d): {"prompts": 4, "too_short": 0, "prompt_past_depth": 0} for d in per_depth
+            str(d): {"prompts": 4, "too_short": 0} for d in per_depth
         },
         "per_k": rows,
     }

@@ -4,7 +4,7 @@
 Acceptance length = 1 + accepted draft tokens per verification round. Per K (a string key, as
 JSON has it): the simulated figures (`SimulatedFigures`, and the baselines'), the live loop's
 (`LiveFigures`), the serving engine's (`EngineFigures` in an `EngineRun`, greedy and `sampled`),
-and by context depth (`DepthTable`). The standard sets' and the thinking modes' figures are kept
+and by generated depth (`DepthTable`). The standard sets' and the thinking modes' figures are kept
 as the stage writes them (`sets`, `thinking`: open-ended tables the report walks).
 
 Each record reads its JSON object with `from_json(data, where)` (every typed key checked: an

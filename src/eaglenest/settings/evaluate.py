@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EvaluateSettings(Settings):
     ks: tuple[int, ...]
-    depths: tuple[int, ...]  # context depths of the by-depth table (empty: none)
+    depths: tuple[int, ...]  # generated depths of the by-depth table (empty: none)
     live: bool
     live_prompts: int
     live_max_new_tokens: int

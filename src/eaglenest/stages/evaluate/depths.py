@@ -1,15 +1,17 @@
-"""Acceptance by context depth (`evaluate.depths`): held-out samples cut at each depth, and the
+"""Acceptance by generated depth (`evaluate.depths`): held-out samples cut at each depth, and the
 table eval/metrics.json keeps of what each way of measuring found there.
 
 A drafter's acceptance depends on how deep into a long answer it drafts. For each depth d the
-held-out samples are cut after their first d tokens (as token ids: the prompt of the live and of
-the engine decoding is the sample up to d) and the target's greedy continuation is decoded from
-there, `evaluate.live_max_new_tokens` tokens, with the drafter proposing; depth 0 is the sample's
-own prompt (its answer from the start). A sample is skipped, and counted, when it is shorter than
-d + the continuation (`too_short`), or when its prompt alone is longer than d (`prompt_past_depth`:
-the cut would fall inside the user's text, not the answer). Simulated acceptance per depth counts
-the positions at or past d of every held-out sample, and (`window`) only those the decoding from
-the cut covers (simulated.decoded_window): like with like beside the live and engine rows.
+held-out samples are cut after their prompt and the first d tokens of their answer (as token ids:
+the prompt of the live and of the engine decoding is the sample up to there) and the target's
+greedy continuation is decoded from there, `evaluate.live_max_new_tokens` tokens, with the
+drafter proposing; depth 0 is the sample's own prompt (its answer from the start). Depth counts
+generated tokens, not the context's: a long system prompt does not move a depth, and depth d
+drafts what the target generates after d tokens of its own, as a served answer does. A sample is
+skipped, and counted, when its answer is shorter than d + the continuation (`too_short`).
+Simulated acceptance per depth counts the answer's positions at or past d of every held-out
+sample, and (`window`) only those the decoding from the cut covers (simulated.decoded_window):
+like with like beside the live and engine rows.
 """
 
 from __future__ import annotations
@@ -30,24 +32,17 @@ class DepthCut:
     depth: int
     prompts: list[list[int]] = field(default_factory=list)
     too_short: int = 0
-    prompt_past_depth: int = 0
 
     def counts(self) -> dict[str, int]:
-        return {
-            "prompts": len(self.prompts),
-            "too_short": self.too_short,
-            "prompt_past_depth": self.prompt_past_depth,
-        }
+        return {"prompts": len(self.prompts), "too_short": self.too_short}
 
 
 def cut_sample(
     input_ids: list[int], prompt_len: int, depth: int, continuation: int
 ) -> str | list[int]:
-    """The sample's first `depth` tokens (its prompt at depth 0), or why it cannot be cut there:
-    "too_short" or "prompt_past_depth"."""
-    cut = prompt_len if depth == 0 else depth
-    if depth and prompt_len > depth:
-        return "prompt_past_depth"
+    """The sample's prompt and the first `depth` tokens of its answer, or "too_short" when its
+    answer does not go on `continuation` tokens past them."""
+    cut = prompt_len + depth
     if len(input_ids) < cut + continuation:
         return "too_short"
     return list(input_ids[:cut])
@@ -156,8 +151,9 @@ def depth_table(
         samples={str(cut.depth): cut.counts() for cut in cuts},
         per_k=per_k,
         definition=(
-            "held-out samples cut after `depth` tokens (depth 0: the sample's prompt), the "
-            "continuation decoded greedily with the drafter (engine_sampled: by the engine at "
-            "the generation temperature); simulated: positions >= depth of every held-out sample"
+            "held-out samples cut after their prompt and `depth` generated tokens (depth 0: the "
+            "sample's prompt), the continuation decoded greedily with the drafter "
+            "(engine_sampled: by the engine at the generation temperature); simulated: the "
+            "answer's positions >= depth of every held-out sample"
         ),
     )

@@ -1,6 +1,6 @@
 """Acceptance of the drafter on held-out shards (the `evaluate` stage → eval/metrics.json):
 simulated from stored features (simulated.py), live with the transformers target (live.py) and in
-vLLM (vllm_evaluate.py), overall and by context depth (depths.py).
+vLLM (vllm_evaluate.py), overall and by generated depth (depths.py).
 
 Acceptance length = 1 + accepted draft tokens per verification round: the definition vLLM and
 SGLang report (the target's own "bonus" token counts as the 1).

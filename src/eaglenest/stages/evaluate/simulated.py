@@ -152,7 +152,7 @@ def simulate(
                 chains = (predicted[..., :k], greedy_next[..., :k])
                 counts[name][k].add(chains[0][where], chains[1][where], data_next[where, :k])
                 for depth in depths if name == first else ():
-                    deep = where & (torch.arange(where.shape[1])[None] >= depth)
+                    deep = where & answer_past(batch.loss_mask, depth)
                     by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep, :k])
                     if window:
                         near = where & decoded_window(batch.loss_mask, lengths, depth, window)
@@ -173,16 +173,21 @@ def simulate(
     return results
 
 
+def answer_past(loss_mask: torch.Tensor, depth: int) -> torch.Tensor:
+    """[B, T] bool: the positions at or past generated depth `depth` (the answer's start + depth,
+    as depths.py `cut_sample` cuts)."""
+    answer_start = loss_mask.to(torch.int8).argmax(1)  # the first completion token
+    return torch.arange(loss_mask.shape[1])[None] >= (answer_start + depth)[:, None]
+
+
 def decoded_window(loss_mask: torch.Tensor, lengths: torch.Tensor, depth: int, width: int):
     """[B, T] bool: the positions whose drafts a decoding from the `depth` cut makes (depths.py
-    `cut_sample`): the cut c is the answer's start at depth 0, else `depth`; its `width` new
-    tokens are drafted from positions c - 1 .. c + width - 2; only in the rows that cut keeps
-    (the prompt not past the depth, the sample long enough)."""
-    t = loss_mask.shape[1]
+    `cut_sample`): the cut c is the answer's start + `depth`; its `width` new tokens are drafted
+    from positions c - 1 .. c + width - 2; only in the rows that cut keeps (long enough)."""
     answer_start = loss_mask.to(torch.int8).argmax(1)  # the first completion token
-    cut = answer_start if depth == 0 else torch.full_like(answer_start, depth)
-    kept = (lengths >= cut + width) & ((answer_start <= depth) | (depth == 0))
-    position = torch.arange(t)[None]
+    cut = answer_start + depth
+    kept = lengths >= cut + width
+    position = torch.arange(loss_mask.shape[1])[None]
     return kept[:, None] & (position >= cut[:, None] - 1) & (position < (cut + width - 1)[:, None])
 
 

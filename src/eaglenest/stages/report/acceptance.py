@@ -26,7 +26,7 @@ def section_acceptance(data: RunData) -> Section:
     section.figure = acceptance_figure(metrics, ks)
     section.blocks.append(acceptance_table(metrics, ks))
     if metrics.get("by_depth"):
-        section.blocks.append("<h3>Acceptance by context depth</h3>")
+        section.blocks.append("<h3>Acceptance by generated depth</h3>")
         section.blocks.append(depth_table_html(metrics["by_depth"]))
     if metrics.get("engine"):
         section.blocks.append(f"<h3>In the serving engine ({metrics['engine']['engine']})</h3>")
@@ -198,11 +198,12 @@ def depth_table_html(by_depth: dict[str, Any]) -> str:
         "simulated positions",
     ]
     skipped = ", ".join(
-        f"{depth}: {counts['too_short']} too short, {counts['prompt_past_depth']} prompt past it"
+        f"{depth}: {counts['too_short']} too short"
         for depth, counts in by_depth.get("samples", {}).items()
     )
     note = (
-        f"<p>Held-out samples cut after `depth` tokens, the next {by_depth['continuation_tokens']}"
+        f"<p>Held-out samples cut after their prompt and `depth` generated tokens, the next"
+        f" {by_depth['continuation_tokens']}"
         f" decoded from there (depth 0: from the prompt). Samples skipped per depth: {skipped}."
         "</p>"
     )

@@ -126,15 +126,16 @@ def depth_figures(metrics: dict[str, Any]) -> dict[str, list[DepthFigures]]:
 
 
 def depth_weights(tokens: pl.DataFrame | None, depths: list[int]) -> dict[int, float]:
-    """Each depth's share of the run's generated tokens: those at positions from it to the next
-    depth (below the first depth: the first's). Equal shares without token lengths."""
+    """Each depth's share of the run's generated tokens: those at generated depths from it to the
+    next depth (below the first depth: the first's). Equal shares without token lengths."""
     depths = sorted(set(depths))
     if not depths:
         return {}
     if tokens is None or tokens.is_empty():
         return {d: 1 / len(depths) for d in depths}
-    start = tokens["prompt_len"].to_numpy().astype(np.float64)
-    end = tokens["n_tokens"].to_numpy().astype(np.float64)
+    # generated depths 0 .. answer length (evaluate/depths.py)
+    start = np.zeros(len(tokens))
+    end = (tokens["n_tokens"] - tokens["prompt_len"]).to_numpy().astype(np.float64)
     counts = []
     for index, depth in enumerate(depths):
         low = -math.inf if index == 0 else depth

@@ -187,7 +187,7 @@ SOURCE_COLORS = {"simulated": "C0", "live": "C1", "untrained": "C2", "prompt_loo
 def acceptance_figure(metrics: dict, ks: list[str]) -> Figure:
     """One panel per K: conditional acceptance by position (drafter and baselines, simulated);
     then acceptance length per K, simulated, live and baselines side by side; then, with a
-    by-depth table (evaluate.depths), acceptance length against context depth; last, beside it,
+    by-depth table (evaluate.depths), acceptance length against generated depth; last, beside it,
     the engine's acceptance by generated position inside its own answers (greedy and sampled)."""
     by_depth = metrics.get("by_depth")
     engine = metrics.get("engine") or {}
@@ -270,7 +270,7 @@ def depth_panel(axis, by_depth: dict[str, Any]) -> None:
                     color=f"C{index}",
                     label=f"K={k} {measurement.replace('_', ' ')}",
                 )
-    axis.set_xlabel("context depth (tokens)")
+    axis.set_xlabel("generated depth (tokens)")
     axis.set_ylabel("acceptance length")
     axis.set_title("acceptance by depth")
     axis.legend(fontsize=6)
@@ -330,7 +330,7 @@ def families_figure(families: dict[str, dict[str, list[dict]]]) -> Figure:
                         color=f"C{index}",
                         label=f"{family} K={k}",
                     )
-        axis.set_xlabel("context depth (tokens)")
+        axis.set_xlabel("generated depth (tokens)")
         axis.set_ylabel(label)
         axis.set_ylim(bottom=0)
     if axes[0].get_legend_handles_labels()[0]:

@@ -114,7 +114,7 @@ def section_compare(data: RunData) -> Section | None:
         for depth, per_k in ((metrics.get("engine") or {}).get("by_depth") or {}).items():
             depth_rows.append([f"{name} (compared)", depth, *_cells(per_k, ks)])
     if depth_rows:
-        section.blocks.append("<h3>Compared drafters by context depth</h3>")
+        section.blocks.append("<h3>Compared drafters by generated depth</h3>")
         section.blocks.append(table(["drafter", "depth", *header[2:]], depth_rows))
     return section
 

@@ -12,13 +12,14 @@ import pytest
 from eaglenest.stages.evaluate.depths import cut_at_depths, cut_sample, depth_table
 
 
-def test_a_sample_is_cut_after_depth_tokens_and_at_its_prompt_for_depth_zero():
+def test_a_sample_is_cut_after_its_prompt_and_depth_generated_tokens():
     ids = list(range(100))
     assert cut_sample(ids, prompt_len=10, depth=0, continuation=20) == ids[:10]
-    assert cut_sample(ids, prompt_len=10, depth=64, continuation=20) == ids[:64]
-    assert cut_sample(ids, prompt_len=10, depth=80, continuation=20) == ids[:80]
-    assert cut_sample(ids, prompt_len=10, depth=81, continuation=20) == "too_short"
-    assert cut_sample(ids, prompt_len=70, depth=64, continuation=20) == "prompt_past_depth"
+    assert cut_sample(ids, prompt_len=10, depth=64, continuation=20) == ids[:74]
+    assert cut_sample(ids, prompt_len=10, depth=70, continuation=20) == ids[:80]
+    assert cut_sample(ids, prompt_len=10, depth=71, continuation=20) == "too_short"
+    # A long prompt does not move the depth: generated tokens count, not the context's.
+    assert cut_sample(ids, prompt_len=70, depth=10, continuation=20) == ids[:80]
     assert cut_sample(ids, prompt_len=95, depth=0, continuation=20) == "too_short"
 
 
@@ -40,16 +41,18 @@ def test_cuts_take_the_first_samples_long_enough_per_depth_and_count_the_rest(tm
     by_depth = {cut.depth: cut for cut in cuts}
     # Depth 0: each sample's own prompt; the first two samples long enough for 32 more tokens.
     assert [p[-1] for p in by_depth[0].prompts] == [4, 1004]
-    assert by_depth[0].counts() == {"prompts": 2, "too_short": 0, "prompt_past_depth": 0}
-    assert [len(p) for p in by_depth[100].prompts] == [100, 100]
+    assert by_depth[0].counts() == {"prompts": 2, "too_short": 0}
+    # 100 generated tokens past each prompt (5 and 8 tokens).
+    assert [len(p) for p in by_depth[100].prompts] == [105, 108]
     assert by_depth[100].prompts[0][0] == 1000  # the second sample of the first shard
-    assert by_depth[100].counts() == {"prompts": 2, "too_short": 2, "prompt_past_depth": 0}
+    assert by_depth[100].counts() == {"prompts": 2, "too_short": 2}
     # 512: the 700-token sample of the first shard, then the second shard's 600-token one; the
     # 900-token sample is never reached (two prompts already).
     assert [p[0] for p in by_depth[512].prompts] == [3000, 0]
-    assert by_depth[512].counts() == {"prompts": 2, "too_short": 3, "prompt_past_depth": 0}
+    assert by_depth[512].counts() == {"prompts": 2, "too_short": 3}
     deep = cut_at_depths([second], depths=(512,), per_depth=5, continuation=32)[0]
-    assert deep.counts() == {"prompts": 1, "too_short": 1, "prompt_past_depth": 1}
+    # The 900-token sample's answer is 200 tokens (its prompt 700): too short for 512.
+    assert deep.counts() == {"prompts": 1, "too_short": 2}
 
 
 def test_the_table_has_a_row_per_depth_for_each_k_with_each_measurement():
@@ -115,7 +118,7 @@ def test_the_report_plots_and_tabulates_acceptance_by_depth():
     }
     figure = acceptance_figure(metrics, ["2"])
     panel = figure.axes[-1]
-    assert panel.get_xlabel() == "context depth (tokens)"
+    assert panel.get_xlabel() == "generated depth (tokens)"
     lines = {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()}
     assert lines["K=2 live"] == [2.0, 1.5] and lines["K=2 simulated"] == [2.2, 2.2]
     html = depth_table_html(table)
@@ -139,9 +142,14 @@ def test_the_decoded_window_is_the_drafts_a_decoding_from_the_cut_makes():
     assert at_zero[0].nonzero().flatten().tolist() == [2, 3, 4, 5]  # cut 3: drafts from 2..5
     assert at_zero[1].nonzero().flatten().tolist() == [5, 6, 7, 8]  # cut 6
     at_eight = decoded_window(loss_mask, lengths, depth=8, width=5)
-    assert at_eight[0].nonzero().flatten().tolist() == [7, 8, 9, 10, 11]
-    assert not at_eight[1].any()  # 12 tokens: too short for 8 + 5
-    assert not decoded_window(loss_mask, lengths, depth=4, width=4)[1].any()  # prompt past 4
+    assert at_eight[0].nonzero().flatten().tolist() == [10, 11, 12, 13, 14]  # cut 3 + 8
+    assert not at_eight[1].any()  # an answer of 6 tokens: too short for 8 + 5
+    assert decoded_window(loss_mask, lengths, depth=2, width=4)[1].nonzero().flatten().tolist() == [
+        7,
+        8,
+        9,
+        10,
+    ]  # cut 6 + 2: depth counts the answer's tokens, not the prompt's
 
 
 def test_the_depth_table_keeps_the_simulated_window_beside_the_figure_past_the_depth():

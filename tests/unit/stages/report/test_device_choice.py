@@ -212,16 +212,16 @@ def test_the_acceptance_holds_over_the_depths_the_answers_reach():
     short = choose_on_device(families, device, lengths((20, 300)))
     assert short["choice"]["family"] == "eagle3"
     assert short["choice"]["tokens_per_target_step"] == pytest.approx(3 / 1.14)
-    # One long answer: 1004 of its tokens below depth 1024, 2976 past it; tau is total tokens
-    # over total rounds across them.
+    # One long answer of 3980 generated tokens: 1024 below depth 1024, 2956 past it; tau is total
+    # tokens over total rounds across them.
     long = choose_on_device(families, device, lengths((20, 4000)))
     tau = {
-        family: 3980 / (1004 / near + 2976 / deep)
+        family: 3980 / (1024 / near + 2956 / deep)
         for family, (near, deep) in {"eagle3": (3, 1.5), "p_eagle": (2.4, 2.2)}.items()
     }
     figures = long["by_family"]["p_eagle"]["per_k"]["3"]
     assert figures["emitted_per_round"] == pytest.approx(tau["p_eagle"])
-    assert figures["by_depth"]["1024"] == {"tau": 2.2, "weight": pytest.approx(2976 / 3980)}
+    assert figures["by_depth"]["1024"] == {"tau": 2.2, "weight": pytest.approx(2956 / 3980)}
     assert long["choice"]["family"] == "p_eagle"
     assert long["choice"]["tokens_per_target_step"] == pytest.approx(tau["p_eagle"] / 1.08)
     margin = long["choice"]["margin"]

@@ -23,9 +23,9 @@ def lengths(*samples: tuple[int, int]) -> pl.DataFrame:
 
 
 def test_each_depth_weighs_the_generated_tokens_between_it_and_the_next():
-    # Answers at positions 10..99 and 10..29: below 50, 40 + 20 tokens; from 50, 50.
+    # Answers of 90 and 20 generated tokens (depths 0..89, 0..19): below 50, 50 + 20; from 50, 40.
     answers = lengths((10, 100), (10, 30))
-    assert depth_weights(answers, [50, 0]) == pytest.approx({0: 60 / 110, 50: 50 / 110})
+    assert depth_weights(answers, [50, 0]) == pytest.approx({0: 70 / 110, 50: 40 / 110})
     # A depth no answer reaches weighs nothing; the first depth takes what lies below it.
     assert depth_weights(answers, [0, 50, 200])[200] == 0
     assert depth_weights(answers, [20]) == {20: 1.0}
@@ -74,9 +74,9 @@ def test_the_family_chosen_is_the_one_that_holds_at_the_depths_the_answers_reach
     assert short["choice"]["depth_weights"] == {"0": 1.0, "512": 0.0}
     long = choose_family(families, lengths((20, 4000)))
     assert long["choice"]["family"] == "p_eagle"
-    # Total tokens over total time: 492 tokens below 512 at 2.4 / 1.5 a step, 3488 from there
-    # at 2.2 / 1.5.
-    expected = 3980 / (492 / (2.4 / 1.5) + 3488 / (2.2 / 1.5))
+    # Total tokens over total time: an answer of 3980 generated tokens, 512 below depth 512 at
+    # 2.4 / 1.5 a step, 3468 from there at 2.2 / 1.5.
+    expected = 3980 / (512 / (2.4 / 1.5) + 3468 / (2.2 / 1.5))
     assert long["choice"]["tokens_per_target_step"] == pytest.approx(expected)
 
 
