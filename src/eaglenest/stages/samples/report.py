@@ -63,6 +63,7 @@ class Overlength:
     dropped: int
     dropped_prompt_over_max_length: int
     truncated: int
+    longest: int = 0  # the longest sample past max_length, in tokens (0: none)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class TokenizeReport:
             dropped=counts["dropped_overlength"],
             dropped_prompt_over_max_length=counts["dropped_prompt_over_max_length"],
             truncated=counts["truncated"],
+            longest=counts["longest_overlength"],
         )
         return cls(
             shard=shard,
@@ -205,6 +207,20 @@ class TokenizeReport:
                 self.rebuilt_without_stripped_whitespace,
                 self.reasoning_parser,
                 self.target_tokens["think_end"]["token"],
+            )
+
+    def check_kept(self) -> None:
+        """Raise TokenizeError when the shard keeps no sample because each was too long: a
+        max_length below the answers' lengths (a config merged over the demo's, say) would
+        otherwise leave the later stages an empty shard to fail on, far from the cause."""
+        over = self.overlength
+        lost = over.dropped + over.dropped_prompt_over_max_length
+        if self.samples and not self.written and lost:
+            raise TokenizeError(
+                f"shard {self.shard}: kept none of its {self.samples} samples: {lost} longer than "
+                f"tokenize.max_length {over.max_length} (tokenize.overlength {over.policy}; the "
+                f"longest {over.longest} tokens). Set tokenize.max_length to null (the default: no "
+                "answer dropped for its length) or above the answers' lengths"
             )
 
     def check_agreement(self, min_agreement: float) -> None:

@@ -125,6 +125,7 @@ def _apply_max_length(
     """The sequence to write (None: dropped) and whether it was cut."""
     if settings.max_length is None or len(input_ids) <= settings.max_length:
         return input_ids, False
+    counts["longest_overlength"] = max(counts["longest_overlength"], len(input_ids))
     if settings.overlength == "drop":
         counts["dropped_overlength"] += 1
         return None, False

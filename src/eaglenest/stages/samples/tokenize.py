@@ -76,7 +76,8 @@ def tokenize_samples(
     samples: pl.DataFrame, settings: TokenizeSettings, think_ids: dict[str, Any], shard: str = ""
 ) -> tuple[pl.DataFrame, TokenCounts, dict[str, Any]]:
     """Tokenize a samples frame with the target's tokenizer and the think ids the probe resolved;
-    raise TokenizeError when the rebuild agrees less often than tokenize.min_agreement."""
+    raise TokenizeError when the rebuild agrees less often than tokenize.min_agreement, or when
+    tokenize.max_length leaves the shard no sample."""
     started = time.perf_counter()
     tokenizer = load_tokenizer(settings.target)
     check_tokenizer_class(tokenizer, tokenizer_path(settings.target))
@@ -87,6 +88,7 @@ def tokenize_samples(
         samples, tokenizer, tokens, settings, default_kwargs, shard
     )
     report.log(time.perf_counter() - started)
+    report.check_kept()
     report.check_agreement(settings.min_agreement)
     return frame, counts, report.as_dict()
 

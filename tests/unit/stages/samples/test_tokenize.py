@@ -394,12 +394,28 @@ def test_max_length_drop_and_truncate_are_counted(qwen3_dir):
         "dropped": 0,
         "dropped_prompt_over_max_length": 1,
         "truncated": 1,
+        "longest": max(lengths[1:]),
     }
     assert (
         report["loss_tokens"]
         == int(counts.counts.sum())
         == sum(n - p for n, p in zip(cut["n_tokens"], cut["prompt_len"]))
     )
+
+
+def test_a_max_length_that_keeps_no_sample_of_a_shard_names_the_key(qwen3_dir):
+    """Every answer over tokenize.max_length (a study merged over the demo's 1,024 dropped all
+    of its): the shard fails at tokenize, naming the key and the longest answer, not later on an
+    empty shard."""
+    rows = [sample("What is 2 + 3?", "\nadd the units\n" * 30, "\n\n5")] * 2
+    samples = samples_frame([{**row, "id": f"{i:016x}"} for i, row in enumerate(rows)])
+    full, _, _ = tokenize(samples, config_for(qwen3_dir, max_length=None))
+    longest = max(full["n_tokens"].to_list())
+    with pytest.raises(TokenizeError) as err:
+        tokenize(samples, config_for(qwen3_dir, max_length=longest - 1), shard="00007")
+    message = str(err.value)
+    assert "shard 00007: kept none of its 2 samples: 2 longer than tokenize.max_length" in message
+    assert f"the longest {longest} tokens" in message and "max_length to null" in message
 
 
 def test_shard_files_and_an_empty_shard(tmp_path, qwen3_dir):
