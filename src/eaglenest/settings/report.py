@@ -17,16 +17,19 @@ built, so its figures are in the report rule's tracked settings: a new file reru
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from eaglenest.settings import Settings
+from eaglenest.settings.device_file import (
+    KEY,
+    is_number,
+    is_positive_integer_key,
+    read_timings_file,
+)
 from eaglenest.settings.families import FAMILIES
 
-KEY = "report.device"
 COLLAPSE_RATIO = 0.7  # config/schema.yaml's report.collapse_ratio
 
 
@@ -65,30 +68,6 @@ class ReportSettings(Settings):
         return cls(device=device_timings(section) if section else None, collapse_ratio=ratio)
 
 
-def read_timings_file(path: str | Path, batch: int) -> dict[str, Any]:
-    """The figures of bench/gpu_check.py's device_timings file at `batch`: name, drafter_ratio,
-    verify_cost (ValueError naming report.device.file and what is missing)."""
-    where = f"{KEY}.file ({path})"
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: cannot read it as JSON: {err}") from None
-    timings = data.get("device_timings", data) if isinstance(data, dict) else {}
-    by_batch = timings.get("by_batch") if isinstance(timings, dict) else None
-    if not by_batch or not isinstance(by_batch, dict):  # a config error: ValueError, as the rest
-        raise ValueError(f"{where}: no device_timings.by_batch (bench/gpu_check.py's step)")
-    if str(batch) not in by_batch:
-        raise ValueError(
-            f"{KEY}.batch: {batch} is not among the file's batch sizes {sorted(by_batch, key=int)}"
-        )
-    at = by_batch[str(batch)]
-    return {
-        "name": f"{timings.get('device', 'device')}, batch {batch}",
-        "drafter_ratio": at.get("drafter_ratio"),
-        "verify_cost": at.get("verify_cost") or {},
-    }
-
-
 def device_timings(section: Mapping[str, Any]) -> DeviceTimings:
     """report.device as checked timings: the file's figures under the config's."""
     found: dict[str, Any] = {"name": None, "drafter_ratio": None, "verify_cost": {}}
@@ -116,7 +95,9 @@ def _given(config_value: Any, file_value: Any) -> Any:
 
 def check_timings(timings: DeviceTimings) -> None:
     """Every ratio in (0, 1], every verify cost at least 1 (verifying K + 1 tokens costs at least
-    the one token's step), each K a positive integer: ValueError naming the key."""
+    the one token's step), each a finite number (NaN passes every comparison's `not`, and would
+    win the choice of K), each K a positive integer as str(int) writes it (the report looks K
+    up so): ValueError naming the key."""
     where = "" if timings.source == "user" else f" (from {timings.source})"
     if timings.drafter_ratio is None:
         raise ValueError(
@@ -129,14 +110,20 @@ def check_timings(timings: DeviceTimings) -> None:
             raise ValueError(f"{KEY}.family_ratios: {family!r} is not one of {', '.join(FAMILIES)}")
         ratios[f"family_ratios.{family}"] = ratio
     for key, ratio in ratios.items():
-        if not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+        if not is_number(ratio):
+            raise ValueError(f"{KEY}.{key}: {ratio!r}{where} is not a finite number")
+        if not 0 < ratio <= 1:
             raise ValueError(f"{KEY}.{key}: {ratio!r}{where} is outside (0, 1]")
     if not timings.verify_cost:
         raise ValueError(f"{KEY}.verify_cost: none given{where}: K -> verify K + 1 over one step")
     for k, cost in timings.verify_cost.items():
-        if not k.isdigit() or int(k) < 1:
-            raise ValueError(f"{KEY}.verify_cost: {k!r}{where} is not a K (a positive integer)")
-        if not isinstance(cost, int | float) or cost < 1:
+        if not is_positive_integer_key(k):
+            raise ValueError(
+                f"{KEY}.verify_cost: {k!r}{where} is not a K written as an integer (3, 7, 15)"
+            )
+        if not is_number(cost):
+            raise ValueError(f"{KEY}.verify_cost.{k}: {cost!r}{where} is not a finite number")
+        if cost < 1:
             raise ValueError(
                 f"{KEY}.verify_cost.{k}: {cost!r}{where} is below 1 (verifying K + 1 tokens "
                 "takes at least one decode step)"

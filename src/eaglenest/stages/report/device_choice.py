@@ -32,6 +32,7 @@ a user reads off the ratio where the families cross and sees where their own dev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,13 @@ def tokens_per_step(each: Acceptance, device: DeviceTimings) -> float:
     return each.tau / steps_per_round(each, device, device.ratio(each.family))
 
 
+def timed(each: Acceptance, device: DeviceTimings) -> bool:
+    """Whether the device has a verify cost at each's K and the rate it gives is finite: a NaN
+    (a timings object built past check_timings, a NaN tau) loses every comparison both ways, so
+    `max` would keep or drop it by its place in the list, and it never counts in a choice."""
+    return str(each.k) in device.verify_cost and math.isfinite(tokens_per_step(each, device))
+
+
 def best_at_device(
     acceptance: dict[str, dict[str, Acceptance]], device: DeviceTimings
 ) -> tuple[dict[str, Acceptance], dict[str, Any]]:
@@ -99,17 +107,18 @@ def best_at_device(
     for family, per_k in acceptance.items():
         rows = {}
         for k, each in per_k.items():
-            timed = k in device.verify_cost
             rows[k] = {
                 **each.summary(),
                 "drafter_forwards": each.drafter_forwards(),
                 "drafter_ratio": device.ratio(family),
                 "verify_cost": device.verify_cost.get(k),
-                "tokens_per_target_step": tokens_per_step(each, device) if timed else None,
+                "tokens_per_target_step": tokens_per_step(each, device)
+                if timed(each, device)
+                else None,
             }
-        timed = [k for k in per_k if rows[k]["tokens_per_target_step"] is not None]
-        if timed:
-            k = max(timed, key=lambda k: rows[k]["tokens_per_target_step"])
+        counted = [k for k in per_k if rows[k]["tokens_per_target_step"] is not None]
+        if counted:
+            k = max(counted, key=lambda k: rows[k]["tokens_per_target_step"])
             best[family] = per_k[k]
         table[family] = {"best_k": int(best[family].k) if family in best else None, "per_k": rows}
     return best, table
@@ -140,7 +149,7 @@ def timed_options(
 ) -> dict[str, list[Acceptance]]:
     """Each family's K with a verify cost on the device (the K it may pick at any r)."""
     options = {
-        family: [each for k, each in per_k.items() if k in device.verify_cost]
+        family: [each for each in per_k.values() if timed(each, device)]
         for family, per_k in acceptance.items()
     }
     return {family: found for family, found in options.items() if found}

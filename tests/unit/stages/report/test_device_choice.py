@@ -229,3 +229,17 @@ def test_the_acceptance_holds_over_the_depths_the_answers_reach():
         tau["p_eagle"] / 1.08 - tau["eagle3"] / 1.14
     )
     assert margin["paired"] is True and margin["ci95"][0] <= margin["tokens_per_target_step"]
+
+
+def test_a_nan_verify_cost_never_wins_the_choice_of_k():
+    # Timings built past check_timings (the report's own, a test's): NaN at the first K lost
+    # every comparison both ways, so max kept it and summary.json chose K 3 at a rate of NaN.
+    device = DeviceTimings("H200", "user", 0.2, {}, {"3": float("nan"), "7": 1.0})
+    families = {"dflash": per_k_metrics({"3": ([10, 15], [5, 5]), "7": ([15, 15], [5, 5])})}
+    summary = choose_on_device(families, device)
+    assert summary["choice"]["k"] == 7
+    assert summary["choice"]["tokens_per_target_step"] == pytest.approx(3 / 1.2)
+    assert summary["by_family"]["dflash"]["per_k"]["3"]["tokens_per_target_step"] is None
+    assert summary["curve"]["families"]["dflash"]["ks"] == [7] * len(summary["curve"]["ratios"])
+    json.dumps(summary["choice"], allow_nan=False)
+    json.dumps(summary["curve"], allow_nan=False)
