@@ -26,7 +26,12 @@ onstart:
 
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
-from eaglenest.common.config import ConfigError, check_executor, validate_config
+from eaglenest.common.config import (
+    ConfigError,
+    check_executor,
+    read_config_file,
+    validate_config,
+)
 from eaglenest.run.shards import (
     prepared_params_json,
     shard_ids,
@@ -53,6 +58,9 @@ from eaglenest.settings.thinking import ThinkingSettings
 from eaglenest.settings.vllm import VllmRuntime, capture_urls
 
 try:
+    # Snakemake's own loader keeps the last of a key written twice: each file read again.
+    for _configfile in workflow.configfiles:
+        read_config_file(_configfile)
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
 except ConfigError as err:
     raise WorkflowError(str(err)) from None

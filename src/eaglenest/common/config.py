@@ -18,13 +18,12 @@ from typing import Any, TypeVar
 import jsonschema
 import yaml
 
+# ConfigError has its home beside the file reader; importers keep finding it here.
+from eaglenest.common.config_file import ConfigError, check_shape, read_config_file
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SCHEMA = REPO_ROOT / "config" / "schema.yaml"
 SettingsT = TypeVar("SettingsT")
-
-
-class ConfigError(ValueError):
-    """A config value is missing, unknown or of the wrong type; the message names the key."""
 
 
 def _with_defaults(validator_class):
@@ -83,6 +82,12 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     """Validate `config` in place, filling defaults; raise ConfigError naming every bad key.
     What depends on where the jobs run is checked once Snakemake knows (`check_executor`)."""
     validator = _validator(Path(schema_path).read_text())
+    try:
+        # Before the schema and the finite-number check walk it, both recursively and each
+        # value as often as an alias repeats it.
+        check_shape(config)
+    except ValueError as err:
+        raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors)
@@ -235,23 +240,6 @@ def merged_config(paths: list[str]) -> dict[str, Any]:
     if config["demo_target"]["enabled"] and not config["target"]["path"]:
         config["target"]["path"] = f"results/{config['run']}/target"
     return config
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """One `--configfile`: a YAML mapping of sections (empty: none), or a ConfigError naming the
-    file and what it holds instead."""
-    try:
-        values = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"config file {path}: cannot be read ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path}: not valid YAML: {err}") from None
-    if values is not None and not isinstance(values, dict):
-        raise ConfigError(
-            f"config file {path}: holds a {type(values).__name__}, not a mapping of config "
-            "sections (run:, prompts:, ...)"
-        )
-    return values or {}
 
 
 def _updated(base: dict, update: dict) -> dict:

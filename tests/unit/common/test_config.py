@@ -192,3 +192,30 @@ def test_several_training_nodes_need_slurm_before_any_job(monkeypatch):
     config["train"]["nodes"] = 1
     monkeypatch.delenv("SLURM_JOB_ID")
     check_executor(config, "local")
+
+
+def test_a_run_name_too_long_for_a_file_name_is_refused_by_the_schema():
+    """300 characters passed every check and failed at the first job: "File name too long"."""
+    config = demo_config()
+    config["run"] = "r" * 300
+    with pytest.raises(ConfigError, match=r"config key 'run': 'r+' is too long"):
+        validate_config(config)
+    config["run"] = "r" * 100
+    validate_config(config)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["p_eagle.depths", "p_eagle.num_hidden_layers", "dflash.block_size",
+     "dflash.num_hidden_layers", "dflash.max_anchors", "ttt_steps", "sequence.length",
+     "max_batch_tokens", "drafter.intermediate_size", "drafter.num_attention_heads",
+     "drafter.head_dim"],
+)  # fmt: skip
+def test_an_absurd_training_size_is_refused_by_the_schema(key: str):
+    """1e9 passed every check and failed in the train job."""
+    config = demo_config()
+    section, name = key.rsplit(".", 1) if "." in key else ("", key)
+    train = config.setdefault("train", {})
+    (train.setdefault(section, {}) if section else train)[name] = 1_000_000_000
+    with pytest.raises(ConfigError, match=rf"config key 'train.{key}': 1000000000 is greater"):
+        validate_config(config)
