@@ -30,6 +30,12 @@ gives is kept on disk (`CACHE_ENV`, else $XDG_CACHE_HOME/eaglenest or ~/.cache/e
 by the bytes of the files, never by their times: a module's imports by its content, a script's
 version by the content of every file of its closure. A changed file is parsed again; the values
 are the ones computed without the cache, and a cache that cannot be read or written is skipped.
+An entry is used only where it has the shape this module writes and agrees with the files: a
+module's recorded names must be in its bytes, a version must carry the check that binds it to its
+key (the files' bytes); anything else is computed again, never failing a command. The check
+catches stray edits and corruption, not a forger (who could edit the code itself).
+`EAGLENEST_CACHE_DIR` set to one of CACHE_OFF's words, in any case, means no cache; any other
+value is a folder.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SHAPES_NO_OUTPUT = ("common.logs", "common.gpus")
 CACHE_ENV = "EAGLENEST_CACHE_DIR"
 CACHE_ENTRIES = 2_000  # past this, the oldest half goes (edits add entries; ~1 KB a module)
+# What EAGLENEST_CACHE_DIR says to mean "no cache", in any case: never taken as a folder's name.
+CACHE_OFF = ("off", "0", "false", "no", "none")
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -81,7 +89,7 @@ class _DiskCache:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
         self.path = directory / f"code-versions-{own}.json" if directory else None
         self.modules: dict[str, dict] = {}
-        self.versions: dict[str, str] = {}
+        self.versions: dict[str, list[str]] = {}  # key -> [version, its check]
         self.added = False
         self._merge()
 
@@ -115,9 +123,10 @@ class _DiskCache:
 
 
 def cache_dir() -> Path | None:
-    """Where parses are kept: $EAGLENEST_CACHE_DIR (`off`: nowhere), else the user's cache."""
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen == "off":
+    """Where parses are kept: $EAGLENEST_CACHE_DIR (a CACHE_OFF word: nowhere), else the
+    user's cache."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    if chosen.lower() in CACHE_OFF:
         return None
     if chosen:
         return Path(chosen)
@@ -215,8 +224,10 @@ def _parse(path: Path, relative: PurePosixPath, package: str) -> _PythonSource:
     key = _content_key(content, package, relative.as_posix())
     if key not in _PARSED:
         disk = _disk_cache()
-        if key not in disk.modules:
-            disk.modules[key] = _read_module(content, path, relative, package)
+        if not _module_entry_holds(disk.modules.get(key), key, content):
+            # As the file will hold it (lists, not tuples), so the check reads back the same.
+            entry = json.loads(json.dumps(_read_module(content, path, relative, package)))
+            disk.modules[key] = {**entry, "check": _entry_check(key, entry)}
             disk.added = True
         held = disk.modules[key]
         _PARSED[key] = _PythonSource(
@@ -225,6 +236,48 @@ def _parse(path: Path, relative: PurePosixPath, package: str) -> _PythonSource:
             tuple(held["run_by_name"]),
         )
     return _PARSED[key]
+
+
+def _entry_check(key: str, value: object) -> str:
+    """What binds a cached value to its key, the hash of the files' bytes."""
+    text = json.dumps(value, sort_keys=True)
+    return hashlib.sha256(f"{key}\0{text}".encode()).hexdigest()[:16]
+
+
+def _module_entry_holds(held: object, key: str, content: bytes) -> bool:
+    """Whether a cached parse has _read_module's shape, carries its check, and its names are in
+    the file's bytes (an import's names, a module imported whole by its dotted name, a plain
+    word as written): a wrong-shaped entry failed every command, a wrong one changed what the
+    closure holds."""
+    if not isinstance(held, dict):
+        return False
+    entry = {name: value for name, value in held.items() if name != "check"}
+    if held.get("check") != _entry_check(key, entry):
+        return False
+    imports, strings, run = held.get("imports"), held.get("strings"), held.get("run_by_name")
+    if not all(isinstance(v, list) for v in (imports, strings, run)):
+        return False
+    names: list[object] = [*run]
+    for item in imports:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], list)):
+            return False
+        names += item[1] or [item[0]]  # `from .a import b` names b; `import a.b`, a.b
+    if not all(isinstance(name, str) for name in [*names, *strings]):
+        return False
+    text = content.decode("utf-8", "replace")
+    # What names a file or module is one plain word; a sentence may be split over lines and a
+    # string with escapes is not in the bytes as it reads, so only plain words are held to them.
+    plain = [t for t in strings if t.isprintable() and not set(t) & set(" \\'\"")]
+    return all(name in text for name in [*names, *plain])
+
+
+def _cached_version(held: object, key: str) -> str | None:
+    """A cached version: [16 hex digits, its check]; anything else is none."""
+    if not (isinstance(held, list) and len(held) == 2 and all(isinstance(v, str) for v in held)):
+        return None
+    version, check = held
+    hex_digits = len(version) == 16 and all(c in "0123456789abcdef" for c in version)
+    return version if hex_digits and check == _entry_check(key, version) else None
 
 
 def source_fingerprint(path: Path) -> bytes:
@@ -374,11 +427,12 @@ def script_code_version(
             name.encode() + b"\0" + hashlib.sha256((package_dir / name).read_bytes()).digest()
         )
     disk = _disk_cache()
-    found = disk.versions.get(key.hexdigest())
+    found = _cached_version(disk.versions.get(key.hexdigest()), key.hexdigest())
     if found is None:
         digest = hashlib.sha256(source_fingerprint(script) + b"\0")
         digest.update(code_version(closure, package_dir).encode())
-        found = disk.versions[key.hexdigest()] = digest.hexdigest()[:16]
+        found = digest.hexdigest()[:16]
+        disk.versions[key.hexdigest()] = [found, _entry_check(key.hexdigest(), found)]
         disk.added = True
     disk.save()
     return found

@@ -490,3 +490,84 @@ def test_the_disk_cache_keeps_its_newest_entries_within_its_bound(tmp_path, monk
     held = json.loads(kept.read_text())
     assert len(held["modules"]) <= 6 and len(held["versions"]) <= 6
     assert script_code_version(script, package_dir=pkg) == last
+
+
+def cached_versions(tmp_path) -> tuple[Path, Path, object]:
+    """A small package and script, their version computed without a cache, and a function
+    giving the version in a new process with the cache at tmp_path/cache."""
+    pkg = package(
+        tmp_path,
+        {"a.py": 'import pkg.b\nTEMPLATE = "t.jinja"\n', "b.py": "Y = 2\n", "t.jinja": "{{ x }}"},
+    )
+    script = tmp_path / "s.py"
+    script.write_text("from pkg.a import TEMPLATE\nprint(TEMPLATE)\n")
+
+    def version(cache_dir: str) -> str:
+        env = {**os.environ, "EAGLENEST_CACHE_DIR": cache_dir}
+        done = subprocess.run([sys.executable, "-c", VERSION_IN_A_PROCESS, str(script), str(pkg),
+                               "parse"], env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    return pkg, script, version
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [{"imports": 5}, {"imports": [["pkg.b"]], "strings": [], "run_by_name": []}, [], "x", None,
+     {"imports": [[1, []]], "strings": [], "run_by_name": []}],
+)  # fmt: skip
+def test_a_wrong_shaped_cache_entry_is_computed_past(tmp_path, wrong):
+    """Entries of another shape failed every command (a TypeError in every snakemake parse)
+    until the file was deleted."""
+    _, _, version = cached_versions(tmp_path)
+    cold = version("off")
+    assert version(str(tmp_path / "cache")) == cold
+    [kept] = (tmp_path / "cache").glob("code-versions-*.json")
+    held = json.loads(kept.read_text())
+    kept.write_text(json.dumps({
+        "modules": {key: wrong for key in held["modules"]},
+        "versions": {key: wrong for key in held["versions"]},
+    }))  # fmt: skip
+    assert version(str(tmp_path / "cache")) == cold
+    assert version(str(tmp_path / "cache")) == cold  # and written anew
+
+
+def test_a_cache_entry_that_does_not_match_the_files_is_computed_past(tmp_path):
+    """A poisoned cache changed every rule's code version: entries that no longer match their
+    check (bound to the files' bytes), or name what the file does not hold, are parsed again."""
+    _, _, version = cached_versions(tmp_path)
+    cold = version("off")
+    version(str(tmp_path / "cache"))
+    [kept] = (tmp_path / "cache").glob("code-versions-*.json")
+    held = json.loads(kept.read_text())
+    poisoned = {
+        # An import dropped (b.py leaves the closure) and a data file added that is not there.
+        "modules": {
+            key: {**entry, "imports": [], "strings": [*entry["strings"], "other.jinja"]}
+            for key, entry in held["modules"].items()
+        },
+        # A version of the right form, its check left as it was.
+        "versions": {
+            key: ["0123456789abcdef", check] for key, (_, check) in held["versions"].items()
+        },
+    }
+    kept.write_text(json.dumps(poisoned))
+    assert version(str(tmp_path / "cache")) == cold
+
+
+@pytest.mark.parametrize("word", ["off", "OFF", "Off", "0", "false", "FALSE", "none", "None",
+                                  "no", " off "])  # fmt: skip
+def test_cache_off_words_in_any_case_mean_no_cache_and_no_folder(tmp_path, monkeypatch, word):
+    """`EAGLENEST_CACHE_DIR=0|false|none|OFF` created a folder of that name in the working
+    directory; only the exact `off` meant no cache."""
+    from eaglenest.common.code_version import CACHE_OFF, cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EAGLENEST_CACHE_DIR", word)
+    assert cache_dir() is None and word.strip().lower() in CACHE_OFF
+    _, _, version = cached_versions(tmp_path / "work")
+    version(word)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    monkeypatch.setenv("EAGLENEST_CACHE_DIR", "offline")  # a folder, not a word of CACHE_OFF
+    assert cache_dir() == Path("offline")
