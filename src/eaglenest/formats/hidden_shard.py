@@ -320,10 +320,27 @@ class HiddenShard:
         begin, end = self._bounds(i)
         names = sorted(self.names - {"offsets"})
         if spans is None:
-            return loaded_rows({n: self._rows(n, begin, end) for n in names})
-        return loaded_rows(
-            {n: torch.cat([self._rows(n, begin + a, begin + b) for a, b in spans]) for n in names}
-        )
+            rows = loaded_rows({n: self._rows(n, begin, end) for n in names})
+        else:
+            rows = loaded_rows(
+                {
+                    n: torch.cat([self._rows(n, begin + a, begin + b) for a, b in spans])
+                    for n in names
+                }
+            )
+        self.check_finite(i, rows)
+        return rows
+
+    def check_finite(self, i: int, rows: dict[str, torch.Tensor]) -> None:
+        """A stored NaN or inf (a capture that overflowed in fp16, a damaged file) was read
+        without complaint and trained on: refused naming the shard, the sample and the tensor."""
+        for name, values in rows.items():
+            if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+                sample = self.sample_ids[i] if "sample_ids" in self.metadata else i
+                raise ValueError(
+                    f"{self.path}: sample {i} ({sample}): {name} holds NaN or infinite values; "
+                    "delete the shard and rerun its capture (in bf16 or fp32 if it was fp16)"
+                )
 
     def prompt_len(self, i: int) -> int:
         """Sample i's prompt tokens: where its loss mask (the answer's tokens) starts."""

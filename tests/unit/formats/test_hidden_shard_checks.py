@@ -59,3 +59,25 @@ def test_shard_rows_offsets_and_tokens_are_checked(tmp_path):
     states = {"token_ids": torch.tensor([5, 6, 7]), "hidden_states": torch.zeros(2, 4, 4)}
     with pytest.raises(VllmCaptureError, match="2 rows for 3 tokens"):
         pack_request(None, frame, 0, [0, 3], states, None, Path("tokens/00000.parquet"))
+
+
+def test_a_stored_shard_with_non_finite_values_is_refused_naming_the_sample(tmp_path):
+    """A shard of NaN was read without complaint and trained on."""
+    from eaglenest.formats.hidden_shard import open_hidden_shard
+
+    path = small_shard(tmp_path, [0, 2, 5])
+    shard = open_hidden_shard(path)
+    assert all(v.isfinite().all() for v in shard.sample(1).values() if v.is_floating_point())
+    name = next(n for n in sorted(shard.names) if n in ("aux", "aux_hidden_states", "final_hidden"))
+    raw = bytearray(path.read_bytes())
+    # The first value of `name` made NaN in place: the header says where its bytes lie.
+    header_len = int.from_bytes(raw[:8], "little")
+    start = 8 + header_len + json.loads(raw[8 : 8 + header_len])[name]["data_offsets"][0]
+    raw[start : start + 4] = torch.tensor([float("nan")], dtype=torch.float32).numpy().tobytes()
+    path.write_bytes(bytes(raw))
+    shard = open_hidden_shard(path)
+    shard.sample(1)  # sample 1's rows are finite
+    with pytest.raises(ValueError, match=rf"{path}: sample 0 \(s0\): {name} holds NaN"):
+        shard.sample(0)
+    with pytest.raises(ValueError, match="holds NaN"):
+        shard.sample(0, spans=[(0, 1)])
