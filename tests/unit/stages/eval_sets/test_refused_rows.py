@@ -135,3 +135,21 @@ def test_more_rows_than_a_set_may_hold_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "MAX_ROWS", 2)
     source = write_jsonl(tmp_path / "many.jsonl", [{"prompt": f"p{i}"} for i in range(3)])
     assert "more than 2 rows, the most a set may hold" in refusal(tmp_path, source)
+
+
+@pytest.mark.parametrize("rows", [1, 40], ids=["alone", "among-short-rows"])
+def test_a_parquet_row_past_the_bound_is_refused_before_the_set_is_loaded(tmp_path, rows):
+    """The 4 MiB bound covered JSON Lines only: a parquet set with one 20 MB prompt took 31 s and
+    4.8 GB before it was refused. Alone in its row group, the footer refuses it; among short
+    rows, its batch does."""
+    import polars as pl
+
+    from eaglenest.stages.eval_sets.files import MAX_LINE_BYTES, EvalSetError, read_records
+
+    prompts = ["short"] * (rows - 1) + ["x" * (5 << 20)]
+    path = tmp_path / "set.parquet"
+    pl.DataFrame({"prompt": prompts}).write_parquet(path)
+    with pytest.raises(EvalSetError, match=rf"longer than {MAX_LINE_BYTES:,} bytes"):
+        read_records(path)
+    pl.DataFrame({"prompt": ["short"] * 3}).write_parquet(path)
+    assert [r.values for r in read_records(path)[0]] == [{"prompt": "short"}] * 3
