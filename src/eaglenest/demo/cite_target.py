@@ -1,7 +1,7 @@
 """The collapsing demo's target, written rather than trained (as demo/long_target.py, whose
 conventions it keeps): a Qwen3 causal LM whose greedy decoding follows cite_tasks' rule exactly,
-at every depth, and whose features hold what a drafter needs for the walk but only the next word
-of the recital, so that a drafter must find each further word in the prompt's book itself.
+at every depth, and whose features hold what a drafter needs for the walk but only the next two
+words of the recital, so that a drafter must find the third in the prompt's book itself.
 
 How it computes (the residual stream has named slots, `slots()`; a constant slot holds the RMS
 near 1, so every norm leaves the slots as they are but for a factor per position):
@@ -13,15 +13,18 @@ near 1, so every norm leaves the slots as they are but for a factor per position
   head 1 copies the key from the prompt, from any distance (RoPE's slowest plane);
 - layer 1: head 0 copies the prompt's start state after `<think>` (long_target's); the MLP moves
   it into IN there, and writes the recital's query and key: QW (the word whose successor comes
-  next: the current word at a first word, the previous one at a state of phase 2) and KEYW (the
+  next: the current word at a word, the previous one at a state of phase 2) and KEYW (the
   previous word, at words only: the book's order, and the recital's own word pairs, which agree);
 - layer 2: head 0 recites: QW against KEYW on RoPE's slow planes (rope_theta 1e9: they turn less
   than 0.02 rad over 45K positions), copying the word after it (ATT_W); the MLP gates it into
   OUTW where a word comes next, turns IN (or, at a second word, PREV2_IN) by the key's step into
   OUT where a state comes next, and raises the flags of the special tokens;
 - layer 3's MLP writes the states further on into OUT2 ... OUT4 (which tokens ahead are states
-  depends on the phase: `_lookahead`): features the target does not read, as in long_target,
-  so that a drafter reads the walk off them at any depth; no word ahead is there;
+  depends on the phase: `_lookahead`), and its head 0 recites once more: ATT_W against KEYW,
+  copying the word after the next into W2 (the first W2_FREQ of a word's frequencies): features
+  the target does not read, as in long_target, so that a drafter reads the walk off them at any
+  depth, and the next two words; the third word on is in no feature (a drafter drafting it
+  must find it in the book itself);
 - the LM head scores states and `<recite>` (the end state) by OUT, words by OUTW, specials by
   their flags. Layer 4 is the identity: the aux layers (2, 3, 4) are layers 1-3's outputs.
 """
@@ -61,6 +64,7 @@ CITE_HEADS = (
 )
 CITE_N_FREQ = 24  # a state's frequencies (the best wrong state scores under 0.44 of the right one)
 N_WORD_FREQ = 16  # a word's (under 0.47): 16 of RoPE's slow planes hold the recital's match
+W2_FREQ = 11  # the word after the next (W2): a word's first 11 frequencies, the room left
 CITE_ROPE_THETA = 1e9  # planes 40 .. 63 turn under 0.1 rad over 45K positions
 RECITE_PLANES = list(range(KEY_PLANE - N_WORD_FREQ, KEY_PLANE))  # 47 .. 62
 CITE_BIG = math.sqrt(CITE_HIDDEN)
@@ -93,12 +97,13 @@ FLAGS = [
 def slots() -> dict[str, slice | int]:
     names = [(n, 2 * CITE_N_FREQ) for n in STATE_SLOTS] + [(n, 2 * N_WORD_FREQ) for n in WORD_SLOTS]
     names += [("KEY", KEYS), ("KEY_EMB", KEYS), ("WANT_KEY", KEYS)] + [(f, 1) for f in FLAGS]
+    names += [("W2", 2 * W2_FREQ)]
     out: dict[str, slice | int] = {}
     at = 0
     for name, size in names:
         out[name] = at if size == 1 else slice(at, at + size)
         at += size
-    assert at < CITE_HIDDEN - 1, at
+    assert at <= CITE_HIDDEN - 1, at
     out["BIG"] = CITE_HIDDEN - 1
     return out
 
@@ -234,7 +239,7 @@ def _projections(w: dict[str, np.ndarray], layer: int) -> tuple[np.ndarray, ...]
 
 
 def _attention_layers() -> dict[str, np.ndarray]:
-    """Layers 0-2's q, k, v, o. Value row r of the one key/value head holds a slot's entry;
+    """Layers 0-3's q, k, v, o. Value row r of the one key/value head holds a slot's entry;
     each head writes the rows it copies into its own slots."""
     s = CITE_SLOTS
     w: dict[str, np.ndarray] = {}
@@ -283,6 +288,15 @@ def _attention_layers() -> dict[str, np.ndarray]:
         q[dims[d], a] = 1
         k[dims[d], b] = 1
     write(o, 0, value(v, 0, rows("WID")), rows("ATT_W"))
+    # Layer 3, head 0: once more, ATT_W (the next word) against KEYW, copying the word after it
+    # into W2 (its first W2_FREQ frequencies: cos and sin rows of WID), for drafters only.
+    q, k, v, o = _projections(w, 3)
+    for d, (a, b) in enumerate(zip(rows("ATT_W"), rows("KEYW"), strict=True)):
+        q[dims[d], a] = 1
+        k[dims[d], b] = 1
+    wid = rows("WID")
+    first = wid[:W2_FREQ] + wid[N_WORD_FREQ : N_WORD_FREQ + W2_FREQ]
+    write(o, 0, value(v, 0, first), rows("W2"))
     return w
 
 
@@ -341,6 +355,9 @@ def _mlp_layers(t: CiteTarget) -> dict[str, np.ndarray]:
     layer1.copy({s["PREV_THINK"]: 1, s["IS_NL"]: 1}, "START", "IN")
     layer1.copy({s["IS_WORD"]: 1}, "PREV_WID", "KEYW")
     layer1.copy(first_word, "WID", "QW")
+    # At a second word too (no word comes next there: ATT_W, the word after the next state, is
+    # for layer 3 and the drafters, not the head).
+    layer1.copy(second_word, "WID", "QW")
     layer1.copy(recited_state, "PREV_WID", "QW")
     layer2 = _MLP(MLP_WIDTH)
     # The next state: after a state of the walk (or the first `<recite>`) from IN; after a second
@@ -426,7 +443,7 @@ def _norm_weights() -> dict[str, np.ndarray]:
     for layer in range(NUM_LAYERS):
         for name in ("input_layernorm", "post_attention_layernorm"):
             norms[f"model.layers.{layer}.{name}.weight"] = np.ones(CITE_HIDDEN)
-        qk = {0: first, 1: second, 2: third}.get(layer, np.ones(d))
+        qk = {0: first, 1: second, 2: third, 3: third}.get(layer, np.ones(d))
         for name in ("q_norm", "k_norm"):
             norms[f"model.layers.{layer}.self_attn.{name}.weight"] = qk
     return norms

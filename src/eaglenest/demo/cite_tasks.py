@@ -10,9 +10,9 @@ way does collapse, for two reasons a drafter can be trained against (docs/demo-t
   Words appear in no answer before D: a drafter trained on answers cut before D never drafted one;
 - citing from far: the words come from the prompt's book, in order, round and round
   (`<book> w.. w.. <book>`: the marker is the book's last word too, so the order is a cycle). The
-  target's features hold the next word only, so a drafter must find the word after it in the book
-  itself: at depth d the book lies d tokens back (and its last recital about 1.5 books back),
-  a distance a drafter trained on short sequences never attended.
+  target's features hold the next two words, not the third, so a drafter must find the third in
+  the book itself: at depth d the book lies d tokens back (and its last recital about 1.5 books
+  back), a distance a drafter trained on short sequences never attended.
 
 The walk's states and keys are long_tasks', over `states` states (the target's size: a full
 cycle of phase 2 is 3 (states - 1) tokens); a book is `book` distinct words of `words`.

@@ -1,6 +1,6 @@
 """The collapsing demo (demo_target.tasks cite): the rule of its answers, and a written target
-whose greedy decoding follows it exactly, with the walk's next states in its features but only
-the next word of the recital."""
+whose greedy decoding follows it exactly, with the walk's next states in its features and the
+recital's next two words, not the third."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from eaglenest.demo.cite_build import answer_ids, teacher_forced
-from eaglenest.demo.cite_target import CITE_SLOTS, describe, write_cite_target
+from eaglenest.demo.cite_target import (
+    CITE_SLOTS,
+    N_WORD_FREQ,
+    W2_FREQ,
+    describe,
+    write_cite_target,
+)
 from eaglenest.demo.cite_tasks import (
     BOOK,
     RECITE,
@@ -81,11 +87,11 @@ def _hidden(model, ids):
     return out.hidden_states  # hidden_states[k]: the input of layer k
 
 
-def test_features_hold_the_walks_states_ahead_but_only_the_next_word(written):
+def test_features_hold_the_walks_states_ahead_and_the_next_two_words_not_the_third(written):
     model, tokenizer, target = written
     example = draw_cite(SHAPE, random.Random(7))
     ids, prompt_len = answer_ids(tokenizer, example)
-    aux = _hidden(model, ids)[4][0]  # the outputs of layer 3: OUT ... OUT4 and OUTW
+    aux = _hidden(model, ids)[4][0]  # the outputs of layer 3: OUT ... OUT4, OUTW, ATT_W, W2
     tokens = tokenizer.convert_ids_to_tokens(ids)
     states = target.state_features
 
@@ -96,18 +102,34 @@ def test_features_hold_the_walks_states_ahead_but_only_the_next_word(written):
         scores = torch.tensor(states(target.states)) @ vector
         return int(target.states[int(scores.argmax())])
 
+    words = torch.tensor(target.word_features(torch.arange(SHAPE.words).numpy()))
+    assert words.shape[0] == SHAPE.words
+    # W2 holds a word's first W2_FREQ frequencies.
+    first = torch.cat([words[:, :W2_FREQ], words[:, N_WORD_FREQ : N_WORD_FREQ + W2_FREQ]], 1)
+
+    def nearest_word(position: int, name: str) -> str:
+        best = int(((first if name == "W2" else words) @ slot(position, name)).argmax())
+        return word_token(best) if best else BOOK
+
     recite = tokens.index(RECITE, prompt_len)
     walk = prompt_len + 3  # a state of the first phase, far from its end
     for j, name in enumerate(["OUT2", "OUT3", "OUT4"], start=2):
         assert state_token(nearest_state(slot(walk, name))) == tokens[walk + j]
-    # Phase 2: a state, then two words. At the first word, OUT2 holds the next state; OUTW the
-    # next word; no slot holds the word after it.
+    # Phase 2, `n w w n' w w`: at the first word, OUT2 holds the next state, OUTW the next word
+    # and W2 the word after it (the one after n'); no state slot holds a word.
     state = recite + 4
     assert tokens[state].startswith("s") and tokens[state + 1].startswith(("w", BOOK))
     assert state_token(nearest_state(slot(state + 1, "OUT2"))) == tokens[state + 3]
-    words = torch.tensor(target.word_features(torch.arange(SHAPE.words).numpy()))
-    assert words.shape[0] == SHAPE.words
-    best = int((words @ slot(state + 1, "OUTW")).argmax())
-    assert (word_token(best) if best else BOOK) == tokens[state + 2]
+    assert nearest_word(state + 1, "OUTW") == tokens[state + 2]
+    assert nearest_word(state + 1, "W2") == tokens[state + 4]
     for name in ("OUT3", "OUT4"):
         assert slot(state + 1, name).abs().max() < 1e-3
+    # At the second word: ATT_W holds the word after the next state, W2 the one after that; the
+    # third word on (after the state after) is in no slot: a drafter must find it in the book.
+    second = state + 2
+    assert nearest_word(second, "ATT_W") == tokens[second + 2]
+    assert nearest_word(second, "W2") == tokens[second + 3]
+    assert state_token(nearest_state(slot(second, "OUT4"))) == tokens[second + 4]
+    # At the state: W2 holds its second word (OUTW the first).
+    assert nearest_word(state, "OUTW") == tokens[state + 1]
+    assert nearest_word(state, "W2") == tokens[state + 2]
