@@ -19,7 +19,7 @@ lost, torn, hung (its lock held past `vllm.capture_lock_wait_s`) or of the wrong
 values (answer.check_states). That server is set aside: the sample goes to another server, and
 the server is asked again every PROBE_S; once it answers with the right name it takes requests
 again. A sample is sent at most `vllm.capture_moves_max` times, then the job fails naming it and
-the last failure. Overload (503, 429: a busy server, or a gateway before a busy cluster) is not a
+the last failure. Overload (503, 429: a busy server; 502, 504: a gateway before one) is not a
 failure of the server's: the server is backed off (exponential with jitter, its `Retry-After`
 honoured, capped: OVERLOAD_BACKOFF) and asked again, and the sample's send counts as a move only
 when another server served meanwhile. Any other 4xx fails the job at once (another server would
@@ -54,6 +54,7 @@ import numpy as np
 from eaglenest.capture import state_file
 from eaglenest.capture.faults import (
     AUTH_STATUS,
+    OVERLOAD_NAMES,
     CaptureServerError,
     ServerBusy,
     ServerFault,
@@ -85,7 +86,7 @@ PROBE_S = 2.0  # how often a server that stopped answering is asked again
 # but fail every request (a crash each time, a 500 for this prompt) fail the job instead of taking
 # the sample forever.
 MOVES_MAX = 10
-# An overloaded server (503, 429) is asked again after this: from 1 s, doubling, at most 30 s, and
+# An overloaded server (faults.OVERLOAD_STATUS) is asked again after this: from 1 s, doubling, at most 30 s, and
 # never sooner than its Retry-After (up to 2 minutes: one odd header must not park the pool).
 OVERLOAD_BACKOFF = RetryPolicy(
     max_attempts=0, backoff_base_s=1.0, backoff_max_s=30.0, retry_after_max_s=120.0
@@ -294,7 +295,7 @@ class CapturePool:
             return
         busy = any(s.down_since is None for s in self.servers)
         fix = (
-            "they are overloaded (HTTP 503/429): give them fewer jobs at once, more servers, or "
+            f"they are overloaded (HTTP {OVERLOAD_NAMES}): give them fewer jobs at once, more servers, or "
             "a longer vllm.capture_wait_s"
             if busy
             else "start them with `eaglenest serve-capture` and this run's config"
