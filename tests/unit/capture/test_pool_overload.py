@@ -1,6 +1,6 @@
 """Overload and waiting in the capture pool (capture/pool.py, capture/slot_queue.py): servers that
-all answer 503 or 429 (a busy cluster), or 502 or 504 (a gateway before one), are backed off and waited for within
-`capture_wait_s`, as servers that are down are, and the job completes once they serve; past that
+all answer 503 or 429 (a busy cluster), or 502 or 504 (a gateway before one), are backed off and
+waited for within `capture_wait_s`, as servers that are down are, and the job completes once they serve; past that
 bound it fails naming the status; a `Retry-After` is honoured; a send counts as a move only when
 another server served meanwhile. Requests waiting for a slot are served in the order they came,
 woken by releases and one scanner per pool, not each polling. The final error names what each
