@@ -67,7 +67,7 @@ from eaglenest.capture.faults import (
 from eaglenest.capture.key import capture_key
 from eaglenest.capture.slot_queue import SlotQueue
 from eaglenest.capture.state_file import remove_state_file, wait_written
-from eaglenest.client.credentials import auth_headers, redact
+from eaglenest.client.credentials import auth_headers, redact, url_secrets
 from eaglenest.client.retry import RetryPolicy, retry_after_s
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
@@ -162,6 +162,8 @@ class CapturePool:
         self.moves_max = moves_max or MOVES_MAX
         self.backoff = backoff
         self._key = capture_key(key_env)
+        # What no log or error may show: the key, and each URL's user info and query values.
+        self._secrets = [self._key, *(secret for url in self.urls for secret in url_secrets(url))]
         self.servers: list[CaptureServer] = []
         self.failure: BaseException | None = None
         self.served = 0  # samples served, by every server
@@ -207,9 +209,13 @@ class CapturePool:
             await self._session.close()
 
     async def _text(self, response: aiohttp.ClientResponse) -> str:
-        """A server's answer as text, whatever its bytes, and without the key (an error may quote
-        it, and a proxy may echo the request)."""
-        return redact((await response.read()).decode("utf-8", "replace"), [self._key])
+        """A server's answer as text, whatever its bytes, and without credentials (an error may
+        quote the key, and a proxy may echo the request: its URL, its Authorization header)."""
+        return redact((await response.read()).decode("utf-8", "replace"), self._secrets)
+
+    def _described(self, err: BaseException) -> str:
+        """A client error as a message quotes it, without credentials (one may quote the URL)."""
+        return redact(described(err), self._secrets)
 
     # --- which servers answer --------------------------------------------------------------
 
@@ -225,7 +231,7 @@ class CapturePool:
             ) as response:
                 status, body = response.status, await self._text(response)
         except GONE as err:
-            return f"does not answer ({described(err)})"
+            return f"does not answer ({self._described(err)})"
         if status in AUTH_STATUS:
             raise authentication_error(server.name, status, self.key_env)
         try:
@@ -265,7 +271,7 @@ class CapturePool:
             self._fail(err)
         except Exception as err:  # noqa: BLE001 (becomes the failure every request raises)
             failure = CaptureServerError(
-                f"the capture pool's prober failed ({described(err)}); servers: "
+                f"the capture pool's prober failed ({self._described(err)}); servers: "
                 + ", ".join(s.name for s in self.servers)
             )
             failure.__cause__ = err
@@ -362,7 +368,7 @@ class CapturePool:
                 status, text = response.status, await self._text(response)
                 wait_s = retry_after_s(response.headers.get("Retry-After"))
         except GONE as err:
-            raise ServerFault(f"does not answer ({described(err)})") from None
+            raise ServerFault(f"does not answer ({self._described(err)})") from None
         if status != 200:
             raise status_fault(status, text, server.name, row, self.key_env, wait_s)
         who = f"sample row {row}: capture server {server.name}"
