@@ -1,11 +1,12 @@
 """What a capture server can answer wrongly, and what the capture pool (capture/pool.py) does
 about each: the one place that sorts a server's answers.
 
-- The server's fault (ServerFault): a 5xx or a retryable status (408, 429), an answer that is not
+- The server's fault (ServerFault): a 5xx or a retryable status (408, 500), an answer that is not
   the JSON of a completion, a state file lost, torn, hung or of the wrong shape (state_file.py,
   answer.py). The pool sets that server aside and sends the sample to another, at most MOVES_MAX
   times a sample.
-- Overload (ServerBusy, a ServerFault): 503 or 429, the answer of a busy server or of a gateway in
+- Overload (ServerBusy, a ServerFault): "busy, wait" (client/retry.py's BUSY_STATUS, the rule
+  generation retries by too): 503 or 429 of a busy server, 502 or 504 of a gateway or ingress in
   front of a busy cluster. The server is not set aside but backed off (exponential with jitter,
   its `Retry-After` honoured up to a cap) and asked again; the sample's move counts only when
   another server served meanwhile: overload everywhere is waited for, within
@@ -26,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from eaglenest.client.retry import RETRYABLE_STATUS
+from eaglenest.client.retry import BUSY_STATUS, RETRYABLE_STATUS
 
-OVERLOAD_STATUS = (429, 503)  # busy, not broken: backed off and asked again (ServerBusy)
+OVERLOAD_STATUS = BUSY_STATUS  # busy, not broken: backed off and asked again (ServerBusy)
+OVERLOAD_NAMES = "/".join(map(str, sorted(OVERLOAD_STATUS)))  # as messages name them
 AUTH_STATUS = (401, 403)  # refused credentials: no other server or try would take them
 BODY_CHARS = 300  # of a server's answer, quoted in an error
 
@@ -43,7 +45,7 @@ class ServerFault(Exception):
 
 
 class ServerBusy(ServerFault):
-    """The server is overloaded (HTTP 503 or 429): it is backed off, not set aside, for at least
+    """The server is overloaded (OVERLOAD_STATUS): it is backed off, not set aside, for at least
     `retry_after_s` (its `Retry-After`, when it gave one)."""
 
     def __init__(self, message: str, status: int, retry_after_s: float | None = None) -> None:

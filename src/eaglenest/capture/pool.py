@@ -19,7 +19,7 @@ lost, torn, hung (its lock held past `vllm.capture_lock_wait_s`) or of the wrong
 values (answer.check_states). That server is set aside: the sample goes to another server, and
 the server is asked again every PROBE_S; once it answers with the right name it takes requests
 again. A sample is sent at most `vllm.capture_moves_max` times, then the job fails naming it and
-the last failure. Overload (503, 429: a busy server, or a gateway before a busy cluster) is not a
+the last failure. Overload (503, 429: a busy server; 502, 504: a gateway before one) is not a
 failure of the server's: the server is backed off (exponential with jitter, its `Retry-After`
 honoured, capped: OVERLOAD_BACKOFF) and asked again, and the sample's send counts as a move only
 when another server served meanwhile. Any other 4xx fails the job at once (another server would
@@ -54,6 +54,7 @@ import numpy as np
 from eaglenest.capture import state_file
 from eaglenest.capture.faults import (
     AUTH_STATUS,
+    OVERLOAD_NAMES,
     CaptureServerError,
     ServerBusy,
     ServerFault,
@@ -66,7 +67,7 @@ from eaglenest.capture.faults import (
 from eaglenest.capture.key import capture_key
 from eaglenest.capture.slot_queue import SlotQueue
 from eaglenest.capture.state_file import remove_state_file, wait_written
-from eaglenest.client.credentials import auth_headers, redact
+from eaglenest.client.credentials import auth_headers, redact, url_secrets
 from eaglenest.client.retry import RetryPolicy, retry_after_s
 from eaglenest.client.slots import POLL_S, EndpointSlots
 from eaglenest.settings.urls import api_base, endpoint_path, redacted_url
@@ -85,7 +86,7 @@ PROBE_S = 2.0  # how often a server that stopped answering is asked again
 # but fail every request (a crash each time, a 500 for this prompt) fail the job instead of taking
 # the sample forever.
 MOVES_MAX = 10
-# An overloaded server (503, 429) is asked again after this: from 1 s, doubling, at most 30 s, and
+# An overloaded server (faults.OVERLOAD_STATUS) is asked again after this: from 1 s, doubling, at most 30 s, and
 # never sooner than its Retry-After (up to 2 minutes: one odd header must not park the pool).
 OVERLOAD_BACKOFF = RetryPolicy(
     max_attempts=0, backoff_base_s=1.0, backoff_max_s=30.0, retry_after_max_s=120.0
@@ -161,6 +162,8 @@ class CapturePool:
         self.moves_max = moves_max or MOVES_MAX
         self.backoff = backoff
         self._key = capture_key(key_env)
+        # What no log or error may show: the key, and each URL's user info and query values.
+        self._secrets = [self._key, *(secret for url in self.urls for secret in url_secrets(url))]
         self.servers: list[CaptureServer] = []
         self.failure: BaseException | None = None
         self.served = 0  # samples served, by every server
@@ -206,9 +209,13 @@ class CapturePool:
             await self._session.close()
 
     async def _text(self, response: aiohttp.ClientResponse) -> str:
-        """A server's answer as text, whatever its bytes, and without the key (an error may quote
-        it, and a proxy may echo the request)."""
-        return redact((await response.read()).decode("utf-8", "replace"), [self._key])
+        """A server's answer as text, whatever its bytes, and without credentials (an error may
+        quote the key, and a proxy may echo the request: its URL, its Authorization header)."""
+        return redact((await response.read()).decode("utf-8", "replace"), self._secrets)
+
+    def _described(self, err: BaseException) -> str:
+        """A client error as a message quotes it, without credentials (one may quote the URL)."""
+        return redact(described(err), self._secrets)
 
     # --- which servers answer --------------------------------------------------------------
 
@@ -224,7 +231,7 @@ class CapturePool:
             ) as response:
                 status, body = response.status, await self._text(response)
         except GONE as err:
-            return f"does not answer ({described(err)})"
+            return f"does not answer ({self._described(err)})"
         if status in AUTH_STATUS:
             raise authentication_error(server.name, status, self.key_env)
         try:
@@ -264,7 +271,7 @@ class CapturePool:
             self._fail(err)
         except Exception as err:  # noqa: BLE001 (becomes the failure every request raises)
             failure = CaptureServerError(
-                f"the capture pool's prober failed ({described(err)}); servers: "
+                f"the capture pool's prober failed ({self._described(err)}); servers: "
                 + ", ".join(s.name for s in self.servers)
             )
             failure.__cause__ = err
@@ -294,7 +301,7 @@ class CapturePool:
             return
         busy = any(s.down_since is None for s in self.servers)
         fix = (
-            "they are overloaded (HTTP 503/429): give them fewer jobs at once, more servers, or "
+            f"they are overloaded (HTTP {OVERLOAD_NAMES}): give them fewer jobs at once, more servers, or "
             "a longer vllm.capture_wait_s"
             if busy
             else "start them with `eaglenest serve-capture` and this run's config"
@@ -361,7 +368,7 @@ class CapturePool:
                 status, text = response.status, await self._text(response)
                 wait_s = retry_after_s(response.headers.get("Retry-After"))
         except GONE as err:
-            raise ServerFault(f"does not answer ({described(err)})") from None
+            raise ServerFault(f"does not answer ({self._described(err)})") from None
         if status != 200:
             raise status_fault(status, text, server.name, row, self.key_env, wait_s)
         who = f"sample row {row}: capture server {server.name}"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglenest.client.credentials import redact
 from eaglenest.vllm_engine.process import EngineError, die_with_parent, stop_process_group
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ def probe(url: str, served_name: str, key: str | None) -> str | None:
     try:
         served = [m.get("id") for m in json.loads(body).get("data") or []]
     except (ValueError, AttributeError):
-        return f"/v1/models answered something that is not a model list: {body[:200]!r}"
+        # Without the key: another program on the port may echo the request's headers.
+        shown = redact(repr(body[:200]), [key])
+        return f"/v1/models answered something that is not a model list: {shown}"
     if served_name not in served:
         return f"it serves {served}, not {served_name}"
     return None
@@ -186,7 +189,7 @@ class SupervisedServer:
             with open(self.log_path, "rb") as stream:
                 stream.seek(self._log_offset)
                 text = stream.read().decode(errors="replace")
-        tail = error_lines(text) or "(its log is empty)"
+        tail = redact(error_lines(text), [self.key]) or "(its log is empty)"
         return f"capture server at {self.url} {what}; the end of its log ({self.log_path}):\n{tail}"
 
     def check(self) -> None:

@@ -14,9 +14,16 @@ import random
 import time
 from dataclasses import dataclass
 
-# Statuses of a server that may answer on another attempt: a timeout, rate limiting, overload or
-# a restart. Any other status is the request's fault and is not retried.
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Busy, wait: rate limiting (429), overload (503), and what a gateway or ingress in front of a
+# busy server answers (502, 504). Generation retries them; the capture pool waits them out
+# (backs the server off, within vllm.capture_wait_s) instead of setting the server aside.
+BUSY_STATUS = frozenset({429, 502, 503, 504})
+# Statuses of a server that may answer on another attempt: busy, a timeout or a restart. Any
+# other status is the request's fault and is not retried.
+RETRYABLE_STATUS = BUSY_STATUS | {408, 500}
+# 2**60 times any base the schema allows is still a finite float; past it the backoff is at its
+# cap anyway (2**1024 overflows a float: a server refusing for hours reached it).
+MAX_DOUBLINGS = 60
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,8 @@ class RetryPolicy:
 
     def backoff_s(self, attempt: int, server_wait_s: float | None = None) -> float:
         """Seconds to wait after failed attempt `attempt` (1-based)."""
-        backoff = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        doublings = min(max(attempt - 1, 0), MAX_DOUBLINGS)
+        backoff = min(self.backoff_max_s, self.backoff_base_s * 2**doublings)
         backoff *= random.uniform(0.5, 1.5)  # jitter: retries of a burst do not arrive together
         # A server's wait is honoured up to a cap: one odd header must not park a worker for hours.
         return max(backoff, min(server_wait_s or 0.0, self.retry_after_max_s))

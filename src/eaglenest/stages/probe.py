@@ -18,8 +18,10 @@ from typing import Any
 import httpx
 
 from eaglenest.client.credentials import (
+    ApiKeyError,
     api_key_from_env,
     auth_headers,
+    key_hint,
     redact,
     url_secrets,
 )
@@ -50,8 +52,9 @@ class ProbeError(RuntimeError):
     """The endpoint cannot be used as configured; the message says why and what to change."""
 
 
-def _served_models(client: httpx.Client, base: str) -> list[str]:
+def _served_models(client: httpx.Client, base: str, auth_hint: str) -> list[str]:
     shown = redacted_url(base)  # messages and logs never show a URL's credentials
+    models_url = endpoint_path(shown, "/v1/models")
     try:
         response = client.get(endpoint_path(base, "/v1/models"))
     except httpx.TransportError as err:
@@ -61,26 +64,29 @@ def _served_models(client: httpx.Client, base: str) -> list[str]:
         ) from err
     if response.status_code in (401, 403):
         raise ProbeError(
-            f"endpoint {shown} refused the request with HTTP {response.status_code}: set the API key "
-            "in the environment variable named by endpoints[].api_key_env"
+            f"endpoint {shown} refused the request with HTTP {response.status_code}: {auth_hint}"
         )
     if response.status_code != 200:
-        raise ProbeError(f"endpoint {shown}/v1/models answered HTTP {response.status_code}")
+        raise ProbeError(f"endpoint {models_url} answered HTTP {response.status_code}")
     try:
         listing = response.json()
     except json.JSONDecodeError:
         listing = None
     if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
         raise ProbeError(
-            f"{shown}/v1/models did not answer an OpenAI model list (a JSON object with 'data'): "
+            f"{models_url} did not answer an OpenAI model list (a JSON object with 'data'): "
             f"{response.text[:200]!r}. Is the URL the server's API base, not a web page or proxy?"
         )
     return [m.get("id") for m in listing["data"] if isinstance(m, dict)]
 
 
-def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[dict, float, int]:
-    """POST with a few quick retries on transient failures; returns (json, latency_s, attempts)."""
+def _post_chat(
+    client: httpx.Client, base: str, body: dict[str, Any], secrets: list[str | None]
+) -> tuple[dict, float, int]:
+    """POST with a few quick retries on transient failures; returns (json, latency_s, attempts).
+    What it logs is without `secrets` (a proxy may echo the request in its answer)."""
     last_problem, shown = "", redacted_url(base)
+    chat_url = endpoint_path(shown, "/v1/chat/completions")
     attempts = PROBE_RETRY.max_attempts
     for attempt in range(1, attempts + 1):
         started = time.perf_counter()
@@ -102,13 +108,13 @@ def _post_chat(client: httpx.Client, base: str, body: dict[str, Any]) -> tuple[d
                 last_problem = f"HTTP {response.status_code}: {response.text[:200]}"
             else:
                 raise ProbeError(
-                    f"{shown}/v1/chat/completions answered HTTP {response.status_code}: "
-                    f"{response.text[:500]}"
+                    f"{chat_url} answered HTTP {response.status_code}: {response.text[:500]}"
                 )
-        log.warning("probe attempt %d/%d on %s failed: %s", attempt, attempts, shown, last_problem)
+        shown_problem = redact(last_problem, secrets)
+        log.warning("probe attempt %d/%d on %s failed: %s", attempt, attempts, shown, shown_problem)
         if PROBE_RETRY.retries(attempt):
             time.sleep(PROBE_RETRY.backoff_s(attempt))
-    raise ProbeError(f"{shown}/v1/chat/completions failed {attempts} times; last: {last_problem}")
+    raise ProbeError(f"{chat_url} failed {attempts} times; last: {last_problem}")
 
 
 def _empty_reasoning_message(base: str, model: str, answers: list[dict[str, Any]]) -> str:
@@ -162,10 +168,15 @@ def _reasoning_field(answers: list[dict[str, Any]]) -> str:
 
 
 def _ask(
-    client: httpx.Client, base: str, model: str, bodies: list[dict[str, Any]]
+    client: httpx.Client,
+    base: str,
+    model: str,
+    bodies: list[dict[str, Any]],
+    endpoint: Endpoint,
+    api_key: str | None,
 ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     """Check the model is served, then send each body: (served models, responses, summaries)."""
-    served = _served_models(client, base)
+    served = _served_models(client, base, key_hint(endpoint.api_key_env, api_key))
     if model not in served:
         raise ProbeError(
             f"model '{model}' is not served by {redacted_url(base)}; served: {served}. "
@@ -173,7 +184,8 @@ def _ask(
         )
     responses, answers = [], []
     for body in bodies:
-        response, latency_s, attempts = _post_chat(client, base, body)
+        secrets = [api_key, *url_secrets(base)]
+        response, latency_s, attempts = _post_chat(client, base, body, secrets)
         answered_by = response.get("model")
         if answered_by is not None and answered_by != model:
             raise ProbeError(
@@ -284,12 +296,15 @@ def probe_endpoint(
     was asked, and pass.
     """
     base = api_base(endpoint.url)
-    api_key = api_key_from_env(endpoint.api_key_env)
+    try:
+        api_key = api_key_from_env(endpoint.api_key_env)
+    except ApiKeyError as err:  # a blank variable read as "unreachable" (an illegal header)
+        raise ProbeError(str(err)) from None
     bodies = _request_bodies(model, prompts, max_tokens, chat_template_kwargs, extra_body)
     timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
     try:
         with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
-            served, responses, answers = _ask(client, base, model, bodies)
+            served, responses, answers = _ask(client, base, model, bodies, endpoint, api_key)
     except ProbeError as err:
         # Error texts quote what the server said, which a proxy may fill with our headers.
         raise ProbeError(redact(str(err), [api_key, *url_secrets(base)])) from None

@@ -59,3 +59,26 @@ def test_a_pool_where_no_server_answers_waits_its_time_then_names_every_url():
     assert all(url in str(failure.value) for url in urls)
     assert "vllm.capture_wait_s" in str(failure.value)
     assert 1.0 <= waited < 10, waited
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("vllm", "capture_moves_max", 10**9),
+        ("vllm", "capture_wait_s", 1e300),
+        ("vllm", "capture_request_timeout_s", 1e300),
+        ("vllm", "capture_lock_wait_s", 1e300),
+        ("vllm", "requests_per_batch", 10**9),
+        ("generation", "max_attempts", 10**9),
+        ("generation", "backoff_max_s", 1e300),
+        ("generation", "retry_after_max_s", 1e300),
+        ("generation", "bench_s", 1e300),
+    ],
+)
+def test_every_bound_of_the_pool_and_of_the_retries_is_bounded_above(section, key, value):
+    """A bound without a maximum (capture_moves_max, max_attempts) let a wait or a count run
+    for ever (or overflow); each is refused at config time, naming the key."""
+    from eaglenest.common.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}"):
+        validate_config({section: {key: value}})

@@ -1,6 +1,6 @@
 """Overload and waiting in the capture pool (capture/pool.py, capture/slot_queue.py): servers that
-all answer 503 or 429 (a gateway, a busy cluster) are backed off and waited for within
-`capture_wait_s`, as servers that are down are, and the job completes once they serve; past that
+all answer 503 or 429 (a busy cluster), or 502 or 504 (a gateway before one), are backed off and
+waited for within `capture_wait_s`, as servers that are down are, and the job completes once they serve; past that
 bound it fails naming the status; a `Retry-After` is honoured; a send counts as a move only when
 another server served meanwhile. Requests waiting for a slot are served in the order they came,
 woken by releases and one scanner per pool, not each polling. The final error names what each
@@ -73,7 +73,21 @@ def test_servers_all_overloaded_for_a_while_are_waited_for_and_the_job_completes
     assert all(s.down_since is None for s in pool.servers)  # backed off, never set aside
 
 
-@pytest.mark.parametrize("status", [503, 429])
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_gateways_502_or_504_burst_is_waited_out_like_an_overload(tmp_path, status):
+    """A capture server behind an ingress answers 502/504 while it is busy: the job failed in
+    18 s (each answer set the server aside and counted as a move); it is waited out within
+    capture_wait_s as 503/429 are, never set aside, the sends not counted as moves."""
+    with CaptureServer(tmp_path, overloaded_for(1.0, status)) as server:
+        ids, pool = capture_with(
+            [server.url], tmp_path, rows=[0], wait_s=5.0, moves_max=1, backoff=QUICK_BACKOFF
+        )
+    assert ids == [[0, 1, 2, 3, 4]]
+    assert len(server.sent) > 2  # asked again and again, more than moves_max sends
+    assert pool.servers[0].down_since is None
+
+
+@pytest.mark.parametrize("status", [503, 429, 502, 504])
 def test_overload_past_capture_wait_s_fails_at_that_bound_naming_the_status(tmp_path, status):
     started = time.monotonic()
     with (
@@ -86,7 +100,7 @@ def test_overload_past_capture_wait_s_fails_at_that_bound_naming_the_status(tmp_
     assert 1.0 <= waited < 3, waited
     assert message.startswith(f"no capture server answers (vllm.capture_urls: {server.url})")
     assert "after waiting 1 s (vllm.capture_wait_s)" in message
-    assert "they are overloaded (HTTP 503/429)" in message
+    assert "they are overloaded (HTTP 429/502/503/504)" in message
     assert f"{server.url}: sample row 3: HTTP {status}: Service Unavailable" in message
     assert len(server.sent) > 3  # asked again and again while it waited
 

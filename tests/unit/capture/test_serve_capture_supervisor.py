@@ -56,6 +56,20 @@ def test_ready_means_the_runs_served_name_not_any_answer(tmp_path):
     assert probe(f"http://127.0.0.1:{free_port()}", MODEL, None).startswith("not answering")
 
 
+async def echoes_the_headers(request, _server):
+    return web.Response(text=f"<html>you sent {dict(request.headers)}</html>")
+
+
+def test_a_readiness_answer_echoing_the_key_is_said_without_it(tmp_path):
+    """Another program on the port echoed serve-capture's request: what the probe says (and
+    serve-capture logs while it waits) quoted the key of vllm.capture_key_env."""
+    key = "s3cret-serve-capture-key"
+    with CaptureServer(tmp_path, models=echoes_the_headers) as server:
+        said = probe(server.url, MODEL, key)
+    assert "not a model list" in said and "<redacted>" in said
+    assert key not in said
+
+
 def test_an_authentication_failure_fails_the_start_at_once(tmp_path):
     """VLLM_API_KEY in the environment made vLLM want a key the probe did not send: serve-capture
     waited its whole start-up timeout (30 minutes) on 401s."""

@@ -26,6 +26,24 @@ def test_the_backoff_doubles_up_to_its_cap_with_jitter_and_honours_the_server_up
     assert [policy.retries(a) for a in (1, 3, 4)] == [True, True, False]
 
 
+def test_the_backoff_of_a_server_refusing_for_hours_never_overflows():
+    """The capture pool's backoff streak of a server busy for hours, and generation's attempts
+    at max_attempts >= 1,026, reached 2**1024: OverflowError. Past 60 doublings it is the cap."""
+    policy = RetryPolicy(max_attempts=0, backoff_base_s=1.0, backoff_max_s=30.0)
+    for attempt in (1025, 1026, 10**6):
+        assert 15.0 <= policy.backoff_s(attempt) <= 45.0
+
+
+def test_busy_is_one_rule_for_capture_and_generation():
+    """What a busy server or a gateway before one answers (429, 503; 502, 504) is one set:
+    generation retries it, the capture pool backs the server off instead of setting it aside."""
+    from eaglenest.capture.faults import OVERLOAD_STATUS
+    from eaglenest.client.retry import BUSY_STATUS
+
+    assert {429, 502, 503, 504} == BUSY_STATUS == OVERLOAD_STATUS
+    assert BUSY_STATUS <= RETRYABLE_STATUS
+
+
 def test_the_server_wait_is_ignored_without_a_cap():
     assert RetryPolicy(2, 0.01, 0.01).backoff_s(1, server_wait_s=60.0) <= 0.015
 

@@ -79,3 +79,33 @@ def test_an_environment_that_does_not_tell_or_no_engine_is_let_through(tmp_path)
     validate_config(run_config(environment(tmp_path, None), ["p_eagle"]))
     old = environment(tmp_path / "old", "vllm-0.34.0.dist-info")
     validate_config({"train": {"families": ["p_eagle"]}, "vllm": {"python": old}})
+
+
+def test_the_version_is_the_packages_own_not_the_lexically_first_dist_info(tmp_path):
+    """A stale 0.32 dist-info beside the installed 0.34: the first by name was read, so p_eagle
+    passed where the interpreter imports 0.34. The package's own version file says what runs."""
+    python = environment(tmp_path, "vllm-0.32.0.dist-info")
+    site = Path(python).parent.parent / "lib" / "python3.11" / "site-packages"
+    (site / "vllm-0.34.0.dist-info").mkdir()
+    assert installed_vllm_version(python) is None  # two that disagree: not told
+    (site / "vllm").mkdir()
+    (site / "vllm" / "_version.py").write_text("__version__ = version = '0.34.0'\n")
+    assert installed_vllm_version(python) == (0, 34, 0)
+    with pytest.raises(ConfigError, match="has vLLM 0.34.0"):
+        validate_config(run_config(python, ["p_eagle"]))
+
+
+def test_a_site_packages_that_is_not_a_directory_is_no_traceback(tmp_path, caplog):
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    (tmp_path / "env" / "lib" / "python3.11").mkdir(parents=True)
+    (tmp_path / "env" / "lib" / "python3.11" / "site-packages").write_text("not a folder")
+    assert installed_vllm_version(python) is None
+    validate_config(run_config(str(python), ["p_eagle"]))
+    assert "vllm.python" in caplog.text and "cannot be told" in caplog.text
+
+
+def test_a_missing_interpreter_is_named_by_its_key(tmp_path, caplog):
+    validate_config(run_config(str(tmp_path / "nowhere" / "python"), ["eagle3"]))
+    assert "vllm.python" in caplog.text and "no such interpreter" in caplog.text

@@ -106,7 +106,9 @@ async def attempt_once(
     except (RetryableError, TerminalError, asyncio.CancelledError):
         raise
     except Exception as err:  # the policy above
-        log.warning("an answer from %s raised %r; retried", slot.state.endpoint.name, err)
+        # Credentials' forms scrubbed: the error may quote an answer that echoes the request.
+        shown = redact(repr(err), [])
+        log.warning("an answer from %s raised %s; retried", slot.state.endpoint.name, shown)
         raise RetryableError("client_error", f"{type(err).__name__}: {err}"[:500]) from err
 
 
@@ -267,7 +269,17 @@ async def generate_records(
     matched = match_journal(journal, bodies)
     todo = [p for p in prompts if p["id"] in matched.origins]
     _log_plan(shard, len(prompts), len(todo), matched, journal, settings)
-    keys = [api_key_from_env(e.api_key_env) for e in endpoints]
+    keys = [
+        api_key_from_env(e.api_key_env, f"endpoints[{i}].api_key_env")
+        for i, e in enumerate(endpoints)
+    ]
+    for i, (endpoint, key) in enumerate(zip(endpoints, keys, strict=True)):
+        if endpoint.api_key_env and not key:  # a server that wants one answers 401
+            log.warning(
+                "endpoints[%d].api_key_env names %s, which is empty: no key is sent",
+                i,
+                endpoint.api_key_env,
+            )
     secrets = [*keys, *(secret for e in endpoints for secret in url_secrets(e.url))]
     slots_dir = Path(settings.client.slots_dir) if settings.client.slots_dir else None
     job = ShardRequests(

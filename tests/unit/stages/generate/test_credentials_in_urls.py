@@ -53,3 +53,65 @@ def test_credentials_in_an_endpoint_url_reach_no_log_row_or_file(tmp_path, monke
     for path in files:
         data = path.read_bytes()
         assert password.encode() not in data and key.encode() not in data, path
+
+
+def test_a_gateway_echoing_the_request_in_a_502_puts_no_credential_in_a_row_or_the_log(
+    tmp_path, caplog
+):
+    """An ingress answers 502 with the request it got: its URL's query key and the Basic-auth
+    header the client made of the URL's user info. The failure rows (and the log) show neither:
+    the Basic form was not among the secrets redacted."""
+    import asyncio
+    import base64
+    import logging
+
+    from aiohttp import web
+    from support.chat_servers import serving
+    from support.generation import fast_settings
+
+    from eaglenest.client.endpoints import Endpoint
+    from eaglenest.stages.generate.generate import generate_records
+
+    user, password, key = "gen-user", "pw-s3cret-gen", "qk-s3cret-gen"
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    async def gateway(request: web.Request) -> web.Response:
+        echoed = f"Authorization: {request.headers.get('Authorization')} {request.path_qs}"
+        return web.Response(status=502, text=f"Bad Gateway; your request: {echoed}")
+
+    async def scenario():
+        async with serving(gateway) as url:
+            secret_url = url.replace("http://", f"http://{user}:{password}@") + f"?key={key}"
+            settings = fast_settings(max_attempts=2)
+            return await generate_records(
+                prompt_frame(2).to_dicts(), [Endpoint(secret_url)], settings, tmp_path / "j.jsonl"
+            )
+
+    with caplog.at_level(logging.INFO, logger="eaglenest"):
+        records = asyncio.run(scenario())
+    errors = [r["error"] for r in records.values()]
+    assert all("HTTP" in e or "Bad Gateway" in e for e in errors), errors
+    assert all("Authorization: Basic <redacted>" in e for e in errors), errors
+    said = "\n".join(errors) + caplog.text + (tmp_path / "j.jsonl").read_text()
+    for secret in (password, key, basic):
+        assert secret not in said, secret
+
+
+def test_a_blank_key_variable_fails_the_job_naming_it(tmp_path, monkeypatch):
+    import asyncio
+
+    import pytest
+    from support.generation import fast_settings
+
+    from eaglenest.client.credentials import ApiKeyError
+    from eaglenest.client.endpoints import Endpoint
+    from eaglenest.stages.generate.generate import generate_records
+
+    monkeypatch.setenv("EAGLENEST_TEST_API_KEY", " \t ")
+    endpoint = Endpoint("http://127.0.0.1:9", api_key_env="EAGLENEST_TEST_API_KEY")
+    with pytest.raises(ApiKeyError, match=r"endpoints\[0\].api_key_env .* only blanks"):
+        asyncio.run(
+            generate_records(
+                prompt_frame(1).to_dicts(), [endpoint], fast_settings(), tmp_path / "j"
+            )
+        )
