@@ -86,6 +86,8 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         # Before the schema and the finite-number check walk it, both recursively and each
         # value as often as an alias repeats it.
         check_shape(config)
+        # Before the schema: an infinite number past a key's maximum is said as not finite.
+        check_finite(config)
     except ValueError as err:
         raise ConfigError(f"invalid config ({schema_path}): {err}") from None
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -102,7 +104,6 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     from eaglenest.settings.vllm_versions import check_vllm_serves_families
 
     try:
-        check_finite(config)
         check_config_urls(config)
         drafter_window((config.get("train") or {}).get("drafter") or {})
         check_families(config.get("train") or {})
