@@ -135,6 +135,7 @@ def simulate(
         on_device = signal.fill(build_batch(refs, plan.shards, plan.aux_layer_ids).to(device))
         batch = on_device.to("cpu")
         lengths = torch.tensor([r.length for r in refs])
+        past = {depth: answer_past(batch.loss_mask, depth) for depth in depths}  # once a batch
         greedy = greedy_target_ids(batch, signal)
         greedy_next = shifted_stack(greedy, 1, kmax)  # what step i must match
         data_next = shifted_stack(batch.input_ids, 2, kmax)  # the input of step i + 1
@@ -152,7 +153,7 @@ def simulate(
                 chains = (predicted[..., :k], greedy_next[..., :k])
                 counts[name][k].add(chains[0][where], chains[1][where], data_next[where, :k])
                 for depth in depths if name == first else ():
-                    deep = where & answer_past(batch.loss_mask, depth)
+                    deep = where & past[depth]
                     by_depth[depth][k].add(chains[0][deep], chains[1][deep], data_next[deep, :k])
                     if window:
                         near = where & decoded_window(batch.loss_mask, lengths, depth, window)
