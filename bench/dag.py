@@ -42,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # The same copy of the workflow the workflow tests make (tests/support/workflow.py).
 sys.path.insert(0, str(REPO / "tests"))
+from support.stand_in_vllm import stand_in_vllm_folder
 from support.workflow import copy_workflow
 
 GOAL_S_AT_5000 = 30.0
@@ -174,6 +175,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
         workdir, floor_dir = Path(tmp) / "workflow", Path(tmp) / "floor"
         copy_workflow(workdir)
+        stand_in_vllm_folder(workdir)  # the real target's vllm.python (evaluate.engine vllm)
         floor_dir.mkdir()
         write_floor_workflow(floor_dir)
         for directory in (workdir, floor_dir):
