@@ -19,7 +19,9 @@ once-per-run jobs. Four measurements per size:
   log each, `script:`), i.e. Snakemake's own cost for that many jobs on this machine. The ratio
   listing / floor is what the workflow adds, and holds when the machine is slower or faster.
 
-Peak memory is the max RSS of the snakemake process (wait4). Timings on a shared machine drift by
+Peak memory is the max RSS of the snakemake process (wait4), printed for each of the four;
+`eaglenest plan` states a run's planning cost from the plan's CPU seconds and peak RSS at 1,000
+and 10,000 shards (eaglenest.run.planning_cost). Timings on a shared machine drift by
 tens of percent over minutes: take the best of `--repeat` runs, and compare the ratios.
 
 Usage: python bench/dag.py [--shards 100 1000 5000] [--repeat 1] [--json out.json]
@@ -42,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # The same copy of the workflow the workflow tests make (tests/support/workflow.py).
 sys.path.insert(0, str(REPO / "tests"))
+from support.stand_in_vllm import stand_in_vllm_folder
 from support.workflow import copy_workflow
 
 GOAL_S_AT_5000 = 30.0
@@ -174,6 +177,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-dag-") as tmp:
         workdir, floor_dir = Path(tmp) / "workflow", Path(tmp) / "floor"
         copy_workflow(workdir)
+        stand_in_vllm_folder(workdir)  # the real target's vllm.python (evaluate.engine vllm)
         floor_dir.mkdir()
         write_floor_workflow(floor_dir)
         for directory in (workdir, floor_dir):
@@ -214,7 +218,10 @@ def main() -> None:
             listing["s_per_1000_shards"] = round(listing["wall_s"] / shards * 1000, 3)
             listing["real_target_wall_s"] = best["real"]["wall_s"]
             listing["real_target_jobs"] = best["real"]["jobs"]
+            listing["real_target_peak_rss_mib"] = best["real"]["peak_rss_mib"]
             listing["plan_wall_s"] = best["plan"]["wall_s"]
+            listing["plan_cpu_s"] = best["plan"]["cpu_s"]
+            listing["plan_peak_rss_mib"] = best["plan"]["peak_rss_mib"]
             listing["floor_wall_s"] = best["floor"]["wall_s"]
             listing["over_floor"] = round(listing["wall_s"] / best["floor"]["wall_s"], 2)
             runs.append(listing)
@@ -222,8 +229,11 @@ def main() -> None:
                 f"{shards:>6} shards {listing['jobs']:>6} jobs  {listing['wall_s']:7.2f} s "
                 f"(cpu {listing['cpu_s']:.2f} s)  peak {listing['peak_rss_mib']:7.1f} MiB  "
                 f"{listing['s_per_1000_shards']:.3f} s per 1000 shards | real target "
-                f"{listing['real_target_wall_s']:.2f} s | plan only (-q) "
-                f"{listing['plan_wall_s']:.2f} s | bare Snakemake, same jobs "
+                f"{listing['real_target_wall_s']:.2f} s, "
+                f"{listing['real_target_peak_rss_mib']:.0f} MiB | plan only (-q) "
+                f"{listing['plan_wall_s']:.2f} s (cpu {listing['plan_cpu_s']:.2f} s), "
+                f"{listing['plan_peak_rss_mib']:.0f} MiB | "
+                f"bare Snakemake, same jobs "
                 f"{listing['floor_wall_s']:.2f} s (x{listing['over_floor']:g})",
                 flush=True,
             )

@@ -26,6 +26,7 @@ onstart:
 
 
 from eaglenest.common.code_version import script_code_version as _script_code_version
+from eaglenest.common.vllm_python import check_vllm_python
 from eaglenest.common.config import (
     ConfigError,
     check_executor,
@@ -62,7 +63,9 @@ try:
     for _configfile in workflow.configfiles:
         read_config_file(_configfile)
     validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
-except ConfigError as err:
+    # The machine's part, at every parse (a dry run too): the vLLM the planned jobs run.
+    check_vllm_python(config)
+except ValueError as err:  # ConfigError is one
     raise WorkflowError(str(err)) from None
 
 RUN = config["run"]

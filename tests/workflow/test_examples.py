@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.stand_in_vllm import stand_in_vllm_folder
 from support.workflow import REPO, copy_workflow, planned_jobs, snakemake
 
 from eaglenest.common.config import validate_config
@@ -167,6 +168,7 @@ class Plan:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     workdir = copy_workflow(tmp_path_factory.mktemp("examples"))
+    stand_in_vllm_folder(workdir)  # their vllm.python (.venv-vllm/bin/python) runs
     (workdir / "plan_dump.smk").write_text(PLAN_DUMP)
     return workdir
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.stand_in_vllm import stand_in_vllm_folder
 from support.workflow import (
     REPO,
     copy_workflow,
@@ -59,7 +60,8 @@ def test_an_mla_target_plans_an_mla_eagle3_and_a_dflash_beside_it(tmp_path):
     deepseek = load_test_config("deepseek-v3")
     assert deepseek["train"]["drafter"]["attention"] == "mla"
     config = merged(deepseek, {"train": {"families": ["eagle3", "dflash"]}})
-    dry = planned_jobs(snakemake(copy_workflow(tmp_path), "-n", config=config))
+    workdir = stand_in_vllm_folder(copy_workflow(tmp_path))  # its vLLM jobs' vllm.python
+    dry = planned_jobs(snakemake(workdir, "-n", config=config))
     assert dry["train_drafter"] == 2 and dry["evaluate_drafter"] == 2, dry
 
 

@@ -80,7 +80,8 @@ def _validator(schema_text: str) -> jsonschema.protocols.Validator:
 
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict:
     """Validate `config` in place, filling defaults; raise ConfigError naming every bad key.
-    What depends on where the jobs run is checked once Snakemake knows (`check_executor`)."""
+    What depends on where the jobs run is checked once Snakemake knows (`check_executor`), the
+    vLLM interpreter when the workflow reads the config (common/vllm_python.py)."""
     validator = _validator(Path(schema_path).read_text())
     try:
         # Before the schema and the finite-number check walk it, both recursively and each
@@ -101,14 +102,12 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     from eaglenest.settings.report import check_report_device
     from eaglenest.settings.train import check_families, check_sequence, drafter_window
     from eaglenest.settings.urls import check_config_urls
-    from eaglenest.settings.vllm_versions import check_vllm_serves_families
 
     try:
         check_config_urls(config)
         drafter_window((config.get("train") or {}).get("drafter") or {})
         check_families(config.get("train") or {})
         check_sequence(config.get("train") or {})
-        check_vllm_serves_families(config)
         check_store(config)
         check_shard_count(config)
         check_aux_layers(config)

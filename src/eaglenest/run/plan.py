@@ -29,6 +29,7 @@ from typing import Any
 
 from eaglenest.run.plan_rates import rates_from_run
 from eaglenest.run.plan_text import format_plan
+from eaglenest.run.planning_cost import planning_notes
 from eaglenest.run.shards import shard_bounds
 from eaglenest.run.split import ShardSplit, budget_notes, split_shards
 from eaglenest.run.store import hidden_bytes_per_token
@@ -182,7 +183,8 @@ def plan_run(config: dict[str, Any], assumptions: Assumptions) -> RunPlan:
         assumptions=assumptions,
         stages=stages,
         stores=stores,
-        notes=plan_notes(config, assumptions)
+        notes=planning_notes(len(split.training) + len(split.heldout))
+        + plan_notes(config, assumptions)
         + budget_notes(config, splits["budget"], assumptions.cache_gb, assumptions.hidden_size),
     )
 

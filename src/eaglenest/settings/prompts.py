@@ -17,7 +17,9 @@ LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 DEMO_SOURCES = {"demo": "short", "demo-long": "long", "demo-cite": "cite"}
 # Shards a run may have: Snakemake lists every shard's jobs while it parses (each cluster job
 # parses again), so 1e20 prompts exhausted a login node's memory before any message; five-digit
-# ids ("00000") name 100,000. prompts.max_samples' own maximum is the schema's (10^9).
+# ids ("00000") name 100,000. prompts.max_samples' own maximum is the schema's (10^9). Its cost,
+# ~8 GiB and a quarter hour a command by bench/dag.py's figures, is what the refusal bounds;
+# `eaglenest plan` warns past a minute and 2 GB (eaglenest.run.planning_cost).
 MAX_SHARDS = 100_000
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from eaglenest.capture.reader import PooledStates, open_pooled_shards
 from eaglenest.common.devices import resolve_device
 from eaglenest.common.io import write_json
+from eaglenest.common.vllm_python import installed_vllm_version
 from eaglenest.drafter.batches import TargetSignal, open_shards
 from eaglenest.drafter.served_check import FLAG, check_drafter, enforce, read_config
 from eaglenest.formats.draft_vocab import DraftVocab
@@ -41,7 +42,7 @@ from eaglenest.settings.evaluate import EvaluateSettings
 from eaglenest.settings.families import FAMILY_SPECS, FamilySpec, family_spec
 from eaglenest.settings.hidden_states import HiddenSettings
 from eaglenest.settings.vllm import VllmRuntime
-from eaglenest.settings.vllm_versions import MEASURED_VERSION, installed_vllm_version
+from eaglenest.settings.vllm_versions import MEASURED_VERSION
 from eaglenest.stages.evaluate.depths import depth_table
 from eaglenest.stages.evaluate.families import FamilyDrafter, load_family
 from eaglenest.stages.evaluate.live import live_metrics
