@@ -273,9 +273,7 @@ def family_eval(
     metrics["by_depth"] = {
         "depths": list(per_depth),
         "continuation_tokens": 16,
-        "samples": {
-            str(d): {"prompts": 4, "too_short": 0} for d in per_depth
-        },
+        "samples": {str(d): {"prompts": 4, "too_short": 0} for d in per_depth},
         "per_k": rows,
     }
     return metrics
