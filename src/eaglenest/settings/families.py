@@ -335,11 +335,15 @@ def family_layer_ids(
     """The captured layers a family's drafter reads, in the captured order (its columns of the
     shards' `aux`): train.aux_layer_ids.<family> where set, else the family's default layers
     where the capture holds them all (a null hidden.aux_layer_ids always does), else every
-    captured layer (a hidden.aux_layer_ids set for another choice). ValueError naming both
-    keys for a layer the capture does not hold."""
+    captured layer (a hidden.aux_layer_ids set for another choice, or a default that repeats a
+    layer: a target too shallow for it). ValueError naming both keys for a layer the capture
+    does not hold."""
     default = LAYER_RULES[family_spec(family).layer_rule](num_hidden_layers)
+    # Below 7 layers vLLM's default repeats a layer: a capture set to three distinct layers was
+    # read as one or two (a 5-layer target's EAGLE-3 read layer 2 alone of [2, 3, 4]), silently.
+    shallow = len(set(default)) < len(default)
     if chosen is None:
-        chosen = default if set(default) <= set(captured) else captured
+        chosen = default if set(default) <= set(captured) and not shallow else captured
     check_captured(family, chosen, captured)
     return tuple(i for i in captured if i in set(chosen))
 

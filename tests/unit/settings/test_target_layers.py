@@ -65,6 +65,15 @@ def test_each_family_reads_its_own_layers_of_the_capture_in_the_captured_order()
         family_layer_ids("eagle3", [2, 7], union, 8)
 
 
+def test_a_shallow_targets_capture_is_read_whole_not_as_its_repeated_default():
+    """A 5-layer target's vLLM default is (2, 2, 2): of a capture of [2, 3, 4] the drafter
+    read layer 2 alone, where the features a written target holds ahead lie in layer 4."""
+    assert family_layer_ids("eagle3", None, (2, 3, 4), 5) == (2, 3, 4)
+    assert family_layer_ids("p_eagle", None, (1, 2, 3), 4) == (1, 2, 3)  # (2, 2, 1) by default
+    assert family_layer_ids("eagle3", [2], (2, 3, 4), 5) == (2,)  # chosen: as chosen
+    assert family_layer_ids("eagle3", None, (2, 3, 3), 6) == (2, 3, 3)  # vLLM's, as captured
+
+
 def test_a_layer_no_capture_holds_is_refused_before_any_job_naming_both_keys():
     keys = r"train.aux_layer_ids.dflash \[2, 7\]: layers \[7\] .*hidden.aux_layer_ids"
     families = {"families": ["eagle3", "dflash"]}
