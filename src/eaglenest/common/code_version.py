@@ -4,7 +4,7 @@ Snakemake does not rerun jobs when imported library code changes, so each rule c
 derived from the rule's own script (scripts/<name>.py) alone: the script, the package modules it
 imports (its entry modules), every module of the package those import, directly or through each
 other, at the top of a module or lazily inside a function, plus the package's data files those
-modules name (e.g. demo/target_tokenizer.py reads "chat_template.jinja"). Nothing lists a
+modules name (e.g. the chat template demo/target_tokenizer.py reads). Nothing lists a
 stage's modules by hand: a new import counts where it is written. Python is hashed by its syntax tree without
 docstrings, so a comment or docstring edit reruns nothing; other files by bytes.
 
